@@ -1,0 +1,301 @@
+// Command llmlb is a load balancer for LLM inference servers (vLLM, SGLang,
+// Triton TensorRT-LLM, trtllm-serve): one binary, one YAML file.
+//
+//	llmlb [serve] [--config config.yaml]   run the balancer (default)
+//	llmlb validate config.yaml             check a config file
+//	llmlb sim [flags]                      run emulated model servers
+//	llmlb demo [flags]                     emulated servers + balancer + traffic, live view
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/llmlb/llmlb/balancer"
+	"github.com/llmlb/llmlb/proxy"
+	"github.com/llmlb/llmlb/scrape"
+	"github.com/llmlb/llmlb/sim"
+)
+
+func main() {
+	err := run(context.Background(), os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	if err != nil {
+		if !errors.Is(err, errReported) && !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "llmlb:", err)
+		}
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		os.Exit(1)
+	}
+}
+
+// errReported is returned when the problem was already printed in full.
+var errReported = errors.New("reported")
+
+const usage = `llmlb: a load balancer for LLM inference servers.
+
+Usage:
+  llmlb [serve] [--config PATH]   run the balancer (default config ./config.yaml)
+  llmlb validate PATH             check a config file and list every problem
+  llmlb sim [flags]               run emulated model servers
+  llmlb demo [flags]              emulated servers, the balancer, traffic and a live view
+
+Run 'llmlb COMMAND --help' for a command's flags.
+`
+
+// run is the whole program: main only supplies the process's arguments,
+// environment and streams. SIGINT and SIGTERM end it gracefully.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	cmd := "serve"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		cmd, args = args[0], args[1:]
+	}
+	switch cmd {
+	case "serve":
+		return cmdServe(ctx, args, getenv, stdout, stderr)
+	case "validate":
+		return cmdValidate(args, getenv, stdout, stderr)
+	case "sim":
+		return cmdSim(ctx, args, stdout, stderr)
+	case "demo":
+		return cmdDemo(ctx, args, stdout, stderr)
+	case "help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	}
+	fmt.Fprint(stderr, usage)
+	return fmt.Errorf("unknown command %q", cmd)
+}
+
+func newFlagSet(name, synopsis string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: %s\n\nFlags:\n", synopsis)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+func cmdValidate(args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("validate", "llmlb validate PATH", stderr)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		fs.Usage()
+		return errors.New("validate takes exactly one config file")
+	}
+	path := fs.Arg(0)
+	cfg, err := loadConfig(path, getenv)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return errReported
+	}
+	fmt.Fprintf(stdout, "%s: ok (%d backends)\n", path, len(cfg.Backends))
+	return nil
+}
+
+func cmdServe(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("serve", "llmlb serve [--config PATH]", stderr)
+	path := fs.String("config", "config.yaml", "config file")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("serve: unexpected argument %q", fs.Arg(0))
+	}
+	cfg, err := loadConfig(*path, getenv)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return errReported
+	}
+	return serve(ctx, cfg, stdout, stderr)
+}
+
+func newLogger(c LogConfig, w io.Writer) *slog.Logger {
+	level, _ := parseLevel(c.Level) // validated
+	opts := &slog.HandlerOptions{Level: level}
+	if c.Format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// serve runs the balancer for cfg until ctx ends, then shuts down
+// gracefully: it stops accepting, lets in-flight requests and streams finish
+// within cfg.ShutdownGrace, cuts what remains, and returns nil.
+func serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
+	inst, err := start(ctx, cfg, stderr)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "llmlb: serving on http://%s (admin http://%s)\n", inst.addr, inst.adminAddr)
+	return inst.wait()
+}
+
+// instance is a running balancer.
+type instance struct {
+	addr, adminAddr string // where it listens; adminAddr is "" when disabled
+	done            chan error
+}
+
+// wait blocks until the instance has shut down.
+func (in *instance) wait() error { return <-in.done }
+
+// start brings up the balancer for cfg and returns once it listens. It shuts
+// down gracefully when ctx ends; wait reports the end.
+func start(ctx context.Context, cfg Config, stderr io.Writer) (*instance, error) {
+	logger := newLogger(cfg.Log, stderr)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	bal := balancer.New(logger)
+	mgr, err := scrape.NewManager(cfg.Scrape, cfg.Backends, cfg.DefaultEngine, bal, nil, logger)
+	if err != nil {
+		return nil, err
+	}
+	px := proxy.New(cfg.Proxy, bal, reg, logger)
+
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("listen: %w", err)
+	}
+	front := &http.Server{
+		Handler:           px.Handler(),
+		ReadHeaderTimeout: 30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
+	}
+	var admin *http.Server
+	var adminLn net.Listener
+	if cfg.Admin.Listen != "" {
+		adminLn, err = net.Listen("tcp", cfg.Admin.Listen)
+		if err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("admin.listen: %w", err)
+		}
+		admin = &http.Server{Handler: px.AdminHandler(reg), ReadHeaderTimeout: 10 * time.Second}
+	}
+
+	inst := &instance{addr: ln.Addr().String(), done: make(chan error, 1)}
+	scrapeCtx, stopScrape := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = mgr.Run(scrapeCtx) })
+	serveErr := make(chan error, 2)
+	wg.Go(func() { serveErr <- ignoreClosed(front.Serve(ln)) })
+	if admin != nil {
+		inst.adminAddr = adminLn.Addr().String()
+		wg.Go(func() { serveErr <- ignoreClosed(admin.Serve(adminLn)) })
+	}
+	logger.Info("serving", "listen", inst.addr, "admin", inst.adminAddr, "backends", len(cfg.Backends))
+
+	go func() {
+		var runErr error
+		select {
+		case <-ctx.Done():
+		case runErr = <-serveErr:
+		}
+		logger.Info("shutting down", "grace", cfg.ShutdownGrace.String())
+		graceCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
+		defer cancel()
+		if err := front.Shutdown(graceCtx); err != nil {
+			logger.Warn("grace period over, cutting remaining requests", "err", err)
+			front.Close()
+		}
+		if admin != nil {
+			admin.Close()
+		}
+		stopScrape()
+		wg.Wait()
+		logger.Info("stopped")
+		inst.done <- runErr
+	}()
+	return inst, nil
+}
+
+func ignoreClosed(err error) error {
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("sim", "llmlb sim [--engine vllm] [--listen ADDR] [--model NAME] [--lora a,b] [--speed X] [--count N]", stderr)
+	engine := fs.String("engine", "vllm", "engine flavour to emulate")
+	listen := fs.String("listen", "127.0.0.1:8001", "address of the first server; --count servers take consecutive ports")
+	model := fs.String("model", "llama-3.1-8b", "base model name served")
+	lora := fs.String("lora", "", "comma-separated LoRA adapter names served on top of the model")
+	speed := fs.Float64("speed", 1, "run this many times faster than real time")
+	count := fs.Int("count", 1, "number of servers to start")
+	tps := fs.Float64("tokens-per-second", 50, "output tokens per second per request")
+	prefill := fs.Float64("prefill-tokens-per-second", 20000, "prompt tokens per second before the first token")
+	maxRunning := fs.Int("max-running", 64, "requests generating at once; more wait")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *count < 1 {
+		return errors.New("sim: --count must be at least 1")
+	}
+	host, portStr, err := net.SplitHostPort(*listen)
+	if err != nil {
+		return fmt.Errorf("sim: --listen %q: %w", *listen, err)
+	}
+	var port int
+	if _, err := fmt.Sscanf(portStr, "%d", &port); err != nil {
+		return fmt.Errorf("sim: --listen %q: bad port", *listen)
+	}
+	var adapters []string
+	if *lora != "" {
+		adapters = strings.Split(*lora, ",")
+	}
+	var servers []*http.Server
+	var wg sync.WaitGroup
+	for i := range *count {
+		m := sim.NewSteady(sim.SteadyConfig{DecodeTokensPerSecond: *tps, PrefillTokensPerSecond: *prefill, MaxRunning: *maxRunning, Speed: *speed})
+		s, err := sim.NewServer(sim.ServerConfig{Engine: *engine, Model: *model, Adapters: adapters}, m)
+		if err != nil {
+			return err
+		}
+		addr := net.JoinHostPort(host, fmt.Sprint(port+i))
+		if port == 0 {
+			addr = net.JoinHostPort(host, "0")
+		}
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			for _, hs := range servers {
+				hs.Close()
+			}
+			return fmt.Errorf("sim: %w", err)
+		}
+		hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
+		servers = append(servers, hs)
+		fmt.Fprintf(stdout, "sim: %s serving %s at http://%s\n", *engine, *model, ln.Addr())
+		wg.Go(func() { _ = hs.Serve(ln) })
+	}
+	<-ctx.Done()
+	for _, hs := range servers {
+		hs.Close()
+	}
+	wg.Wait()
+	return nil
+}

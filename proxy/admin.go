@@ -1,0 +1,65 @@
+package proxy
+
+import (
+	"net/http"
+	"net/http/pprof"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/llmlb/llmlb/balancer"
+)
+
+// BackendStatus is one backend as GET /debug/backends shows it.
+type BackendStatus struct {
+	ID          string             `json:"id"`
+	URL         string             `json:"url"`
+	Engine      string             `json:"engine"`
+	Models      []string           `json:"models"`
+	Adapters    []balancer.Adapter `json:"adapters"`
+	State       balancer.State     `json:"state"`
+	Since       time.Time          `json:"since"`
+	InFlight    int64              `json:"in_flight"`
+	Requests    int64              `json:"requests_total"`
+	Failures    int64              `json:"failures_total"`
+	TTFBSeconds float64            `json:"ttfb_seconds"`
+}
+
+// Statuses returns every backend's live state, sorted by ID.
+func Statuses(snap *balancer.Snapshot) []BackendStatus {
+	out := make([]BackendStatus, 0, len(snap.Backends))
+	for _, be := range snap.Backends {
+		out = append(out, BackendStatus{
+			ID:          be.ID,
+			URL:         be.URL.String(),
+			Engine:      be.Engine,
+			Models:      be.Models,
+			Adapters:    be.Adapters,
+			State:       be.State,
+			Since:       be.Since,
+			InFlight:    be.Ledger.InFlight(),
+			Requests:    be.Ledger.Total(),
+			Failures:    be.Ledger.Failures(),
+			TTFBSeconds: be.Ledger.TTFB().Seconds(),
+		})
+	}
+	return out
+}
+
+// AdminHandler returns the admin routes: /metrics from g, /debug/backends and
+// pprof. It belongs on a listener operators reach, not clients.
+func (s *Server) AdminHandler(g prometheus.Gatherer) http.Handler {
+	r := chi.NewRouter()
+	r.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorLog: nil}))
+	r.Get("/debug/backends", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]any{"backends": Statuses(s.bal.Snapshot())})
+	})
+	r.HandleFunc("/debug/pprof/*", pprof.Index)
+	r.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	r.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	r.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	r.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return r
+}

@@ -1,0 +1,76 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Config is the `proxy:` section of config.yaml.
+type Config struct {
+	// MaxBodyBytes bounds a request body; a larger one gets 413. 128k tokens
+	// of JSON-escaped text or token ids stay well under it. (default 16 MiB)
+	MaxBodyBytes int64 `mapstructure:"max_body_bytes"`
+	// MaxAttempts is how many backends one request may be tried on before
+	// its first byte reaches the client, the first included. (default 3)
+	MaxAttempts int `mapstructure:"max_attempts"`
+	// RetryStatuses are backend statuses that send the request to the next
+	// candidate instead of the client. Connect failures are always retried.
+	// (default [502, 503])
+	RetryStatuses []int `mapstructure:"retry_statuses"`
+	// DialTimeout bounds connecting to a backend. (default 5s)
+	DialTimeout time.Duration `mapstructure:"dial_timeout"`
+	// ResponseHeaderTimeout bounds the wait for a backend's response headers
+	// after the request is sent; a long prompt's prefill happens in it for
+	// non-streaming requests. 0 means no limit. (default 10m)
+	ResponseHeaderTimeout time.Duration `mapstructure:"response_header_timeout"`
+	// RequestTimeout bounds a whole request, streams included; past it the
+	// client gets 504, or a cut stream if bytes were already sent. 0 means no
+	// limit. (default 30m)
+	RequestTimeout time.Duration `mapstructure:"request_timeout"`
+	// MaxIdleConnsPerBackend is the pool of idle keep-alive connections kept
+	// per backend. (default 256)
+	MaxIdleConnsPerBackend int `mapstructure:"max_idle_conns_per_backend"`
+}
+
+// DefaultConfig returns the proxy defaults.
+func DefaultConfig() Config {
+	return Config{
+		MaxBodyBytes:           16 << 20,
+		MaxAttempts:            3,
+		RetryStatuses:          []int{502, 503},
+		DialTimeout:            5 * time.Second,
+		ResponseHeaderTimeout:  10 * time.Minute,
+		RequestTimeout:         30 * time.Minute,
+		MaxIdleConnsPerBackend: 256,
+	}
+}
+
+// Validate reports every problem in c at once.
+func (c Config) Validate() error {
+	var errs []error
+	if c.MaxBodyBytes <= 0 {
+		errs = append(errs, fmt.Errorf("proxy.max_body_bytes: must be positive, got %d", c.MaxBodyBytes))
+	}
+	if c.MaxAttempts < 1 {
+		errs = append(errs, fmt.Errorf("proxy.max_attempts: must be at least 1, got %d", c.MaxAttempts))
+	}
+	for _, s := range c.RetryStatuses {
+		if s < 400 || s > 599 {
+			errs = append(errs, fmt.Errorf("proxy.retry_statuses: %d is not a 4xx or 5xx status", s))
+		}
+	}
+	if c.DialTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("proxy.dial_timeout: must be positive, got %s", c.DialTimeout))
+	}
+	if c.ResponseHeaderTimeout < 0 {
+		errs = append(errs, fmt.Errorf("proxy.response_header_timeout: must not be negative, got %s", c.ResponseHeaderTimeout))
+	}
+	if c.RequestTimeout < 0 {
+		errs = append(errs, fmt.Errorf("proxy.request_timeout: must not be negative, got %s", c.RequestTimeout))
+	}
+	if c.MaxIdleConnsPerBackend < 0 {
+		errs = append(errs, fmt.Errorf("proxy.max_idle_conns_per_backend: must not be negative, got %d", c.MaxIdleConnsPerBackend))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,112 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+
+	"github.com/llmlb/llmlb/balancer"
+)
+
+// StatusClientClosed is the status recorded (never sent) when the client went
+// away before the response ended, as nginx logs it.
+const StatusClientClosed = 499
+
+// HTTPError is an error answered to the client as an OpenAI-shaped JSON body.
+// Msg goes to the client; Err, if any, only to the log.
+type HTTPError struct {
+	Code  int    // HTTP status
+	Type  string // OpenAI error type, e.g. "invalid_request_error"
+	Param string // the offending request field, or ""
+	Kind  string // OpenAI error code, e.g. "model_not_found", or ""
+	Msg   string
+	Err   error
+}
+
+func (e *HTTPError) Error() string {
+	if e.Err != nil {
+		return fmt.Sprintf("%d %s: %v", e.Code, e.Msg, e.Err)
+	}
+	return fmt.Sprintf("%d %s", e.Code, e.Msg)
+}
+
+func (e *HTTPError) Unwrap() error { return e.Err }
+
+// badRequest returns a 400 invalid_request_error about param.
+func badRequest(param, format string, args ...any) *HTTPError {
+	return &HTTPError{Code: http.StatusBadRequest, Type: "invalid_request_error", Param: param, Msg: fmt.Sprintf(format, args...)}
+}
+
+// errorBody is the OpenAI error envelope:
+// {"error":{"message":...,"type":...,"param":...,"code":...}}.
+type errorBody struct {
+	Error struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    *string `json:"code"`
+	} `json:"error"`
+}
+
+// writeError answers e to the client as OpenAI-shaped JSON.
+func writeError(w http.ResponseWriter, e *HTTPError) {
+	var body errorBody
+	body.Error.Message = e.Msg
+	body.Error.Type = e.Type
+	if e.Param != "" {
+		body.Error.Param = &e.Param
+	}
+	if e.Kind != "" {
+		body.Error.Code = &e.Kind
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(e.Code)
+	_ = json.NewEncoder(w).Encode(&body) // the client may be gone; nothing to do
+}
+
+// dialError marks a failure to connect to a backend: nothing was sent, so the
+// request may go to another backend whatever the retry settings.
+type dialError struct {
+	backend string
+	err     error
+}
+
+func (e *dialError) Error() string { return fmt.Sprintf("connect to %s: %v", e.backend, e.err) }
+func (e *dialError) Unwrap() error { return e.err }
+
+// isDialError reports whether err is a failure to establish a connection.
+func isDialError(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// errorFor maps an error met while serving a request to what the client is
+// told. clientCtx is the client's own request context, so that a client that
+// left (499) is told apart from our own timeout (504).
+func errorFor(clientCtx context.Context, err error) *HTTPError {
+	var he *HTTPError
+	switch {
+	case errors.As(err, &he):
+		return he
+	case clientCtx.Err() != nil:
+		return &HTTPError{Code: StatusClientClosed, Type: "client_closed", Msg: "client closed request", Err: err}
+	case errors.Is(err, balancer.ErrUnknownModel):
+		return &HTTPError{Code: http.StatusNotFound, Type: "invalid_request_error", Param: "model", Kind: "model_not_found", Msg: "The model does not exist or is not served here.", Err: err}
+	case errors.Is(err, balancer.ErrNoBackend):
+		return &HTTPError{Code: http.StatusServiceUnavailable, Type: "service_unavailable", Msg: "No backend is available for this model; try again shortly.", Err: err}
+	case errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
+		return &HTTPError{Code: http.StatusGatewayTimeout, Type: "timeout", Msg: "The model server did not answer in time.", Err: err}
+	default:
+		return &HTTPError{Code: http.StatusBadGateway, Type: "bad_gateway", Msg: "The model server could not be reached.", Err: err}
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}

@@ -1,0 +1,173 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/llmlb/llmlb/balancer"
+)
+
+// exchange is one client request's state while it is forwarded. It rides in
+// the request context from the handler through Rewrite, RoundTrip,
+// ModifyResponse and ErrorHandler, all of which run on the handler's
+// goroutine.
+type exchange struct {
+	req       *Request
+	guard     *balancer.Guard
+	dec       balancer.Decision
+	clientCtx context.Context // the client's own context, before our timeout
+	inURL     *url.URL        // the path and query the client asked for
+	attempts  int             // backends tried so far
+}
+
+type exchangeKey struct{}
+
+func exchangeFrom(ctx context.Context) *exchange {
+	ex, _ := ctx.Value(exchangeKey{}).(*exchange)
+	return ex
+}
+
+// retryTransport tries the exchange's candidates in order until one answers
+// with a status that is not retryable. Because it returns before any byte of
+// the response is copied to the client, every retry happens before the first
+// byte, and the body is replayed from the bytes the handler already holds.
+type retryTransport struct {
+	base          http.RoundTripper
+	maxAttempts   int
+	retryStatuses []int
+	logger        *slog.Logger
+	metrics       *metrics
+}
+
+func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	ctx := req.Context()
+	ex := exchangeFrom(ctx)
+	cands := ex.dec.Candidates
+	if len(cands) > t.maxAttempts {
+		cands = cands[:t.maxAttempts]
+	}
+	var lastErr error
+	for i, be := range cands {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		last := i == len(cands)-1
+		ex.attempts = i + 1
+		out := attemptRequest(req, be, ex.inURL, ex.req.Body)
+		ex.guard.Attach(be, time.Now())
+		resp, err := t.base.RoundTrip(out)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, err
+			}
+			be.Ledger.ObserveFailure()
+			if isDialError(err) && !last {
+				t.metrics.retries.WithLabelValues(be.ID).Inc()
+				t.debug(ctx, "backend refused connection, trying next", be, err)
+				lastErr = err
+				continue
+			}
+			if isDialError(err) {
+				return nil, &dialError{backend: be.ID, err: err}
+			}
+			return nil, err
+		}
+		if !last && slices.Contains(t.retryStatuses, resp.StatusCode) {
+			be.Ledger.ObserveFailure()
+			t.metrics.retries.WithLabelValues(be.ID).Inc()
+			t.debug(ctx, "backend answered retryable status, trying next", be, nil, "status", resp.StatusCode)
+			// Drain a little so the connection can be reused, then drop it.
+			_, _ = io.CopyN(io.Discard, resp.Body, 64<<10)
+			resp.Body.Close()
+			continue
+		}
+		return resp, nil
+	}
+	return nil, lastErr
+}
+
+func (t *retryTransport) debug(ctx context.Context, msg string, be *balancer.Backend, err error, attrs ...any) {
+	if !t.logger.Enabled(ctx, slog.LevelDebug) {
+		return
+	}
+	attrs = append(attrs, "backend", be.ID)
+	if err != nil {
+		attrs = append(attrs, "err", err)
+	}
+	t.logger.DebugContext(ctx, msg, attrs...)
+}
+
+// attemptRequest returns req aimed at backend be, with a fresh reader over
+// body so that every attempt sends the whole body.
+func attemptRequest(req *http.Request, be *balancer.Backend, in *url.URL, body []byte) *http.Request {
+	out := req.Clone(req.Context())
+	u := *be.URL
+	u.Path, u.RawPath = joinPath(be.URL, in)
+	switch {
+	case be.URL.RawQuery == "":
+		u.RawQuery = in.RawQuery
+	case in.RawQuery != "":
+		u.RawQuery = be.URL.RawQuery + "&" + in.RawQuery
+	}
+	out.URL = &u
+	out.Host = ""
+	out.Body = io.NopCloser(bytes.NewReader(body))
+	out.ContentLength = int64(len(body))
+	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	return out
+}
+
+// joinPath puts the client's path under the backend URL's path, with exactly
+// one slash between them, keeping escapes as httputil does.
+func joinPath(base, in *url.URL) (path, rawPath string) {
+	if base.RawPath == "" && in.RawPath == "" {
+		return singleJoin(base.Path, in.Path), ""
+	}
+	bp, ip := base.EscapedPath(), in.EscapedPath()
+	return singleJoin(base.Path, in.Path), singleJoin(bp, ip)
+}
+
+func singleJoin(a, b string) string {
+	as, bs := strings.HasSuffix(a, "/"), strings.HasPrefix(b, "/")
+	switch {
+	case as && bs:
+		return a + b[1:]
+	case !as && !bs:
+		return a + "/" + b
+	}
+	return a + b
+}
+
+// firstByteBody reports the first non-empty read of a response body: for a
+// stream, the first token reaching the proxy.
+type firstByteBody struct {
+	io.ReadCloser
+	once    sync.Once
+	onFirst func()
+}
+
+func (b *firstByteBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if n > 0 {
+		b.once.Do(b.onFirst)
+	}
+	return n, err
+}
+
+// bufferPool lends ReverseProxy its copy buffers.
+type bufferPool struct{ p sync.Pool }
+
+func newBufferPool() *bufferPool {
+	return &bufferPool{p: sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}}
+}
+
+func (bp *bufferPool) Get() []byte  { return *(bp.p.Get().(*[]byte)) }
+func (bp *bufferPool) Put(b []byte) { bp.p.Put(&b) }

@@ -1,0 +1,362 @@
+// Package proxy is llmlb's HTTP front: the chi routes, OpenAI request
+// parsing, forwarding with httputil.ReverseProxy, retries before the first
+// byte, SSE streaming, OpenAI-shaped errors and the balancer's own metrics.
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"runtime/debug"
+	"slices"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/llmlb/llmlb/balancer"
+)
+
+// Header names llmlb sets on every proxied response.
+const (
+	HeaderBackend = "X-Llmlb-Backend"
+	HeaderReason  = "X-Llmlb-Reason"
+)
+
+// Server serves the OpenAI API in front of the balancer's backends. Its
+// handlers may be called concurrently.
+type Server struct {
+	// immutable after New
+	cfg     Config
+	bal     *balancer.Balancer
+	logger  *slog.Logger
+	metrics *metrics
+	rp      *httputil.ReverseProxy
+	started time.Time
+}
+
+// New returns a Server forwarding to the backends bal picks. Its metrics are
+// registered on reg. A nil logger discards.
+func New(cfg Config, bal *balancer.Balancer, reg prometheus.Registerer, logger *slog.Logger) *Server {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{cfg: cfg, bal: bal, logger: logger, started: time.Now()}
+	s.metrics = newMetrics(reg, bal)
+	dialer := &net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second}
+	base := &http.Transport{
+		Proxy:                 nil, // backends are reached directly, never through HTTP_PROXY
+		DialContext:           dialer.DialContext,
+		MaxIdleConns:          0,
+		MaxIdleConnsPerHost:   cfg.MaxIdleConnsPerBackend,
+		IdleConnTimeout:       90 * time.Second,
+		ResponseHeaderTimeout: cfg.ResponseHeaderTimeout,
+		ExpectContinueTimeout: 0,
+		ForceAttemptHTTP2:     false, // model servers speak HTTP/1.1; h2c is not negotiated
+		DisableCompression:    true,  // pass Content-Encoding through untouched
+	}
+	s.rp = &httputil.ReverseProxy{
+		Rewrite:        s.rewrite,
+		Transport:      &retryTransport{base: base, maxAttempts: cfg.MaxAttempts, retryStatuses: cfg.RetryStatuses, logger: logger, metrics: s.metrics},
+		FlushInterval:  -1, // every write reaches the client at once: SSE events are never held back
+		ModifyResponse: s.modifyResponse,
+		ErrorHandler:   s.errorHandler,
+		ErrorLog:       slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
+		BufferPool:     newBufferPool(),
+	}
+	return s
+}
+
+// Handler returns the client-facing routes.
+func (s *Server) Handler() http.Handler {
+	r := chi.NewRouter()
+	r.Use(s.recoverer)
+	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, &HTTPError{Code: http.StatusNotFound, Type: "invalid_request_error", Msg: "Unknown route " + r.Method + " " + r.URL.Path + "."})
+	})
+	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, &HTTPError{Code: http.StatusMethodNotAllowed, Type: "invalid_request_error", Msg: "Method " + r.Method + " is not allowed on " + r.URL.Path + "."})
+	})
+	r.Post("/v1/completions", s.serveModel(KindCompletion))
+	r.Post("/v1/chat/completions", s.serveModel(KindChat))
+	r.Get("/v1/models", s.serveModels)
+	r.Post("/v1/*", s.serveModel(KindOther))
+	r.Get("/health", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	r.Get("/ready", s.serveReady)
+	return r
+}
+
+// serveModel handles a POST whose body names a model: parse, pick, forward.
+func (s *Server) serveModel(k Kind) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		modelLabel, backendLabel := "", "none"
+		rec := &statusRecorder{ResponseWriter: w}
+		completed := false
+		defer func() {
+			status := rec.status
+			switch {
+			case r.Context().Err() != nil && !completed, status == StatusClientClosed:
+				status = StatusClientClosed
+			case !completed:
+				status = http.StatusBadGateway // the stream was cut by the backend after the header
+			}
+			s.metrics.requests.WithLabelValues(modelLabel, backendLabel, statusLabel(status)).Inc()
+			if backendLabel != "none" {
+				s.metrics.duration.WithLabelValues(backendLabel).Observe(time.Since(start).Seconds())
+			}
+		}()
+
+		req, herr := s.readRequest(rec, r, k)
+		if herr != nil {
+			writeError(rec, herr)
+			completed = true
+			return
+		}
+		guard := balancer.NewGuard()
+		defer guard.Release()
+
+		dec, err := s.bal.Pick(balancer.Request{Model: req.Model}, make([]*balancer.Backend, 0, 4))
+		if err != nil {
+			if !errors.Is(err, balancer.ErrUnknownModel) {
+				modelLabel = req.Model
+			}
+			he := errorFor(r.Context(), err)
+			if errors.Is(err, balancer.ErrUnknownModel) {
+				he.Msg = "The model " + quote(req.Model) + " does not exist."
+			}
+			writeError(rec, he)
+			completed = true
+			return
+		}
+		modelLabel = req.Model
+
+		ex := &exchange{req: req, guard: guard, dec: dec, clientCtx: r.Context(), inURL: r.URL}
+		ctx := context.WithValue(r.Context(), exchangeKey{}, ex)
+		if s.cfg.RequestTimeout > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, s.cfg.RequestTimeout)
+			defer cancel()
+		}
+		defer func() {
+			if be := guard.Backend(); be != nil {
+				backendLabel = be.ID
+			}
+		}()
+		s.rp.ServeHTTP(rec, r.WithContext(ctx))
+		completed = true
+	}
+}
+
+// readRequest reads and parses the body, bounded by MaxBodyBytes.
+func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, k Kind) (*Request, *HTTPError) {
+	if herr := checkContentType(r.Header); herr != nil {
+		return nil, herr
+	}
+	tooLarge := &HTTPError{Code: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
+		Msg: "The request body is larger than the limit of " + itoa(s.cfg.MaxBodyBytes) + " bytes (proxy.max_body_bytes)."}
+	if r.ContentLength > s.cfg.MaxBodyBytes {
+		return nil, tooLarge
+	}
+	var buf bytes.Buffer
+	if r.ContentLength > 0 {
+		buf.Grow(int(r.ContentLength) + bytes.MinRead)
+	}
+	if _, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)); err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, tooLarge
+		}
+		return nil, &HTTPError{Code: http.StatusBadRequest, Type: "invalid_request_error", Msg: "The request body could not be read.", Err: err}
+	}
+	req, err := ParseRequest(k, buf.Bytes())
+	if err != nil {
+		var he *HTTPError
+		if errors.As(err, &he) {
+			return nil, he
+		}
+		return nil, badRequest("", "%s", err.Error())
+	}
+	return req, nil
+}
+
+func (s *Server) rewrite(pr *httputil.ProxyRequest) {
+	ex := exchangeFrom(pr.In.Context())
+	// The retry transport aims each attempt at its backend; this first aim
+	// keeps ReverseProxy's own bookkeeping (Host, X-Forwarded-*) right.
+	pr.SetURL(ex.dec.Candidates[0].URL)
+	pr.SetXForwarded()
+}
+
+func (s *Server) modifyResponse(resp *http.Response) error {
+	ex := exchangeFrom(resp.Request.Context())
+	be := ex.guard.Backend()
+	resp.Header.Set(HeaderBackend, be.ID)
+	reason := ex.dec.Reason
+	if ex.attempts > 1 {
+		reason = "retry"
+	}
+	resp.Header.Set(HeaderReason, reason)
+	resp.Body = &firstByteBody{ReadCloser: resp.Body, onFirst: func() {
+		d := ex.guard.FirstByte(time.Now())
+		s.metrics.ttfb.WithLabelValues(be.ID).Observe(d.Seconds())
+	}}
+	return nil
+}
+
+func (s *Server) errorHandler(w http.ResponseWriter, r *http.Request, err error) {
+	ex := exchangeFrom(r.Context())
+	he := errorFor(ex.clientCtx, err)
+	if he.Code == StatusClientClosed {
+		if rec, ok := w.(*statusRecorder); ok {
+			rec.status = StatusClientClosed
+		}
+		return // nobody to answer; not an error of ours
+	}
+	if be := ex.guard.Backend(); be != nil {
+		w.Header().Set(HeaderBackend, be.ID)
+	}
+	if s.logger.Enabled(r.Context(), slog.LevelDebug) {
+		s.logger.DebugContext(r.Context(), "forward failed", "model", ex.req.Model, "status", he.Code, "err", err)
+	}
+	writeError(w, he)
+}
+
+// modelCard is one entry of GET /v1/models, in vLLM's shape.
+type modelCard struct {
+	ID      string  `json:"id"`
+	Object  string  `json:"object"`
+	Created int64   `json:"created"`
+	OwnedBy string  `json:"owned_by"`
+	Root    string  `json:"root"`
+	Parent  *string `json:"parent"`
+}
+
+// serveModels answers the models served by ready backends, each once, base
+// models first, sorted by name.
+func (s *Server) serveModels(w http.ResponseWriter, r *http.Request) {
+	var cards []modelCard
+	seen := map[string]bool{}
+	var adapters []modelCard
+	for _, be := range s.bal.Snapshot().Backends {
+		if be.State != balancer.StateReady {
+			continue
+		}
+		for _, m := range be.Models {
+			if !seen[m] {
+				seen[m] = true
+				cards = append(cards, modelCard{ID: m, Object: "model", Created: s.started.Unix(), OwnedBy: "llmlb", Root: m})
+			}
+		}
+		for _, a := range be.Adapters {
+			if !seen[a.Name] {
+				seen[a.Name] = true
+				p := a.Parent
+				adapters = append(adapters, modelCard{ID: a.Name, Object: "model", Created: s.started.Unix(), OwnedBy: "llmlb", Root: a.Name, Parent: &p})
+			}
+		}
+	}
+	byID := func(a, b modelCard) int {
+		switch {
+		case a.ID < b.ID:
+			return -1
+		case a.ID > b.ID:
+			return 1
+		}
+		return 0
+	}
+	slices.SortFunc(cards, byID)
+	slices.SortFunc(adapters, byID)
+	cards = append(cards, adapters...)
+	if cards == nil {
+		cards = []modelCard{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": cards})
+}
+
+func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
+	ready := 0
+	for _, be := range s.bal.Snapshot().Backends {
+		if be.State == balancer.StateReady {
+			ready++
+		}
+	}
+	if ready == 0 {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "not ready", "ready_backends": 0})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"status": "ready", "ready_backends": ready})
+}
+
+// recoverer turns a panic in a handler into a 500 and a log line with the
+// stack. http.ErrAbortHandler, which ReverseProxy raises to cut a stream, is
+// re-raised so that net/http aborts the connection, as chi's Recoverer does.
+func (s *Server) recoverer(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec := &statusRecorder{ResponseWriter: w}
+		defer func() {
+			p := recover()
+			if p == nil {
+				return
+			}
+			if p == http.ErrAbortHandler {
+				panic(p)
+			}
+			s.logger.Error("handler panic", "panic", p, "stack", string(debug.Stack()))
+			if !rec.wrote {
+				writeError(rec, &HTTPError{Code: http.StatusInternalServerError, Type: "internal_error", Msg: "Internal error in the load balancer."})
+			}
+		}()
+		next.ServeHTTP(rec, r)
+	})
+}
+
+// statusRecorder remembers the status written through it. It unwraps for
+// http.ResponseController, so flushing reaches the real writer.
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+	wrote  bool
+}
+
+func (r *statusRecorder) WriteHeader(code int) {
+	if !r.wrote {
+		r.status = code
+		r.wrote = code >= 200
+	}
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *statusRecorder) Write(p []byte) (int, error) {
+	if !r.wrote {
+		r.status, r.wrote = http.StatusOK, true
+	}
+	return r.ResponseWriter.Write(p)
+}
+
+func (r *statusRecorder) Flush() {
+	_ = http.NewResponseController(r.ResponseWriter).Flush()
+}
+
+func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func itoa(n int64) string {
+	b, _ := json.Marshal(n)
+	return string(b)
+}
+
+var _ io.Reader = (*firstByteBody)(nil)

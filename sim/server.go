@@ -1,0 +1,337 @@
+package sim
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+)
+
+// ServerConfig describes one emulated model server.
+type ServerConfig struct {
+	// Engine is the flavour the server imitates. (default "vllm")
+	Engine string
+	// Model is the base model name served. Required.
+	Model string
+	// Adapters are LoRA adapter names served on top of Model.
+	Adapters []string
+	// MaxModelLen is the context length reported by /v1/models and enforced
+	// on prompts. (default 131072)
+	MaxModelLen int
+}
+
+// Server is an emulated model server. Its handler may be called
+// concurrently.
+type Server struct {
+	cfg     ServerConfig
+	model   Model
+	created int64
+	seq     atomic.Int64 // request ids
+}
+
+// NewServer returns an emulated server that runs requests on m.
+func NewServer(cfg ServerConfig, m Model) (*Server, error) {
+	if err := checkEngine(cfg.Engine); err != nil {
+		return nil, err
+	}
+	if cfg.Model == "" {
+		return nil, fmt.Errorf("sim: a model name is required")
+	}
+	if cfg.Engine == "" {
+		cfg.Engine = "vllm"
+	}
+	if cfg.MaxModelLen <= 0 {
+		cfg.MaxModelLen = 131072
+	}
+	return &Server{cfg: cfg, model: m, created: time.Now().Unix()}, nil
+}
+
+// Handler returns the server's routes.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, false) })
+	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, true) })
+	mux.HandleFunc("GET /v1/models", s.models)
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
+	mux.HandleFunc("GET /metrics", s.metrics)
+	return mux
+}
+
+// vllmError writes vLLM's error shape:
+// {"error":{"message":...,"type":...,"param":...,"code":<int>}}.
+func vllmError(w http.ResponseWriter, code int, typ, param, msg string) {
+	var p any
+	if param != "" {
+		p = param
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{
+		"message": msg, "type": typ, "param": p, "code": code,
+	}})
+}
+
+type genRequest struct {
+	Model               string          `json:"model"`
+	Prompt              json.RawMessage `json:"prompt"`
+	Messages            []chatMessage   `json:"messages"`
+	MaxTokens           *int            `json:"max_tokens"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	Stream              bool            `json:"stream"`
+	StreamOptions       *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+}
+
+type chatMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+// promptTokens estimates the prompt's length in tokens, about four bytes of
+// text a token, as llmlb itself assumes for English text.
+func (g *genRequest) promptTokens(chat bool) (int, error) {
+	if chat {
+		if len(g.Messages) == 0 {
+			return 0, fmt.Errorf("messages must not be empty")
+		}
+		n := 0
+		for _, m := range g.Messages {
+			n += 4 + len(m.Content)/4 // the chat template adds a few tokens a message
+		}
+		return n, nil
+	}
+	var s string
+	if json.Unmarshal(g.Prompt, &s) == nil {
+		if s == "" {
+			return 0, fmt.Errorf("prompt must not be empty")
+		}
+		return max(1, utf8.RuneCountInString(s)/4), nil
+	}
+	var ids []int
+	if json.Unmarshal(g.Prompt, &ids) == nil && len(ids) > 0 {
+		return len(ids), nil
+	}
+	var strs []string
+	if json.Unmarshal(g.Prompt, &strs) == nil && len(strs) > 0 {
+		n := 0
+		for _, s := range strs {
+			n += max(1, len(s)/4)
+		}
+		return n, nil
+	}
+	return 0, fmt.Errorf("prompt must be a non-empty string, list of strings or list of token ids")
+}
+
+func (s *Server) serves(model string) (adapter string, ok bool) {
+	if model == s.cfg.Model {
+		return "", true
+	}
+	if slices.Contains(s.cfg.Adapters, model) {
+		return model, true
+	}
+	return "", false
+}
+
+func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
+	var g genRequest
+	if err := json.NewDecoder(r.Body).Decode(&g); err != nil {
+		vllmError(w, http.StatusBadRequest, "BadRequestError", "", "Invalid request body: "+err.Error())
+		return
+	}
+	adapter, ok := s.serves(g.Model)
+	if !ok {
+		vllmError(w, http.StatusNotFound, "NotFoundError", "model", fmt.Sprintf("The model `%s` does not exist.", g.Model))
+		return
+	}
+	prompt, err := g.promptTokens(chat)
+	if err != nil {
+		vllmError(w, http.StatusBadRequest, "BadRequestError", "", err.Error())
+		return
+	}
+	maxTokens := 16 // vLLM's completions default
+	if chat {
+		maxTokens = 64
+	}
+	switch {
+	case g.MaxCompletionTokens != nil:
+		maxTokens = *g.MaxCompletionTokens
+	case g.MaxTokens != nil:
+		maxTokens = *g.MaxTokens
+	}
+	if maxTokens < 1 {
+		vllmError(w, http.StatusBadRequest, "BadRequestError", "max_tokens", "max_tokens must be at least 1, got "+strconv.Itoa(maxTokens)+".")
+		return
+	}
+	if prompt+maxTokens > s.cfg.MaxModelLen {
+		vllmError(w, http.StatusBadRequest, "BadRequestError", "", fmt.Sprintf(
+			"This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion).",
+			s.cfg.MaxModelLen, prompt+maxTokens, prompt, maxTokens))
+		return
+	}
+
+	id := s.seq.Add(1)
+	idPrefix, object, chunkObject := "cmpl-", "text_completion", "text_completion"
+	if chat {
+		idPrefix, object, chunkObject = "chatcmpl-", "chat.completion", "chat.completion.chunk"
+	}
+	rid := fmt.Sprintf("%s%x%08x", idPrefix, s.created, id)
+	job := Job{PromptTokens: prompt, MaxTokens: maxTokens, Adapter: adapter}
+	usage := map[string]any{"prompt_tokens": prompt, "completion_tokens": maxTokens, "total_tokens": prompt + maxTokens, "prompt_tokens_details": nil}
+
+	if !g.Stream {
+		var text strings.Builder
+		n := 0
+		err := s.model.Run(r.Context(), job, func() error { text.WriteString(word(id, n)); n++; return nil })
+		if err != nil {
+			return // the client left; vLLM aborts the request the same way
+		}
+		choice := map[string]any{"index": 0, "logprobs": nil, "finish_reason": "length", "stop_reason": nil}
+		if chat {
+			choice["message"] = map[string]any{"role": "assistant", "content": text.String(), "tool_calls": []any{}}
+		} else {
+			choice["text"] = text.String()
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]any{
+			"id": rid, "object": object, "created": time.Now().Unix(), "model": g.Model,
+			"choices": []any{choice}, "usage": usage,
+		})
+		return
+	}
+
+	includeUsage := g.StreamOptions != nil && g.StreamOptions.IncludeUsage
+	flusher, _ := w.(http.Flusher)
+	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	var buf bytes.Buffer
+	send := func(chunk map[string]any) error {
+		buf.Reset()
+		buf.WriteString("data: ")
+		if err := json.NewEncoder(&buf).Encode(chunk); err != nil {
+			return err
+		}
+		buf.Truncate(buf.Len() - 1) // Encode's newline
+		buf.WriteString("\n\n")
+		if _, err := w.Write(buf.Bytes()); err != nil {
+			return err
+		}
+		if flusher != nil {
+			flusher.Flush()
+		}
+		return nil
+	}
+	chunk := func(choices []any) map[string]any {
+		c := map[string]any{"id": rid, "object": chunkObject, "created": time.Now().Unix(), "model": g.Model, "choices": choices}
+		if includeUsage {
+			c["usage"] = nil
+		}
+		return c
+	}
+	n := 0
+	err = s.model.Run(r.Context(), job, func() error {
+		var finish any
+		if n == maxTokens-1 {
+			finish = "length"
+		}
+		choice := map[string]any{"index": 0, "logprobs": nil, "finish_reason": finish, "stop_reason": nil}
+		if chat {
+			if n == 0 {
+				// vLLM opens a chat stream with the role alone.
+				first := map[string]any{"index": 0, "delta": map[string]any{"role": "assistant", "content": ""}, "logprobs": nil, "finish_reason": nil}
+				if err := send(chunk([]any{first})); err != nil {
+					return err
+				}
+			}
+			choice["delta"] = map[string]any{"content": word(id, n)}
+		} else {
+			choice["text"] = word(id, n)
+		}
+		n++
+		return send(chunk([]any{choice}))
+	})
+	if err != nil {
+		return
+	}
+	if includeUsage {
+		c := chunk([]any{})
+		c["usage"] = usage
+		if send(c) != nil {
+			return
+		}
+	}
+	_, _ = w.Write([]byte("data: [DONE]\n\n"))
+	if flusher != nil {
+		flusher.Flush()
+	}
+}
+
+var words = strings.Fields("the quick brown fox jumps over a lazy dog while seven bright stars shine on quiet hills and rivers run")
+
+// word returns the n-th output token of request id: deterministic text.
+func word(id int64, n int) string {
+	return " " + words[(int(id)+n)%len(words)]
+}
+
+func (s *Server) models(w http.ResponseWriter, r *http.Request) {
+	card := func(id, root string, parent any) map[string]any {
+		c := map[string]any{
+			"id": id, "object": "model", "created": s.created, "owned_by": "vllm",
+			"root": root, "parent": parent, "permission": []any{},
+		}
+		if parent == nil {
+			c["max_model_len"] = s.cfg.MaxModelLen
+		}
+		return c
+	}
+	data := []any{card(s.cfg.Model, s.cfg.Model, nil)}
+	for _, a := range s.cfg.Adapters {
+		data = append(data, card(a, "/adapters/"+a, s.cfg.Model))
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": data})
+}
+
+// metrics renders vLLM's (V1 engine) Prometheus page for the model's state.
+func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
+	st := s.model.Stats()
+	lbl := fmt.Sprintf(`engine="0",model_name=%q`, s.cfg.Model)
+	var b strings.Builder
+	gauge := func(name, help string, v float64) {
+		fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s gauge\n%s{%s} %s\n", name, help, name, name, lbl, formatFloat(v))
+	}
+	counter := func(name, help string, v float64) {
+		fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s counter\n%s{%s} %s\n", name, help, name, name, lbl, formatFloat(v))
+	}
+	gauge("vllm:num_requests_running", "Number of requests in model execution batches.", float64(st.Running))
+	gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", float64(st.Waiting))
+	gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", st.KVUsage)
+	counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.", float64(st.PromptTokens))
+	counter("vllm:generation_tokens_total", "Number of generation tokens processed.", float64(st.GenerationTokens))
+	fmt.Fprintf(&b, "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n# TYPE vllm:cache_config_info gauge\n")
+	fmt.Fprintf(&b, "vllm:cache_config_info{block_size=\"%d\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",engine=\"0\",gpu_memory_utilization=\"0.9\",num_gpu_blocks=\"%d\"} 1.0\n", st.BlockSize, st.NumBlocks)
+	if len(s.cfg.Adapters) > 0 {
+		fmt.Fprintf(&b, "# HELP vllm:lora_requests_info Running stats on lora requests.\n# TYPE vllm:lora_requests_info gauge\n")
+		fmt.Fprintf(&b, "vllm:lora_requests_info{max_lora=\"%d\",running_lora_adapters=%q,waiting_lora_adapters=%q} %s\n",
+			st.MaxLoRA, strings.Join(st.RunningAdapters, ","), strings.Join(st.WaitingAdapters, ","), formatFloat(float64(time.Now().UnixNano())/1e9))
+	}
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	_, _ = w.Write([]byte(b.String()))
+}
+
+// formatFloat prints v as Python's prometheus_client does: always with a
+// decimal point or exponent.
+func formatFloat(v float64) string {
+	s := strconv.FormatFloat(v, 'g', -1, 64)
+	if !strings.ContainsAny(s, ".eE") && !strings.Contains(s, "Inf") && !strings.Contains(s, "NaN") {
+		s += ".0"
+	}
+	return s
+}
