@@ -1,0 +1,683 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/llmlb/llmlb/balancer"
+)
+
+const testModel = "llama-3.1-8b"
+
+// testFront is a proxy in front of test backends. handlerDone receives once
+// per client request, after the proxy's handler has returned (and so after
+// its guard was released), whatever the path.
+type testFront struct {
+	*httptest.Server
+	bal         *balancer.Balancer
+	handlerDone chan struct{}
+}
+
+func newFront(t *testing.T, cfg Config, backendURLs ...string) *testFront {
+	t.Helper()
+	bal := balancer.New(nil)
+	var specs []balancer.Spec
+	for _, u := range backendURLs {
+		pu, err := url.Parse(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		specs = append(specs, balancer.Spec{ID: u, URL: pu, Engine: "vllm", Models: []string{testModel}, State: balancer.StateReady})
+	}
+	bal.Update(specs...)
+	px := New(cfg, bal, prometheus.NewRegistry(), nil)
+	h := px.Handler()
+	done := make(chan struct{}, 1024)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() { done <- struct{}{} }()
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return &testFront{Server: srv, bal: bal, handlerDone: done}
+}
+
+// waitHandler waits for n proxy handlers to return.
+func (f *testFront) waitHandler(t *testing.T, n int) {
+	t.Helper()
+	for range n {
+		select {
+		case <-f.handlerDone:
+		case <-time.After(10 * time.Second):
+			t.Fatal("proxy handler did not return")
+		}
+	}
+}
+
+// checkLedgerZero fails if any backend still counts a request in flight.
+func (f *testFront) checkLedgerZero(t *testing.T) {
+	t.Helper()
+	for _, be := range f.bal.Snapshot().Backends {
+		if n := be.Ledger.InFlight(); n != 0 {
+			t.Errorf("backend %s in flight = %d, want 0", be.ID, n)
+		}
+	}
+}
+
+// deadURL returns the URL of an address that refuses connections: bound,
+// then closed (Caddy's deadUpstreamAddr).
+func deadURL(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return "http://" + addr
+}
+
+func body(kind, extra string) string {
+	if kind == "chat" {
+		return `{"model":"` + testModel + `","messages":[{"role":"user","content":"hi"}]` + extra + `}`
+	}
+	return `{"model":"` + testModel + `","prompt":"hi"` + extra + `}`
+}
+
+func path(kind string) string {
+	if kind == "chat" {
+		return "/v1/chat/completions"
+	}
+	return "/v1/completions"
+}
+
+func post(ctx context.Context, t *testing.T, url, b string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("POST %s: %v", url, err)
+	}
+	return resp
+}
+
+// okBackend answers every request with a small JSON completion.
+func okBackend(t *testing.T, hits *atomic.Int64) *httptest.Server {
+	t.Helper()
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if hits != nil {
+			hits.Add(1)
+		}
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":" ok","finish_reason":"length"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`)
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+// TestStreamEventsReachClientOneByOne: the backend writes an SSE event and
+// then waits for the test, which must already have read that event through
+// the proxy, for both streaming endpoints.
+func TestStreamEventsReachClientOneByOne(t *testing.T) {
+	for _, kind := range []string{"completions", "chat"} {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			next := make(chan struct{})
+			const events = 4
+			backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				for i := range events {
+					fmt.Fprintf(w, "data: {\"i\":%d}\n\n", i)
+					w.(http.Flusher).Flush()
+					select {
+					case <-next:
+					case <-r.Context().Done():
+						return
+					}
+				}
+				io.WriteString(w, "data: [DONE]\n\n")
+			}))
+			defer backend.Close()
+			f := newFront(t, DefaultConfig(), backend.URL)
+
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			resp := post(ctx, t, f.URL+path(kind), body(kind, `,"stream":true`))
+			defer resp.Body.Close()
+			if got := resp.Header.Get(HeaderBackend); got != backend.URL {
+				t.Errorf("%s = %q, want %q", HeaderBackend, got, backend.URL)
+			}
+			rd := bufio.NewReader(resp.Body)
+			for i := range events {
+				line, err := rd.ReadString('\n')
+				if err != nil {
+					t.Fatalf("event %d: %v", i, err)
+				}
+				if want := fmt.Sprintf("data: {\"i\":%d}\n", i); line != want {
+					t.Fatalf("event %d = %q, want %q", i, line, want)
+				}
+				rd.ReadString('\n') // the blank line ending the event
+				next <- struct{}{}  // only now may the backend write the next one
+			}
+			rest, _ := io.ReadAll(rd)
+			if string(rest) != "data: [DONE]\n\n" {
+				t.Errorf("stream tail = %q, want the [DONE] event", rest)
+			}
+			f.waitHandler(t, 1)
+			f.checkLedgerZero(t)
+		})
+	}
+}
+
+// TestClientGoneCancelsBackend: a client that leaves before the first byte
+// or in the middle of a stream ends the backend's request context at once,
+// and the ledger returns to zero.
+func TestClientGoneCancelsBackend(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		writeFirst  bool
+		readAtFirst bool
+	}{
+		{name: "before first byte"},
+		{name: "mid-stream", writeFirst: true, readAtFirst: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			got := make(chan struct{})
+			backendDone := make(chan struct{})
+			backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				defer close(backendDone)
+				// Read the body as an engine does: net/http notices a
+				// closed connection only once the body is consumed.
+				io.Copy(io.Discard, r.Body)
+				if tc.writeFirst {
+					w.Header().Set("Content-Type", "text/event-stream")
+					io.WriteString(w, "data: {\"i\":0}\n\n")
+					w.(http.Flusher).Flush()
+				}
+				close(got)
+				<-r.Context().Done() // blocks until the proxy drops the request
+			}))
+			defer backend.Close()
+			f := newFront(t, DefaultConfig(), backend.URL)
+
+			ctx, cancel := context.WithCancel(context.Background())
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, f.URL+"/v1/chat/completions", strings.NewReader(body("chat", `,"stream":true`)))
+			errc := make(chan error, 1)
+			go func() {
+				resp, err := http.DefaultClient.Do(req)
+				if err == nil {
+					if tc.readAtFirst {
+						line, _ := bufio.NewReader(resp.Body).ReadString('\n')
+						if !strings.HasPrefix(line, "data:") {
+							err = fmt.Errorf("first line %q", line)
+						}
+					}
+					cancel()
+					resp.Body.Close()
+				}
+				errc <- err
+			}()
+			select {
+			case <-got:
+			case <-time.After(10 * time.Second):
+				t.Fatal("backend never got the request")
+			}
+			if !tc.readAtFirst {
+				cancel()
+			}
+			select {
+			case <-backendDone:
+			case <-time.After(5 * time.Second):
+				t.Fatal("backend request context still alive 5s after the client left")
+			}
+			if err := <-errc; err != nil && !errors.Is(err, context.Canceled) {
+				t.Fatalf("client: %v", err)
+			}
+			f.waitHandler(t, 1)
+			f.checkLedgerZero(t)
+		})
+	}
+}
+
+func TestRetryServesFromAnotherBackendWhenOneRefuses(t *testing.T) {
+	t.Parallel()
+	var hits atomic.Int64
+	good := okBackend(t, &hits)
+	dead := deadURL(t)
+	f := newFront(t, DefaultConfig(), dead, good.URL)
+	// The first requests reach the dead backend first at least once: with
+	// equal loads the picker alternates by requests served.
+	for i := range 4 {
+		resp := post(context.Background(), t, f.URL+"/v1/completions", body("completions", ""))
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: status %d, body %s", i, resp.StatusCode, b)
+		}
+		if got := resp.Header.Get(HeaderBackend); got != good.URL {
+			t.Errorf("request %d served by %q, want %q", i, got, good.URL)
+		}
+	}
+	f.waitHandler(t, 4)
+	var deadFailures int64
+	for _, be := range f.bal.Snapshot().Backends {
+		if be.ID == dead {
+			deadFailures = be.Ledger.Failures()
+		}
+	}
+	if deadFailures == 0 {
+		t.Error("the dead backend was never tried; the test did not exercise a retry")
+	}
+	if hits.Load() != 4 {
+		t.Errorf("good backend hits = %d, want 4", hits.Load())
+	}
+	f.checkLedgerZero(t)
+}
+
+func TestRetryStatusGoesToNextBackend(t *testing.T) {
+	t.Parallel()
+	var bad503 atomic.Int64
+	busy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		bad503.Add(1)
+		http.Error(w, `{"error":"overloaded"}`, http.StatusServiceUnavailable)
+	}))
+	defer busy.Close()
+	good := okBackend(t, nil)
+	f := newFront(t, DefaultConfig(), busy.URL, good.URL)
+	for range 3 {
+		resp := post(context.Background(), t, f.URL+"/v1/completions", body("completions", ""))
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d, want 200 from the second backend", resp.StatusCode)
+		}
+	}
+	f.waitHandler(t, 3)
+	if bad503.Load() == 0 {
+		t.Error("the busy backend was never tried")
+	}
+	f.checkLedgerZero(t)
+}
+
+// TestAllBackendsDown: every backend refusing gives 502; none ready gives
+// 503; both as OpenAI JSON.
+func TestAllBackendsDown(t *testing.T) {
+	t.Parallel()
+	f := newFront(t, DefaultConfig(), deadURL(t), deadURL(t))
+	resp := post(context.Background(), t, f.URL+"/v1/completions", body("completions", ""))
+	checkOpenAIError(t, resp, http.StatusBadGateway)
+	f.waitHandler(t, 1)
+	f.checkLedgerZero(t)
+
+	var specs []balancer.Spec
+	for _, be := range f.bal.Snapshot().Backends {
+		specs = append(specs, balancer.Spec{ID: be.ID, URL: be.URL, Models: be.Models, State: balancer.StateDown})
+	}
+	f.bal.Update(specs...)
+	resp = post(context.Background(), t, f.URL+"/v1/completions", body("completions", ""))
+	checkOpenAIError(t, resp, http.StatusServiceUnavailable)
+}
+
+func checkOpenAIError(t *testing.T, resp *http.Response, wantStatus int) {
+	t.Helper()
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != wantStatus {
+		t.Errorf("status = %d, want %d (body %s)", resp.StatusCode, wantStatus, b)
+	}
+	if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+		t.Errorf("Content-Type = %q, want application/json", ct)
+	}
+	var e struct {
+		Error *struct {
+			Message string          `json:"message"`
+			Type    string          `json:"type"`
+			Param   json.RawMessage `json:"param"`
+			Code    json.RawMessage `json:"code"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(b, &e); err != nil || e.Error == nil {
+		t.Fatalf("body %s is not an OpenAI error: %v", b, err)
+	}
+	if e.Error.Message == "" || e.Error.Type == "" || e.Error.Param == nil || e.Error.Code == nil {
+		t.Errorf("error %s lacks message, type, param or code", b)
+	}
+}
+
+func TestBackendDyingMidStreamEndsClientStream(t *testing.T) {
+	t.Parallel()
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: {\"i\":0}\n\n")
+		w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler) // the connection drops, as when a model server dies
+	}))
+	defer backend.Close()
+	f := newFront(t, DefaultConfig(), backend.URL)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp := post(ctx, t, f.URL+"/v1/completions", body("completions", `,"stream":true`))
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d, want 200 (the stream had begun)", resp.StatusCode)
+	}
+	got, err := io.ReadAll(resp.Body)
+	if err == nil {
+		t.Errorf("stream ended cleanly with %q; want a cut stream error", got)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("client hung until the deadline instead of seeing the stream end")
+	}
+	if !strings.HasPrefix(string(got), "data: {\"i\":0}") {
+		t.Errorf("client got %q, want the first event before the cut", got)
+	}
+	f.waitHandler(t, 1)
+	f.checkLedgerZero(t)
+}
+
+func TestBadInputIsRefusedBeforeAnyBackend(t *testing.T) {
+	t.Parallel()
+	var hits atomic.Int64
+	backend := okBackend(t, &hits)
+	cfg := DefaultConfig()
+	cfg.MaxBodyBytes = 4096
+	f := newFront(t, cfg, backend.URL)
+	big := `{"model":"` + testModel + `","prompt":"` + strings.Repeat("a", 5000) + `"}`
+	for _, tc := range []struct {
+		name        string
+		method      string
+		path        string
+		contentType string
+		body        string
+		wantStatus  int
+		wantParam   string
+	}{
+		{name: "not JSON", body: "hello", wantStatus: 400},
+		{name: "truncated JSON", body: `{"model":"` + testModel + `","prompt":"hi`, wantStatus: 400},
+		{name: "JSON array", body: `[{"model":"x"}]`, wantStatus: 400},
+		{name: "JSON string", body: `"hello"`, wantStatus: 400},
+		{name: "empty body", body: "", wantStatus: 400},
+		{name: "missing model", body: `{"prompt":"hi"}`, wantStatus: 400, wantParam: "model"},
+		{name: "null model", body: `{"model":null,"prompt":"hi"}`, wantStatus: 400, wantParam: "model"},
+		{name: "model not a string", body: `{"model":42,"prompt":"hi"}`, wantStatus: 400, wantParam: "model"},
+		{name: "empty model", body: `{"model":"","prompt":"hi"}`, wantStatus: 400, wantParam: "model"},
+		{name: "empty prompt", body: `{"model":"` + testModel + `","prompt":""}`, wantStatus: 400, wantParam: "prompt"},
+		{name: "missing prompt", body: `{"model":"` + testModel + `"}`, wantStatus: 400, wantParam: "prompt"},
+		{name: "empty prompt list", body: `{"model":"` + testModel + `","prompt":[]}`, wantStatus: 400, wantParam: "prompt"},
+		{name: "prompt an object", body: `{"model":"` + testModel + `","prompt":{"a":1}}`, wantStatus: 400, wantParam: "prompt"},
+		{name: "empty messages", path: "/v1/chat/completions", body: `{"model":"` + testModel + `","messages":[]}`, wantStatus: 400, wantParam: "messages"},
+		{name: "messages not a list", path: "/v1/chat/completions", body: `{"model":"` + testModel + `","messages":"hi"}`, wantStatus: 400, wantParam: "messages"},
+		{name: "message without role", path: "/v1/chat/completions", body: `{"model":"` + testModel + `","messages":[{"content":"hi"}]}`, wantStatus: 400, wantParam: "messages"},
+		{name: "stream not a bool", body: `{"model":"` + testModel + `","prompt":"hi","stream":"yes"}`, wantStatus: 400, wantParam: "stream"},
+		{name: "wrong content type", contentType: "text/plain", body: body("completions", ""), wantStatus: 415},
+		{name: "body over the limit", body: big, wantStatus: 413},
+		{name: "invalid UTF-8", body: "{\"model\":\"" + testModel + "\",\"prompt\":\"\xff\xfe\"}", wantStatus: 400},
+		{name: "unknown model", body: `{"model":"no-such-model","prompt":"hi"}`, wantStatus: 404, wantParam: "model"},
+		{name: "GET on a POST route", method: http.MethodGet, body: "", wantStatus: 405},
+		{name: "unknown route", path: "/v2/completions", body: body("completions", ""), wantStatus: 404},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			method, p, ct := tc.method, tc.path, tc.contentType
+			if method == "" {
+				method = http.MethodPost
+			}
+			if p == "" {
+				p = "/v1/completions"
+			}
+			if ct == "" {
+				ct = "application/json"
+			}
+			req, _ := http.NewRequest(method, f.URL+p, strings.NewReader(tc.body))
+			req.Header.Set("Content-Type", ct)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			resp.Body = io.NopCloser(bytes.NewReader(b))
+			checkOpenAIError(t, resp, tc.wantStatus)
+			if tc.wantParam != "" {
+				var e struct {
+					Error struct {
+						Param string `json:"param"`
+					} `json:"error"`
+				}
+				_ = json.Unmarshal(b, &e)
+				if e.Error.Param != tc.wantParam {
+					t.Errorf("param = %q, want %q (body %s)", e.Error.Param, tc.wantParam, b)
+				}
+			}
+		})
+	}
+	if n := hits.Load(); n != 0 {
+		t.Errorf("backend got %d requests, want 0", n)
+	}
+	f.checkLedgerZero(t)
+}
+
+// TestLedgerReturnsToZeroOnEveryPath runs each way a request can end and
+// checks every backend's in-flight count afterwards.
+func TestLedgerReturnsToZeroOnEveryPath(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Prompt string `json:"prompt"`
+			Stream bool   `json:"stream"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		switch req.Prompt {
+		case "error":
+			http.Error(w, `{"error":{"message":"bad","type":"BadRequestError","param":null,"code":400}}`, http.StatusBadRequest)
+		case "hang":
+			<-r.Context().Done()
+		case "hang-stream":
+			w.Header().Set("Content-Type", "text/event-stream")
+			io.WriteString(w, "data: {}\n\n")
+			w.(http.Flusher).Flush()
+			select {
+			case <-r.Context().Done():
+			case <-release:
+			}
+		default:
+			if req.Stream {
+				w.Header().Set("Content-Type", "text/event-stream")
+				io.WriteString(w, "data: {}\n\ndata: [DONE]\n\n")
+				return
+			}
+			io.WriteString(w, `{"choices":[]}`)
+		}
+	}))
+	defer backend.Close()
+	cfg := DefaultConfig()
+	cfg.RequestTimeout = 300 * time.Millisecond
+	f := newFront(t, cfg, deadURL(t), backend.URL)
+
+	prompt := func(p string, stream bool) string {
+		return fmt.Sprintf(`{"model":%q,"prompt":%q,"stream":%t}`, testModel, p, stream)
+	}
+	for _, tc := range []struct {
+		name        string
+		body        string
+		cancelEarly bool
+		wantStatus  int // 0: do not check (client cancelled or stream cut)
+	}{
+		{name: "success", body: prompt("ok", false), wantStatus: 200},
+		{name: "streaming", body: prompt("ok", true), wantStatus: 200},
+		{name: "backend error", body: prompt("error", false), wantStatus: 400},
+		{name: "timeout before first byte", body: prompt("hang", false), wantStatus: 504},
+		{name: "timeout mid-stream", body: prompt("hang-stream", true)},
+		{name: "client cancel", body: prompt("hang", false), cancelEarly: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			if tc.cancelEarly {
+				time.AfterFunc(50*time.Millisecond, cancel)
+			}
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, f.URL+"/v1/completions", strings.NewReader(tc.body))
+			resp, err := http.DefaultClient.Do(req)
+			if err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if tc.wantStatus != 0 && resp.StatusCode != tc.wantStatus {
+					t.Errorf("status = %d, want %d", resp.StatusCode, tc.wantStatus)
+				}
+			} else if !tc.cancelEarly {
+				t.Fatal(err)
+			}
+			f.waitHandler(t, 1)
+			f.checkLedgerZero(t)
+		})
+	}
+	close(release)
+}
+
+func TestMiBPromptIsForwardedByteForByte(t *testing.T) {
+	t.Parallel()
+	got := make(chan []byte, 1)
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got <- b
+		io.WriteString(w, `{}`)
+	}))
+	defer backend.Close()
+	f := newFront(t, DefaultConfig(), backend.URL)
+	var prompt strings.Builder
+	for i := 0; prompt.Len() < 1<<20; i++ {
+		fmt.Fprintf(&prompt, "line %d: \u00e9t\u00e9 \\\"quoted\\\" \\u00e9 text; ", i)
+	}
+	// Unusual spacing and key order: the proxy must not re-encode.
+	sent := `{ "prompt" : "` + prompt.String() + `",  "model":"` + testModel + `" , "max_tokens": 1 }`
+	resp := post(context.Background(), t, f.URL+"/v1/completions", sent)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	b := <-got
+	if len(sent) < 1<<20 || !bytes.Equal(b, []byte(sent)) {
+		t.Errorf("backend got %d bytes, sent %d; equal = %t", len(b), len(sent), bytes.Equal(b, []byte(sent)))
+	}
+}
+
+func TestBackendErrorBodyPassesThroughUnchanged(t *testing.T) {
+	t.Parallel()
+	const errBody = `{"error":{"message":"This model's maximum context length is 8192 tokens.","type":"BadRequestError","param":null,"code":400}}`
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		io.WriteString(w, errBody)
+	}))
+	defer backend.Close()
+	f := newFront(t, DefaultConfig(), backend.URL)
+	resp := post(context.Background(), t, f.URL+"/v1/completions", body("completions", ""))
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || string(b) != errBody {
+		t.Errorf("got %d %s, want 400 %s", resp.StatusCode, b, errBody)
+	}
+	if resp.Header.Get(HeaderBackend) != backend.URL {
+		t.Errorf("%s = %q, want %q", HeaderBackend, resp.Header.Get(HeaderBackend), backend.URL)
+	}
+}
+
+func TestOtherV1RoutesAreBalancedByModel(t *testing.T) {
+	t.Parallel()
+	gotPath := make(chan string, 1)
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		gotPath <- r.URL.Path
+		io.WriteString(w, `{"object":"list","data":[]}`)
+	}))
+	defer backend.Close()
+	f := newFront(t, DefaultConfig(), backend.URL)
+	resp := post(context.Background(), t, f.URL+"/v1/embeddings", `{"model":"`+testModel+`","input":"hi"}`)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	if p := <-gotPath; p != "/v1/embeddings" {
+		t.Errorf("backend path = %q, want /v1/embeddings", p)
+	}
+}
+
+func TestModelsAreMergedAcrossReadyBackends(t *testing.T) {
+	t.Parallel()
+	bal := balancer.New(nil)
+	u := func(s string) *url.URL { pu, _ := url.Parse(s); return pu }
+	bal.Update(
+		balancer.Spec{ID: "a", URL: u("http://a"), Models: []string{"m1", "m2"}, Adapters: []balancer.Adapter{{Name: "sql", Parent: "m1"}}, State: balancer.StateReady},
+		balancer.Spec{ID: "b", URL: u("http://b"), Models: []string{"m2"}, State: balancer.StateReady},
+		balancer.Spec{ID: "c", URL: u("http://c"), Models: []string{"hidden"}, State: balancer.StateDown},
+	)
+	srv := httptest.NewServer(New(DefaultConfig(), bal, prometheus.NewRegistry(), nil).Handler())
+	defer srv.Close()
+	resp, err := http.Get(srv.URL + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var list struct {
+		Object string `json:"object"`
+		Data   []struct {
+			ID     string  `json:"id"`
+			Object string  `json:"object"`
+			Parent *string `json:"parent"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, d := range list.Data {
+		p := ""
+		if d.Parent != nil {
+			p = "<" + *d.Parent
+		}
+		ids = append(ids, d.ID+p)
+	}
+	if got, want := strings.Join(ids, ","), "m1,m2,sql<m1"; list.Object != "list" || got != want {
+		t.Errorf("models = %q (object %q), want %q", got, list.Object, want)
+	}
+}
+
+func TestReadyNeedsAReadyBackend(t *testing.T) {
+	t.Parallel()
+	bal := balancer.New(nil)
+	srv := httptest.NewServer(New(DefaultConfig(), bal, prometheus.NewRegistry(), nil).Handler())
+	defer srv.Close()
+	check := func(want int) {
+		t.Helper()
+		resp, err := http.Get(srv.URL + "/ready")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("/ready = %d, want %d", resp.StatusCode, want)
+		}
+	}
+	check(http.StatusServiceUnavailable)
+	pu, _ := url.Parse("http://a")
+	bal.Update(balancer.Spec{ID: "a", URL: pu, Models: []string{"m"}, State: balancer.StateReady})
+	check(http.StatusOK)
+}
