@@ -21,13 +21,13 @@ import (
 type State int
 
 const (
-	// StateUnknown is a backend that has not answered yet. It gets no traffic
-	// while another backend can serve the request.
+	// StateUnknown is a backend that has not answered yet. It gets traffic
+	// only when no ready backend can serve the request.
 	StateUnknown State = iota
 	// StateReady is a backend that answers and takes new requests.
 	StateReady
-	// StateDown is a backend that stopped answering. It gets no traffic while
-	// another backend can serve the request.
+	// StateDown is a backend that stopped answering. It gets no traffic until
+	// it answers again.
 	StateDown
 	// StateDraining is a backend that left discovery: it takes no new
 	// requests, and the ones in flight finish.

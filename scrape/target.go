@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -224,9 +225,20 @@ func fetchModels(ctx context.Context, client *http.Client, base *url.URL, timeou
 	if resp.StatusCode != http.StatusOK {
 		return nil, nil, fmt.Errorf("models %s: status %d", u, resp.StatusCode)
 	}
-	var ml modelList
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 8<<20)).Decode(&ml); err != nil {
+	models, adapters, err := parseModelList(io.LimitReader(resp.Body, 8<<20))
+	if err != nil {
 		return nil, nil, fmt.Errorf("models %s: %w", u, err)
+	}
+	return models, adapters, nil
+}
+
+// parseModelList reads a /v1/models body and splits it into base models and
+// adapters (entries with a parent), each sorted. Entries without an id are
+// skipped.
+func parseModelList(r io.Reader) ([]string, []balancer.Adapter, error) {
+	var ml modelList
+	if err := json.NewDecoder(r).Decode(&ml); err != nil {
+		return nil, nil, err
 	}
 	models := []string{}
 	var adapters []balancer.Adapter
@@ -241,15 +253,7 @@ func fetchModels(ctx context.Context, client *http.Client, base *url.URL, timeou
 		}
 	}
 	slices.Sort(models)
-	slices.SortFunc(adapters, func(a, b balancer.Adapter) int {
-		switch {
-		case a.Name < b.Name:
-			return -1
-		case a.Name > b.Name:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(adapters, func(a, b balancer.Adapter) int { return strings.Compare(a.Name, b.Name) })
 	return models, adapters, nil
 }
 

@@ -1,0 +1,230 @@
+package scrape
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/llmlb/llmlb/balancer"
+	"github.com/llmlb/llmlb/sim"
+)
+
+// newTarget builds a manager over one backend and returns its target and the
+// balancer it publishes to.
+func newTarget(t *testing.T, cfg Config, bc BackendConfig, logger *slog.Logger) (*Target, *balancer.Balancer) {
+	t.Helper()
+	bal := balancer.New(nil)
+	m, err := NewManager(cfg, []BackendConfig{bc}, "vllm", bal, nil, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m.targets[0], bal
+}
+
+func only(t *testing.T, bal *balancer.Balancer) *balancer.Backend {
+	t.Helper()
+	bs := bal.Snapshot().Backends
+	if len(bs) != 1 {
+		t.Fatalf("snapshot has %d backends, want 1", len(bs))
+	}
+	return bs[0]
+}
+
+// TestModelsAndAdaptersLearnedFromVLLM runs discovery against the emulated
+// vLLM, whose /v1/models lists adapters with their parent as vLLM does.
+func TestModelsAndAdaptersLearnedFromVLLM(t *testing.T) {
+	s, err := sim.NewServer(sim.ServerConfig{Model: "llama-3.1-8b", Adapters: []string{"sql-lora", "chat-lora"}}, sim.NewSteady(sim.SteadyConfig{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(s.Handler())
+	defer srv.Close()
+
+	tg, bal := newTarget(t, DefaultConfig(), BackendConfig{URL: srv.URL}, nil)
+	if be := only(t, bal); be.State != balancer.StateUnknown || be.ModelsKnown() {
+		t.Fatalf("before the first probe: state %v, models %v", be.State, be.Models)
+	}
+	tg.round(context.Background())
+	be := only(t, bal)
+	if be.State != balancer.StateReady {
+		t.Errorf("state = %v, want ready", be.State)
+	}
+	if !slices.Equal(be.Models, []string{"llama-3.1-8b"}) {
+		t.Errorf("models = %v", be.Models)
+	}
+	want := []balancer.Adapter{{Name: "chat-lora", Parent: "llama-3.1-8b"}, {Name: "sql-lora", Parent: "llama-3.1-8b"}}
+	if !slices.Equal(be.Adapters, want) {
+		t.Errorf("adapters = %v, want %v", be.Adapters, want)
+	}
+	if be.Engine != "vllm" {
+		t.Errorf("engine = %q, want the default", be.Engine)
+	}
+}
+
+// TestHealthTransitions walks a backend through up, one failed probe (still
+// up), a second (down, logged once), more failures (no new log) and recovery.
+func TestHealthTransitions(t *testing.T) {
+	var healthy atomic.Bool
+	healthy.Store(true)
+	var modelCalls atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/healthz":
+			if !healthy.Load() {
+				http.Error(w, "engine dead", http.StatusInternalServerError)
+			}
+		case "/v1/models":
+			modelCalls.Add(1)
+			w.Write([]byte(`{"object":"list","data":[{"id":"m","object":"model","parent":null}]}`))
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer srv.Close()
+
+	var logs bytes.Buffer
+	logger := slog.New(slog.NewTextHandler(&logs, nil))
+	cfg := DefaultConfig()
+	cfg.UnhealthyAfter = 2
+	tg, bal := newTarget(t, cfg, BackendConfig{URL: srv.URL, HealthPath: "/healthz"}, logger)
+	ctx := context.Background()
+
+	tg.round(ctx)
+	if s := only(t, bal).State; s != balancer.StateReady {
+		t.Fatalf("state = %v, want ready", s)
+	}
+	healthy.Store(false)
+	tg.round(ctx)
+	if s := only(t, bal).State; s != balancer.StateReady {
+		t.Fatalf("after one failure: %v, want still ready", s)
+	}
+	for range 3 {
+		tg.round(ctx)
+	}
+	if s := only(t, bal).State; s != balancer.StateDown {
+		t.Fatalf("after four failures: %v, want down", s)
+	}
+	if n := strings.Count(logs.String(), "backend down"); n != 1 {
+		t.Errorf("'backend down' logged %d times, want once:\n%s", n, logs.String())
+	}
+	healthy.Store(true)
+	tg.round(ctx)
+	if s := only(t, bal).State; s != balancer.StateReady {
+		t.Errorf("after recovery: %v, want ready", s)
+	}
+	if n := modelCalls.Load(); n != 1 {
+		t.Errorf("/v1/models fetched %d times within the refresh interval, want 1", n)
+	}
+}
+
+// TestConfiguredModelsAreNotDiscovered: a backend with models in config is
+// never asked for /v1/models, and its list is the configured one.
+func TestConfiguredModelsAreNotDiscovered(t *testing.T) {
+	var modelCalls atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/models" {
+			modelCalls.Add(1)
+		}
+	}))
+	defer srv.Close()
+	tg, bal := newTarget(t, DefaultConfig(), BackendConfig{URL: srv.URL, Models: []string{"a", "b"}}, nil)
+	if be := only(t, bal); !slices.Equal(be.Models, []string{"a", "b"}) {
+		t.Fatalf("models before probing = %v", be.Models)
+	}
+	tg.round(context.Background())
+	if modelCalls.Load() != 0 {
+		t.Error("/v1/models was fetched for a backend with configured models")
+	}
+	if be := only(t, bal); be.State != balancer.StateReady || !slices.Equal(be.Models, []string{"a", "b"}) {
+		t.Errorf("state %v models %v", be.State, be.Models)
+	}
+}
+
+// TestBadModelListsKeepTheLastGoodOne: garbage, errors and wrong shapes from
+// /v1/models are logged once and never erase what was learned.
+func TestBadModelListsKeepTheLastGoodOne(t *testing.T) {
+	var body atomic.Value
+	body.Store(`{"data":[{"id":"m"},{"id":"lora-1","parent":"m"}]}`)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/models" {
+			b := body.Load().(string)
+			if b == "500" {
+				http.Error(w, "boom", 500)
+				return
+			}
+			w.Write([]byte(b))
+		}
+	}))
+	defer srv.Close()
+	var logs bytes.Buffer
+	cfg := DefaultConfig()
+	cfg.ModelsInterval = 1 // every round refreshes
+	tg, bal := newTarget(t, cfg, BackendConfig{URL: srv.URL}, slog.New(slog.NewTextHandler(&logs, nil)))
+	ctx := context.Background()
+	tg.round(ctx)
+	for _, bad := range []string{"not json", `{"data":`, "500", `["a"]`} {
+		body.Store(bad)
+		tg.round(ctx)
+		be := only(t, bal)
+		if !slices.Equal(be.Models, []string{"m"}) || len(be.Adapters) != 1 {
+			t.Errorf("after %q: models %v adapters %v, want the last good lists", bad, be.Models, be.Adapters)
+		}
+	}
+	if n := strings.Count(logs.String(), "model discovery failing"); n != 1 {
+		t.Errorf("failure logged %d times, want once", n)
+	}
+	body.Store(`{"data":[{"id":"m2"}]}`)
+	tg.round(ctx)
+	if be := only(t, bal); !slices.Equal(be.Models, []string{"m2"}) || len(be.Adapters) != 0 {
+		t.Errorf("after recovery: %v %v", be.Models, be.Adapters)
+	}
+	if !strings.Contains(logs.String(), "model discovery recovered") {
+		t.Error("recovery not logged")
+	}
+}
+
+func TestValidateBackendsNamesEachField(t *testing.T) {
+	err := ValidateBackends([]BackendConfig{
+		{URL: "http://a:8000"},
+		{URL: "http://A:8000/"},
+		{URL: "ftp://b"},
+		{},
+		{URL: "http://c", Engine: "vlm", Models: []string{""}, HealthPath: "health"},
+	})
+	if err == nil {
+		t.Fatal("no error")
+	}
+	for _, want := range []string{
+		"backends[1].url: \"http://A:8000/\" is the same backend as backends[0]",
+		"backends[2].url:",
+		"backends[3].url: required",
+		"backends[4].engine: unknown engine \"vlm\"",
+		"backends[4].models[0]: must not be empty",
+		"backends[4].health_path: must start with /",
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("missing %q in:\n%v", want, err)
+		}
+	}
+	if err := ValidateBackends([]BackendConfig{{URL: "https://x:1", Engine: "sglang"}}); err != nil {
+		t.Errorf("valid backend refused: %v", err)
+	}
+}
+
+func TestValidateConfig(t *testing.T) {
+	if err := DefaultConfig().Validate(); err != nil {
+		t.Fatalf("defaults invalid: %v", err)
+	}
+	err := Config{HealthPath: "x"}.Validate()
+	for _, f := range []string{"health_path", "health_interval", "timeout", "unhealthy_after", "models_interval"} {
+		if err == nil || !strings.Contains(err.Error(), "scrape."+f+":") {
+			t.Errorf("no error for scrape.%s in %v", f, err)
+		}
+	}
+}
