@@ -148,14 +148,14 @@ func loadConfig(path string, getenv func(string) string) (Config, error) {
 			v.Set(key, s)
 		}
 	}
+	// Unknown keys were found above, with their paths and a suggestion;
+	// decoding reports the values that do not fit their field.
 	var cfg Config
-	err := v.UnmarshalExact(&cfg, viper.DecodeHook(mapstructure.ComposeDecodeHookFunc(
+	err := v.Unmarshal(&cfg, viper.DecodeHook(mapstructure.ComposeDecodeHookFunc(
 		mapstructure.StringToTimeDurationHookFunc(),
-		mapstructure.StringToSliceHookFunc(","),
+		commaListHook,
 	)))
-	if err != nil && len(problems) == 0 {
-		problems = append(problems, err)
-	}
+	problems = append(problems, decodeProblems(err, leaves)...)
 	if len(problems) > 0 {
 		return Config{}, &ConfigError{File: path, Problems: problems}
 	}
@@ -295,4 +295,54 @@ func editDistance(a, b string) int {
 		prev, cur = cur, prev
 	}
 	return prev[len(b)]
+}
+
+// decodeProblems splits a decoding error into one problem per field, each
+// named by its key path, with a hint for durations. defaults maps each key
+// to its default value, which gives the field's type.
+func decodeProblems(err error, defaults map[string]any) []error {
+	if err == nil {
+		return nil
+	}
+	leaves := []error{err}
+	var joined interface{ Unwrap() []error }
+	if errors.As(err, &joined) {
+		leaves = unjoin(joined.(error))
+	}
+	out := make([]error, 0, len(leaves))
+	for _, l := range leaves {
+		var de *mapstructure.DecodeError
+		if !errors.As(l, &de) {
+			out = append(out, l)
+			continue
+		}
+		key := de.Name()
+		if i := strings.IndexByte(key, '['); i >= 0 && !strings.HasPrefix(key, "backends") {
+			key = key[:i]
+		}
+		if _, ok := defaults[key].(time.Duration); ok {
+			out = append(out, fmt.Errorf("%s: not a duration (write it like 500ms, 5s or 10m): %w", de.Name(), de.Unwrap()))
+			continue
+		}
+		out = append(out, fmt.Errorf("%s: %w", de.Name(), de.Unwrap()))
+	}
+	return out
+}
+
+// commaListHook lets a string fill a list field as comma-separated items, so
+// LLMLB_PROXY_RETRY_STATUSES=502,503 works; the items are then converted to
+// the element type.
+func commaListHook(from, to reflect.Type, data any) (any, error) {
+	if from.Kind() != reflect.String || to.Kind() != reflect.Slice {
+		return data, nil
+	}
+	s := strings.TrimSpace(data.(string))
+	if s == "" {
+		return []string{}, nil
+	}
+	parts := strings.Split(s, ",")
+	for i := range parts {
+		parts[i] = strings.TrimSpace(parts[i])
+	}
+	return parts, nil
 }

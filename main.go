@@ -196,6 +196,9 @@ func start(ctx context.Context, cfg Config, stderr io.Writer) (*instance, error)
 		admin = &http.Server{Handler: px.AdminHandler(reg), ReadHeaderTimeout: 10 * time.Second}
 	}
 
+	// Shutdown closes the listeners before it runs these hooks.
+	front.RegisterOnShutdown(func() { logger.Info("stopped accepting new connections") })
+
 	inst := &instance{addr: ln.Addr().String(), done: make(chan error, 1)}
 	scrapeCtx, stopScrape := context.WithCancel(context.Background())
 	var wg sync.WaitGroup

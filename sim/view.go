@@ -12,12 +12,13 @@ import (
 // BackendView is the part of a backend's GET /debug/backends entry the live
 // view shows.
 type BackendView struct {
-	ID          string  `json:"id"`
-	State       string  `json:"state"`
-	InFlight    int64   `json:"in_flight"`
-	Requests    int64   `json:"requests_total"`
-	Failures    int64   `json:"failures_total"`
-	TTFBSeconds float64 `json:"ttfb_seconds"`
+	ID          string   `json:"id"`
+	State       string   `json:"state"`
+	Models      []string `json:"models"`
+	InFlight    int64    `json:"in_flight"`
+	Requests    int64    `json:"requests_total"`
+	Failures    int64    `json:"failures_total"`
+	TTFBSeconds float64  `json:"ttfb_seconds"`
 }
 
 // FetchBackends reads the balancer's admin /debug/backends.

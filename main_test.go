@@ -1,0 +1,553 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/llmlb/llmlb/scrape"
+	"github.com/llmlb/llmlb/sim"
+)
+
+const testModel = "llama-3.1-8b"
+
+func noEnv(string) string { return "" }
+
+func writeConfig(t *testing.T, body string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// runCmd runs the program with args and returns its error and output.
+func runCmd(t *testing.T, getenv func(string) string, args ...string) (err error, stdout, stderr string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	err = run(context.Background(), args, getenv, &out, &errOut)
+	return err, out.String(), errOut.String()
+}
+
+func TestValidateReportsEveryProblemWithFileAndKey(t *testing.T) {
+	path := writeConfig(t, `
+lisen: 127.0.0.1:8080
+admin:
+  listn: 127.0.0.1:9090
+proxy:
+  max_attempt: 2
+  dial_timeout: 5 seconds
+backends:
+  - url: http://127.0.0.1:8001
+    modles: [m]
+`)
+	err, stdout, stderr := runCmd(t, noEnv, "validate", path)
+	if err == nil {
+		t.Fatalf("validate accepted a bad file; stdout %q", stdout)
+	}
+	for _, want := range []string{
+		`unknown key "lisen" (did you mean "listen"?)`,
+		`unknown key "admin.listn" (did you mean "listen"?)`,
+		`unknown key "proxy.max_attempt" (did you mean "max_attempts"?)`,
+		`unknown key "backends[0].modles" (did you mean "models"?)`,
+		`proxy.dial_timeout: not a duration`,
+	} {
+		if !strings.Contains(stderr, path+": "+want) {
+			t.Errorf("missing %q prefixed by the file in:\n%s", want, stderr)
+		}
+	}
+}
+
+func TestValidateReportsBadValues(t *testing.T) {
+	path := writeConfig(t, `
+listen: nowhere
+default_engine: tgi
+log:
+  level: loud
+proxy:
+  max_attempts: 0
+  retry_statuses: [200]
+scrape:
+  health_path: health
+backends:
+  - url: 127.0.0.1:8001
+    engine: vlm
+`)
+	err, _, stderr := runCmd(t, noEnv, "validate", path)
+	if err == nil {
+		t.Fatal("validate accepted bad values")
+	}
+	for _, want := range []string{"listen:", "default_engine:", "log.level:", "proxy.max_attempts:", "proxy.retry_statuses:",
+		"scrape.health_path:", "backends[0].url:", "backends[0].engine:"} {
+		if !strings.Contains(stderr, path+": "+want) {
+			t.Errorf("no problem reported for %s in:\n%s", want, stderr)
+		}
+	}
+}
+
+func TestConfigFileErrors(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "nope.yaml")
+	if err, _, stderr := runCmd(t, noEnv, "validate", missing); err == nil || !strings.Contains(stderr, missing) {
+		t.Errorf("missing file: err %v, stderr %q", err, stderr)
+	}
+	broken := writeConfig(t, "backends:\n  - url: [\n")
+	if err, _, stderr := runCmd(t, noEnv, "validate", broken); err == nil || !strings.Contains(stderr, broken) {
+		t.Errorf("YAML syntax error: err %v, stderr %q", err, stderr)
+	}
+	empty := writeConfig(t, "")
+	if err, _, stderr := runCmd(t, noEnv, "validate", empty); err == nil || !strings.Contains(stderr, "backends: at least one backend") {
+		t.Errorf("empty file: err %v, stderr %q", err, stderr)
+	}
+	if err, _, _ := runCmd(t, noEnv, "serve", "--config", missing); err == nil {
+		t.Error("serve started without its config file")
+	}
+}
+
+// TestShippedConfigsValidate: config.yaml and every config in examples/
+// validate as written.
+func TestShippedConfigsValidate(t *testing.T) {
+	files, err := filepath.Glob("examples/*.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files = append(files, "config.yaml")
+	n := 0
+	for _, f := range files {
+		if !isLLMLBConfig(t, f) {
+			continue
+		}
+		n++
+		err, stdout, stderr := runCmd(t, noEnv, "validate", f)
+		if err != nil || !strings.Contains(stdout, f+": ok") {
+			t.Errorf("%s: %v\n%s", f, err, stderr)
+		}
+	}
+	if n < 3 {
+		t.Errorf("only %d configs checked", n)
+	}
+}
+
+// isLLMLBConfig tells llmlb configs from other YAML in examples/ (compose
+// files, Kubernetes manifests): ours have a top-level backends key.
+func isLLMLBConfig(t *testing.T, path string) bool {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "backends:") {
+			return true
+		}
+	}
+	return false
+}
+
+func TestEnvOverrides(t *testing.T) {
+	path := writeConfig(t, "backends:\n  - url: http://127.0.0.1:8001\nproxy:\n  max_attempts: 2\n")
+	env := map[string]string{
+		"LLMLB_LISTEN":                 "0.0.0.0:8000",
+		"LLMLB_PROXY_MAX_ATTEMPTS":     "5",
+		"LLMLB_PROXY_RETRY_STATUSES":   "500,502",
+		"LLMLB_SCRAPE_HEALTH_INTERVAL": "250ms",
+		"LLMLB_LOG_FORMAT":             "json",
+	}
+	cfg, err := loadConfig(path, func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Listen != "0.0.0.0:8000" || cfg.Proxy.MaxAttempts != 5 || !slices.Equal(cfg.Proxy.RetryStatuses, []int{500, 502}) ||
+		cfg.Scrape.HealthInterval != 250*time.Millisecond || cfg.Log.Format != "json" {
+		t.Errorf("overrides not applied: %+v", cfg)
+	}
+	if cfg.Admin.Listen != "127.0.0.1:9090" || cfg.ShutdownGrace != 30*time.Second {
+		t.Errorf("defaults lost: %+v", cfg)
+	}
+	env = map[string]string{"LLMLB_PROXY_DIAL_TIMEOUT": "soon"}
+	_, err = loadConfig(path, func(k string) string { return env[k] })
+	if err == nil || !strings.Contains(err.Error(), "proxy.dial_timeout") {
+		t.Errorf("bad env value: %v", err)
+	}
+}
+
+func TestHelpOnEveryCommand(t *testing.T) {
+	for _, cmd := range []string{"serve", "validate", "sim", "demo"} {
+		err, _, stderr := runCmd(t, noEnv, cmd, "--help")
+		if !errors.Is(err, flag.ErrHelp) || !strings.Contains(stderr, "Usage: llmlb "+cmd) {
+			t.Errorf("%s --help: err %v, stderr %q", cmd, err, stderr)
+		}
+	}
+	err, stdout, _ := runCmd(t, noEnv, "help")
+	if err != nil || !strings.Contains(stdout, "llmlb validate PATH") {
+		t.Errorf("help: %v %q", err, stdout)
+	}
+	if err, _, _ := runCmd(t, noEnv, "frobnicate"); err == nil {
+		t.Error("unknown command accepted")
+	}
+}
+
+// simBackends starts n emulated vLLM servers and returns their URLs.
+func simBackends(t *testing.T, n int, sc sim.SteadyConfig, adapters ...string) []string {
+	t.Helper()
+	var urls []string
+	for range n {
+		s, err := sim.NewServer(sim.ServerConfig{Model: testModel, Adapters: adapters}, sim.NewSteady(sc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(s.Handler())
+		t.Cleanup(srv.Close)
+		urls = append(urls, srv.URL)
+	}
+	return urls
+}
+
+func testConfig(urls []string) Config {
+	cfg := DefaultConfig()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.Admin.Listen = "127.0.0.1:0"
+	cfg.Log.Level = "warn"
+	cfg.Scrape.HealthInterval = 100 * time.Millisecond
+	for _, u := range urls {
+		cfg.Backends = append(cfg.Backends, scrape.BackendConfig{URL: u})
+	}
+	return cfg
+}
+
+// waitBackends polls /debug/backends until every backend is ready with its
+// models learned.
+func waitBackends(t *testing.T, adminAddr string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for ; time.Now().Before(deadline); <-tick.C {
+		bs, err := sim.FetchBackends(http.DefaultClient, "http://"+adminAddr)
+		if err != nil {
+			continue
+		}
+		ready := 0
+		for _, b := range bs {
+			if b.State == "ready" && len(b.Models) > 0 {
+				ready++
+			}
+		}
+		if ready == n {
+			return
+		}
+	}
+	t.Fatalf("backends not ready within 10s")
+}
+
+// TestOpenAISDKEndToEnd drives the balancer in front of emulated vLLM
+// servers with the official OpenAI Go SDK: completions and chat, streaming
+// and not, content and usage, model listing and errors.
+func TestOpenAISDKEndToEnd(t *testing.T) {
+	urls := simBackends(t, 2, sim.SteadyConfig{Speed: 100}, "sql-lora")
+	ctx, cancel := context.WithCancel(context.Background())
+	inst, err := start(ctx, testConfig(urls), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		cancel()
+		if err := inst.wait(); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+	}()
+	waitBackends(t, inst.adminAddr, 2)
+
+	client := openai.NewClient(option.WithBaseURL("http://"+inst.addr+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
+	checkBackend := func(what string, resp *http.Response) {
+		t.Helper()
+		if resp == nil || !slices.Contains(urls, resp.Header.Get("X-Llmlb-Backend")) {
+			t.Errorf("%s: x-llmlb-backend missing or not a backend", what)
+		}
+	}
+
+	t.Run("completion", func(t *testing.T) {
+		var raw *http.Response
+		c, err := client.Completions.New(ctx, openai.CompletionNewParams{
+			Model:     testModel,
+			Prompt:    openai.CompletionNewParamsPromptUnion{OfString: openai.String("Once upon a time")},
+			MaxTokens: openai.Int(6),
+		}, option.WithResponseInto(&raw))
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkBackend("completion", raw)
+		if len(c.Choices) != 1 || len(strings.Fields(c.Choices[0].Text)) != 6 || c.Usage.CompletionTokens != 6 || c.Usage.PromptTokens == 0 {
+			t.Errorf("completion %+v", c)
+		}
+	})
+
+	t.Run("completion stream with usage", func(t *testing.T) {
+		var raw *http.Response
+		stream := client.Completions.NewStreaming(ctx, openai.CompletionNewParams{
+			Model:         testModel,
+			Prompt:        openai.CompletionNewParamsPromptUnion{OfArrayOfTokens: []int64{1, 2, 3, 4, 5}},
+			MaxTokens:     openai.Int(5),
+			StreamOptions: openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)},
+		}, option.WithResponseInto(&raw))
+		var text strings.Builder
+		var usage openai.CompletionUsage
+		for stream.Next() {
+			ch := stream.Current()
+			for _, c := range ch.Choices {
+				text.WriteString(c.Text)
+			}
+			if ch.Usage.TotalTokens > 0 {
+				usage = ch.Usage
+			}
+		}
+		if err := stream.Err(); err != nil {
+			t.Fatal(err)
+		}
+		checkBackend("completion stream", raw)
+		if len(strings.Fields(text.String())) != 5 || usage.PromptTokens != 5 || usage.CompletionTokens != 5 {
+			t.Errorf("text %q usage %+v", text.String(), usage)
+		}
+	})
+
+	chatParams := openai.ChatCompletionNewParams{
+		Model:     testModel,
+		Messages:  []openai.ChatCompletionMessageParamUnion{openai.SystemMessage("Be brief."), openai.UserMessage("Hello!")},
+		MaxTokens: openai.Int(7),
+	}
+
+	t.Run("chat", func(t *testing.T) {
+		var raw *http.Response
+		c, err := client.Chat.Completions.New(ctx, chatParams, option.WithResponseInto(&raw))
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkBackend("chat", raw)
+		if len(c.Choices) != 1 || c.Choices[0].Message.Role != "assistant" || len(strings.Fields(c.Choices[0].Message.Content)) != 7 ||
+			c.Usage.CompletionTokens != 7 {
+			t.Errorf("chat %+v", c)
+		}
+	})
+
+	t.Run("chat stream with usage", func(t *testing.T) {
+		p := chatParams
+		p.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
+		p.Model = "sql-lora" // an adapter, learned from /v1/models
+		stream := client.Chat.Completions.NewStreaming(ctx, p)
+		var acc openai.ChatCompletionAccumulator
+		chunks := 0
+		for stream.Next() {
+			acc.AddChunk(stream.Current())
+			chunks++
+		}
+		if err := stream.Err(); err != nil {
+			t.Fatal(err)
+		}
+		if chunks < 8 { // role, 7 tokens, usage
+			t.Errorf("only %d chunks", chunks)
+		}
+		if len(acc.Choices) != 1 || len(strings.Fields(acc.Choices[0].Message.Content)) != 7 || acc.Usage.CompletionTokens != 7 || acc.Usage.PromptTokens == 0 {
+			t.Errorf("accumulated %+v", acc.ChatCompletion)
+		}
+	})
+
+	t.Run("models", func(t *testing.T) {
+		page, err := client.Models.List(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, m := range page.Data {
+			ids = append(ids, m.ID)
+		}
+		slices.Sort(ids)
+		if !slices.Equal(ids, []string{testModel, "sql-lora"}) {
+			t.Errorf("models = %v, want each model once", ids)
+		}
+	})
+
+	t.Run("unknown model", func(t *testing.T) {
+		_, err := client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "gpt-9", Messages: chatParams.Messages})
+		var apiErr *openai.Error
+		if !errors.As(err, &apiErr) || apiErr.StatusCode != 404 || apiErr.Message == "" || apiErr.Type == "" {
+			t.Errorf("err = %v, want a 404 OpenAI error", err)
+		}
+	})
+
+	t.Run("metrics and debug", func(t *testing.T) {
+		resp, err := http.Get("http://" + inst.adminAddr + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for _, name := range []string{"llmlb_requests_total", "llmlb_time_to_first_byte_seconds", "llmlb_request_duration_seconds", "llmlb_in_flight_requests"} {
+			if !bytes.Contains(b, []byte(name)) {
+				t.Errorf("/metrics lacks %s", name)
+			}
+		}
+		bs, err := sim.FetchBackends(http.DefaultClient, "http://"+inst.adminAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var total int64
+		for _, b := range bs {
+			if b.InFlight != 0 {
+				t.Errorf("%s: in flight %d after all requests ended", b.ID, b.InFlight)
+			}
+			total += b.Requests
+		}
+		if total < 4 {
+			t.Errorf("backends served %d requests, want at least 4", total)
+		}
+	})
+}
+
+// syncBuffer is a bytes.Buffer safe for a writer and a reader goroutine, that
+// signals each write.
+type syncBuffer struct {
+	ch chan string
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.ch <- string(p)
+	return len(p), nil
+}
+
+// TestSIGTERMLetsStreamsFinish sends the test process a real SIGTERM while a
+// stream is in flight through `llmlb serve`: the listener closes at once,
+// the stream runs to its [DONE], and serve returns nil.
+func TestSIGTERMLetsStreamsFinish(t *testing.T) {
+	// 20 tokens at 20 tokens/s: the stream lasts about a second.
+	urls := simBackends(t, 1, sim.SteadyConfig{DecodeTokensPerSecond: 20})
+	path := writeConfig(t, fmt.Sprintf(`
+listen: 127.0.0.1:0
+admin:
+  listen: ""
+shutdown_grace: 20s
+backends:
+  - url: %s
+    models: [%s]
+`, urls[0], testModel))
+
+	outR, outW := io.Pipe()
+	logs := &syncBuffer{ch: make(chan string, 1024)}
+	done := make(chan error, 1)
+	go func() {
+		done <- run(context.Background(), []string{"serve", "--config", path}, noEnv, outW, logs)
+		outW.Close()
+	}()
+	line, err := bufio.NewReader(outR).ReadString('\n')
+	if err != nil {
+		t.Fatalf("reading the serving line: %v (serve: %v)", err, <-done)
+	}
+	go io.Copy(io.Discard, outR)
+	addr, ok := strings.CutPrefix(strings.Fields(line)[3], "http://")
+	if !ok {
+		t.Fatalf("serving line %q", line)
+	}
+
+	body := `{"model":"` + testModel + `","messages":[{"role":"user","content":"hi"}],"max_tokens":20,"stream":true}`
+	resp, err := http.Post("http://"+addr+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	rd := bufio.NewReader(resp.Body)
+	if first, err := rd.ReadString('\n'); err != nil || !strings.HasPrefix(first, "data: ") {
+		t.Fatalf("first line %q, %v", first, err)
+	}
+
+	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	waitLog(t, logs, "stopped accepting new connections")
+	if _, err := http.Get("http://" + addr + "/health"); err == nil {
+		t.Error("a new connection was accepted after SIGTERM")
+	}
+
+	rest, err := io.ReadAll(rd)
+	if err != nil {
+		t.Fatalf("stream cut: %v", err)
+	}
+	if !strings.HasSuffix(string(rest), "data: [DONE]\n\n") || strings.Count(string(rest), "data: ") != 21 {
+		t.Errorf("stream did not finish whole: %q", rest)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("serve returned %v, want nil", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("serve did not return after the stream ended")
+	}
+}
+
+func waitLog(t *testing.T, logs *syncBuffer, want string) {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		select {
+		case s := <-logs.ch:
+			if strings.Contains(s, want) {
+				go func() {
+					for range logs.ch {
+					}
+				}()
+				return
+			}
+		case <-timeout:
+			t.Fatalf("log %q not seen", want)
+		}
+	}
+}
+
+func TestDebugBackendsJSONShape(t *testing.T) {
+	urls := simBackends(t, 1, sim.SteadyConfig{Speed: 100})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	inst, err := start(ctx, testConfig(urls), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitBackends(t, inst.adminAddr, 1)
+	resp, err := http.Get("http://" + inst.adminAddr + "/debug/backends")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var doc struct {
+		Backends []map[string]any `json:"backends"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&doc); err != nil {
+		t.Fatal(err)
+	}
+	if len(doc.Backends) != 1 {
+		t.Fatalf("%d backends", len(doc.Backends))
+	}
+	for _, k := range []string{"url", "engine", "models", "state", "in_flight"} {
+		if _, ok := doc.Backends[0][k]; !ok {
+			t.Errorf("/debug/backends lacks %q: %v", k, doc.Backends[0])
+		}
+	}
+	cancel()
+	if err := inst.wait(); err != nil {
+		t.Error(err)
+	}
+}
