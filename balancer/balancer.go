@@ -170,7 +170,10 @@ func (b *Balancer) Pick(req Request, dst []*Backend) (Decision, error) {
 	known := false
 	unknownModels := false
 	for _, be := range snap.Backends {
-		if !be.ModelsKnown() && be.State != StateDraining {
+		// A backend that is up, or not probed yet, and whose models are
+		// not known may serve the model; one that is down or draining
+		// cannot serve it now, so it does not turn a 404 into a 503.
+		if !be.ModelsKnown() && (be.State == StateReady || be.State == StateUnknown) {
 			unknownModels = true
 		}
 		if !be.Serves(req.Model) {

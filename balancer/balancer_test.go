@@ -97,6 +97,12 @@ func TestPickUnknownModel(t *testing.T) {
 	if _, err := b.Pick(Request{Model: "nope"}, nil); !errors.Is(err, ErrNoBackend) {
 		t.Errorf("err = %v, want ErrNoBackend while b's models are unknown", err)
 	}
+	// A backend that is down with its models never learned (a wrong URL in
+	// the config, say) does not keep every unknown model at 503.
+	b.Update(Spec{ID: "b", URL: &url.URL{Scheme: "http", Host: "b"}, State: StateDown})
+	if _, err := b.Pick(Request{Model: "nope"}, nil); !errors.Is(err, ErrUnknownModel) {
+		t.Errorf("err = %v, want ErrUnknownModel when b is down", err)
+	}
 }
 
 func TestPickServesAdapters(t *testing.T) {

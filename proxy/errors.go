@@ -96,9 +96,9 @@ func errorFor(clientCtx context.Context, err error) *HTTPError {
 	case clientCtx.Err() != nil:
 		return &HTTPError{Code: StatusClientClosed, Type: "client_closed", Msg: "client closed request", Err: err}
 	case errors.Is(err, balancer.ErrUnknownModel):
-		return &HTTPError{Code: http.StatusNotFound, Type: "invalid_request_error", Param: "model", Kind: "model_not_found", Msg: "The model does not exist or is not served here.", Err: err}
+		return &HTTPError{Code: http.StatusNotFound, Type: "invalid_request_error", Param: "model", Kind: "model_not_found", Msg: err.Error() + ": no backend serves it (GET /v1/models lists the models served here).", Err: err}
 	case errors.Is(err, balancer.ErrNoBackend):
-		return &HTTPError{Code: http.StatusServiceUnavailable, Type: "service_unavailable", Msg: "No backend is available for this model; try again shortly.", Err: err}
+		return &HTTPError{Code: http.StatusServiceUnavailable, Type: "service_unavailable", Msg: err.Error() + ": every backend that may serve it is down or not yet known; try again shortly.", Err: err}
 	case errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
 		return &HTTPError{Code: http.StatusGatewayTimeout, Type: "timeout", Msg: "The model server did not answer in time.", Err: err}
 	default:

@@ -30,6 +30,15 @@ type exchange struct {
 
 type exchangeKey struct{}
 
+// reason is the x-llmlb-reason of the backend that answered: the picker's
+// reason, or "retry" when earlier candidates failed.
+func (ex *exchange) reason() string {
+	if ex.attempts > 1 {
+		return "retry"
+	}
+	return ex.dec.Reason
+}
+
 func exchangeFrom(ctx context.Context) *exchange {
 	ex, _ := ctx.Value(exchangeKey{}).(*exchange)
 	return ex

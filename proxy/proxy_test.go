@@ -35,16 +35,7 @@ type testFront struct {
 
 func newFront(t *testing.T, cfg Config, backendURLs ...string) *testFront {
 	t.Helper()
-	bal := balancer.New(nil)
-	var specs []balancer.Spec
-	for _, u := range backendURLs {
-		pu, err := url.Parse(u)
-		if err != nil {
-			t.Fatal(err)
-		}
-		specs = append(specs, balancer.Spec{ID: u, URL: pu, Engine: "vllm", Models: []string{testModel}, State: balancer.StateReady})
-	}
-	bal.Update(specs...)
+	bal := newTestBalancer(t, backendURLs...)
 	px := New(cfg, bal, prometheus.NewRegistry(), nil)
 	h := px.Handler()
 	done := make(chan struct{}, 1024)
@@ -54,6 +45,23 @@ func newFront(t *testing.T, cfg Config, backendURLs ...string) *testFront {
 	}))
 	t.Cleanup(srv.Close)
 	return &testFront{Server: srv, bal: bal, handlerDone: done}
+}
+
+// newTestBalancer returns a balancer with each URL a ready backend serving
+// testModel.
+func newTestBalancer(tb testing.TB, backendURLs ...string) *balancer.Balancer {
+	tb.Helper()
+	bal := balancer.New(nil)
+	var specs []balancer.Spec
+	for _, u := range backendURLs {
+		pu, err := url.Parse(u)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		specs = append(specs, balancer.Spec{ID: u, URL: pu, Engine: "vllm", Models: []string{testModel}, State: balancer.StateReady})
+	}
+	bal.Update(specs...)
+	return bal
 }
 
 // waitHandler waits for n proxy handlers to return.
@@ -491,6 +499,14 @@ func TestLedgerReturnsToZeroOnEveryPath(t *testing.T) {
 			http.Error(w, `{"error":{"message":"bad","type":"BadRequestError","param":null,"code":400}}`, http.StatusBadRequest)
 		case "hang":
 			<-r.Context().Done()
+		case "unavailable":
+			http.Error(w, "loading", http.StatusServiceUnavailable)
+		case "die":
+			w.Header().Set("Content-Type", "text/event-stream")
+			io.WriteString(w, "data: {}\n\n")
+			w.(http.Flusher).Flush()
+			conn, _, _ := w.(http.Hijacker).Hijack()
+			conn.Close()
 		case "hang-stream":
 			w.Header().Set("Content-Type", "text/event-stream")
 			io.WriteString(w, "data: {}\n\n")
@@ -522,6 +538,11 @@ func TestLedgerReturnsToZeroOnEveryPath(t *testing.T) {
 		cancelEarly bool
 		wantStatus  int // 0: do not check (client cancelled or stream cut)
 	}{
+		// The other candidate refuses connections: whichever is tried
+		// first, the request is retried once and ends 502 or 503.
+		{name: "retry", body: prompt("unavailable", false)},
+		// ReverseProxy panics with http.ErrAbortHandler to cut the client.
+		{name: "backend dies mid-stream", body: prompt("die", true)},
 		{name: "success", body: prompt("ok", false), wantStatus: 200},
 		{name: "streaming", body: prompt("ok", true), wantStatus: 200},
 		{name: "backend error", body: prompt("error", false), wantStatus: 400},
@@ -542,6 +563,9 @@ func TestLedgerReturnsToZeroOnEveryPath(t *testing.T) {
 				resp.Body.Close()
 				if tc.wantStatus != 0 && resp.StatusCode != tc.wantStatus {
 					t.Errorf("status = %d, want %d", resp.StatusCode, tc.wantStatus)
+				}
+				if tc.name == "retry" && (resp.StatusCode != 502 && resp.StatusCode != 503 || resp.Header.Get("X-Llmlb-Reason") == "") {
+					t.Errorf("retry: status %d reason %q", resp.StatusCode, resp.Header.Get("X-Llmlb-Reason"))
 				}
 			} else if !tc.cancelEarly {
 				t.Fatal(err)

@@ -46,8 +46,9 @@ type wireRequest struct {
 	Messages      json.RawMessage `json:"messages"`
 }
 
-// checkContentType accepts a missing Content-Type (curl -d sends none that
-// matters to most clients) and any JSON media type.
+// checkContentType accepts a missing Content-Type and any JSON media type.
+// Anything else is refused: the commonest case is curl -d, which sends
+// application/x-www-form-urlencoded, so the message says how to fix it.
 func checkContentType(h http.Header) *HTTPError {
 	ct := h.Get("Content-Type")
 	if ct == "" {
@@ -58,7 +59,7 @@ func checkContentType(h http.Header) *HTTPError {
 		return nil
 	}
 	return &HTTPError{Code: http.StatusUnsupportedMediaType, Type: "invalid_request_error",
-		Msg: "Content-Type must be application/json, got " + quote(ct) + "."}
+		Msg: "Content-Type must be application/json, got " + quote(ct) + " (with curl, add -H 'Content-Type: application/json')."}
 }
 
 // ParseRequest validates body as an OpenAI request of kind k and decodes the

@@ -200,11 +200,7 @@ func (s *Server) modifyResponse(resp *http.Response) error {
 	ex := exchangeFrom(resp.Request.Context())
 	be := ex.guard.Backend()
 	resp.Header.Set(HeaderBackend, be.ID)
-	reason := ex.dec.Reason
-	if ex.attempts > 1 {
-		reason = "retry"
-	}
-	resp.Header.Set(HeaderReason, reason)
+	resp.Header.Set(HeaderReason, ex.reason())
 	resp.Body = &firstByteBody{ReadCloser: resp.Body, onFirst: func() {
 		d := ex.guard.FirstByte(time.Now())
 		s.metrics.ttfb.WithLabelValues(be.ID).Observe(d.Seconds())
@@ -223,6 +219,7 @@ func (s *Server) errorHandler(w http.ResponseWriter, r *http.Request, err error)
 	}
 	if be := ex.guard.Backend(); be != nil {
 		w.Header().Set(HeaderBackend, be.ID)
+		w.Header().Set(HeaderReason, ex.reason())
 	}
 	if s.logger.Enabled(r.Context(), slog.LevelDebug) {
 		s.logger.DebugContext(r.Context(), "forward failed", "model", ex.req.Model, "status", he.Code, "err", err)

@@ -1,0 +1,53 @@
+# llmlb: `make demo` shows it working, `make test` is what CI runs.
+
+GO        ?= go
+BIN       ?= bin/llmlb
+FUZZTIME  ?= 10s
+BENCHTIME ?= 1s
+
+.PHONY: all build test unit fuzz demo run sim bench lint clean
+
+all: build
+
+build:
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN) .
+
+# The whole suite with the race detector, then every fuzz target briefly.
+test: unit fuzz
+
+unit:
+	$(GO) vet ./...
+	$(GO) test -race -count=1 ./...
+
+# Runs each Fuzz* function found in the tests for FUZZTIME, one at a time
+# (go test -fuzz takes one target per run).
+fuzz:
+	@set -e; for f in $$(grep -rl --include='*_test.go' '^func Fuzz' .); do \
+		pkg=./$$(dirname $${f#./}); \
+		for t in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$f); do \
+			echo "fuzz $$pkg $$t ($(FUZZTIME))"; \
+			$(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) $$pkg; \
+		done; \
+	done
+
+# Four emulated vLLM servers (one slower), the balancer, 24 streaming
+# clients and a live per-backend view for 20 seconds.
+demo:
+	$(GO) run . demo
+
+# The balancer on ./config.yaml; start `make sim` first in another terminal.
+run:
+	$(GO) run . serve --config config.yaml
+
+sim:
+	$(GO) run . sim --count 3 --listen 127.0.0.1:8001
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./...
+
+lint:
+	@test -z "$$(gofmt -l .)" || { gofmt -l .; echo "gofmt needed"; exit 1; }
+	$(GO) vet ./...
+
+clean:
+	rm -rf bin

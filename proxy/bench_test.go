@@ -1,0 +1,87 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// chatBody returns a chat request whose user message is about tokens tokens
+// of text (four bytes a token).
+func chatBody(tokens int) []byte {
+	return fmt.Appendf(nil, `{"model":%q,"messages":[{"role":"system","content":"You are helpful."},{"role":"user","content":%q}],"stream":true,"max_tokens":64}`,
+		testModel, strings.Repeat("word ", tokens*4/5))
+}
+
+func BenchmarkParseRequest(b *testing.B) {
+	for _, tokens := range []int{4 << 10, 32 << 10} {
+		body := chatBody(tokens)
+		b.Run(fmt.Sprintf("chat-%dk-tokens", tokens>>10), func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := ParseRequest(KindChat, body); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkProxy sends requests through the whole front (chi, parsing,
+// pick, ReverseProxy, a loopback connection) to a backend that answers at
+// once, as the overhead llmlb adds per request on this machine.
+func BenchmarkProxy(b *testing.B) {
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if strings.Contains(r.URL.Path, "chat") {
+			w.Header().Set("Content-Type", "text/event-stream")
+			for range 16 {
+				io.WriteString(w, `data: {"choices":[{"index":0,"delta":{"content":" tok"}}]}`+"\n\n")
+				w.(http.Flusher).Flush()
+			}
+			io.WriteString(w, "data: [DONE]\n\n")
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"choices":[{"index":0,"text":" ok","finish_reason":"length"}]}`)
+	}))
+	defer backend.Close()
+	bal := newTestBalancer(b, backend.URL)
+	front := httptest.NewServer(New(DefaultConfig(), bal, prometheus.NewRegistry(), nil).Handler())
+	defer front.Close()
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+
+	for _, tc := range []struct {
+		name, path string
+		body       []byte
+	}{
+		{"completion", "/v1/completions", fmt.Appendf(nil, `{"model":%q,"prompt":"hello","max_tokens":1}`, testModel)},
+		{"chat-stream-16-events-4k-prompt", "/v1/chat/completions", chatBody(4 << 10)},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, front.URL+tc.path, strings.NewReader(string(tc.body)))
+					req.Header.Set("Content-Type", "application/json")
+					resp, err := client.Do(req)
+					if err != nil {
+						b.Fatal(err)
+					}
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode != 200 {
+						b.Fatalf("status %d", resp.StatusCode)
+					}
+				}
+			})
+		})
+	}
+}
