@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"reflect"
 	"slices"
@@ -35,6 +36,8 @@ type Config struct {
 	Proxy proxy.Config `mapstructure:"proxy"`
 	// Scrape tunes health checks and model discovery.
 	Scrape scrape.Config `mapstructure:"scrape"`
+	// Engines adds engine rows or overrides fields of the built-in ones.
+	Engines map[string]scrape.EngineConfig `mapstructure:"engines"`
 	// Backends are the model servers.
 	Backends []scrape.BackendConfig `mapstructure:"backends"`
 }
@@ -83,8 +86,10 @@ func (c Config) Validate() error {
 	if c.ShutdownGrace < 0 {
 		errs = append(errs, fmt.Errorf("shutdown_grace: must not be negative, got %s", c.ShutdownGrace))
 	}
-	if !slices.Contains(scrape.Engines, c.DefaultEngine) {
-		errs = append(errs, fmt.Errorf("default_engine: unknown engine %q (known: %s)", c.DefaultEngine, strings.Join(scrape.Engines, ", ")))
+	engines, err := scrape.NewEngineSet(c.Engines)
+	errs = append(errs, err)
+	if !slices.Contains(engines.Names(), c.DefaultEngine) {
+		errs = append(errs, fmt.Errorf("default_engine: unknown engine %q (known: %s)", c.DefaultEngine, strings.Join(engines.Names(), ", ")))
 	}
 	if _, err := parseLevel(c.Log.Level); err != nil {
 		errs = append(errs, err)
@@ -95,7 +100,7 @@ func (c Config) Validate() error {
 	if len(c.Backends) == 0 {
 		errs = append(errs, errors.New("backends: at least one backend is required"))
 	}
-	errs = append(errs, c.Proxy.Validate(), c.Scrape.Validate(), scrape.ValidateBackends(c.Backends))
+	errs = append(errs, c.Proxy.Validate(), c.Scrape.Validate(), scrape.ValidateBackends(c.Backends, engines.Names()))
 	return errors.Join(errs...)
 }
 
@@ -237,6 +242,14 @@ func unknownKeys(m map[string]any, t reflect.Type, path string) []error {
 		case ft.Kind() == reflect.Struct:
 			if sub, ok := m[k].(map[string]any); ok {
 				errs = append(errs, unknownKeys(sub, ft, full)...)
+			}
+		case ft.Kind() == reflect.Map && ft.Elem().Kind() == reflect.Struct:
+			if sub, ok := m[k].(map[string]any); ok {
+				for _, name := range slices.Sorted(maps.Keys(sub)) {
+					if entry, ok := sub[name].(map[string]any); ok {
+						errs = append(errs, unknownKeys(entry, ft.Elem(), full+"."+name)...)
+					}
+				}
 			}
 		case ft.Kind() == reflect.Slice && ft.Elem().Kind() == reflect.Struct:
 			if list, ok := m[k].([]any); ok {

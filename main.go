@@ -169,7 +169,19 @@ func start(ctx context.Context, cfg Config, stderr io.Writer) (*instance, error)
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	bal := balancer.New(logger)
-	mgr, err := scrape.NewManager(cfg.Scrape, cfg.Backends, cfg.DefaultEngine, bal, nil, logger)
+	engines, err := scrape.NewEngineSet(cfg.Engines)
+	if err != nil {
+		return nil, err
+	}
+	mgr, err := scrape.NewManager(scrape.Setup{
+		Config:        cfg.Scrape,
+		Backends:      cfg.Backends,
+		Engines:       engines,
+		DefaultEngine: cfg.DefaultEngine,
+		Balancer:      bal,
+		Registerer:    reg,
+		Logger:        logger,
+	})
 	if err != nil {
 		return nil, err
 	}

@@ -11,6 +11,7 @@ package balancer
 
 import (
 	"math"
+	"strconv"
 	"net/url"
 	"slices"
 	"sync/atomic"
@@ -71,10 +72,63 @@ type Backend struct {
 	State State
 	// Since is when State last changed.
 	Since time.Time
+	// Reason says why the backend is in State, e.g. "health check failed"
+	// or "ejected after 5 consecutive failures"; empty when ready.
+	Reason string
+	// Metrics is the last good reading of the backend's /metrics page.
+	// Metrics.At is zero before the first one.
+	Metrics Metrics
+	// Stale reports that Metrics is older than the scrape staleness limit
+	// (or that no reading has arrived yet, or the last ones failed). A stale
+	// backend gets requests only when no fresh one can serve.
+	Stale bool
 
 	// Ledger holds the counters that outlive snapshots. Never nil in a
 	// published snapshot.
 	Ledger *Ledger
+}
+
+// Value is a scraped reading that may be unknown: a signal the engine does
+// not export, or one not read yet, is unknown, never 0.
+type Value struct {
+	V     float64
+	Known bool
+}
+
+// Known returns a known Value.
+func Known(v float64) Value { return Value{V: v, Known: true} }
+
+// MarshalJSON writes the value, or null when unknown.
+func (v Value) MarshalJSON() ([]byte, error) {
+	if !v.Known || math.IsNaN(v.V) || math.IsInf(v.V, 0) {
+		return []byte("null"), nil
+	}
+	return strconv.AppendFloat(nil, v.V, 'g', -1, 64), nil
+}
+
+// LoRAInfo is what a server reports of its LoRA adapters: how many it can
+// hold at once, which are loaded and running, and which requests wait for.
+type LoRAInfo struct {
+	Max     int      `json:"max"`
+	Running []string `json:"running"`
+	Waiting []string `json:"waiting"`
+}
+
+// Metrics is one reading of a backend's /metrics page, in the engine's
+// units translated to ours.
+type Metrics struct {
+	// Queued and Running are request counts.
+	Queued  Value `json:"queued"`
+	Running Value `json:"running"`
+	// KVUsage is the used fraction of the KV cache, 0..1.
+	KVUsage Value `json:"kv_usage"`
+	// BlockSize is tokens per KV-cache block; NumBlocks the block count.
+	BlockSize Value `json:"block_size"`
+	NumBlocks Value `json:"num_blocks"`
+	// LoRA is nil when the engine reports no LoRA information.
+	LoRA *LoRAInfo `json:"lora"`
+	// At is when the page was read.
+	At time.Time `json:"at"`
 }
 
 // Adapter is a LoRA adapter served on top of a base model.
@@ -105,6 +159,7 @@ type Ledger struct {
 	inFlight atomic.Int64 // requests sent and not yet finished
 	total    atomic.Int64 // requests sent, ever
 	failures atomic.Int64 // requests that failed at the transport or with 5xx
+	streak   atomic.Int64 // consecutive failures since the last success
 	ttftBits atomic.Uint64
 }
 
@@ -144,5 +199,19 @@ func (l *Ledger) ObserveTTFB(d time.Duration) {
 	}
 }
 
-// ObserveFailure counts a failed request.
-func (l *Ledger) ObserveFailure() { l.failures.Add(1) }
+// ObserveFailure counts a request that failed to connect or got a 5xx.
+func (l *Ledger) ObserveFailure() {
+	l.failures.Add(1)
+	l.streak.Add(1)
+}
+
+// ObserveSuccess records an answer below 500, ending a failure streak.
+func (l *Ledger) ObserveSuccess() { l.streak.Store(0) }
+
+// FailureStreak returns the number of failures since the last success, which
+// passive health checking ejects on.
+func (l *Ledger) FailureStreak() int64 { return l.streak.Load() }
+
+// ResetFailureStreak forgets the current streak, when a backend that was
+// ejected answers its health check again.
+func (l *Ledger) ResetFailureStreak() { l.streak.Store(0) }

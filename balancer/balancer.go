@@ -28,6 +28,9 @@ type Spec struct {
 	Models   []string // nil: not known yet
 	Adapters []Adapter
 	State    State
+	Reason   string  // why State, for /debug/backends
+	Metrics  Metrics // last good reading; zero At before the first
+	Stale    bool    // Metrics is too old to trust
 }
 
 // Snapshot is an immutable view of every backend. Readers may use it from any
@@ -80,11 +83,7 @@ func (b *Balancer) Update(specs ...Spec) {
 	now := b.now()
 	for _, s := range specs {
 		old := b.current[s.ID]
-		l := b.ledgers[s.ID]
-		if l == nil {
-			l = new(Ledger)
-			b.ledgers[s.ID] = l
-		}
+		l := b.ledgerLocked(s.ID)
 		nb := &Backend{
 			ID:       s.ID,
 			URL:      s.URL,
@@ -92,17 +91,39 @@ func (b *Balancer) Update(specs ...Spec) {
 			Models:   s.Models,
 			Adapters: s.Adapters,
 			State:    s.State,
+			Reason:   s.Reason,
+			Metrics:  s.Metrics,
+			Stale:    s.Stale,
 			Since:    now,
 			Ledger:   l,
 		}
 		if old != nil && old.State == s.State {
 			nb.Since = old.Since
 		} else if old == nil || old.State != s.State {
-			b.logger.Info("backend state", "backend", s.ID, "state", s.State.String())
+			b.logger.Debug("backend state", "backend", s.ID, "state", s.State.String())
 		}
 		b.current[s.ID] = nb
 	}
 	b.publishLocked(now)
+}
+
+// Ledger returns the ledger of the backend named id, making it if the
+// backend has none yet. The same ledger is used by every snapshot entry of
+// that backend until it is removed.
+func (b *Balancer) Ledger(id string) *Ledger {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.ledgerLocked(id)
+}
+
+// ledgerLocked is Ledger for callers that hold b.mu.
+func (b *Balancer) ledgerLocked(id string) *Ledger {
+	l := b.ledgers[id]
+	if l == nil {
+		l = new(Ledger)
+		b.ledgers[id] = l
+	}
+	return l
 }
 
 // Remove drops backends from the set. Requests already in flight to them keep
@@ -158,17 +179,20 @@ type Decision struct {
 }
 
 // Pick chooses the backends for req from the current snapshot: those that
-// serve the model and are ready, ordered by fewest requests in flight (ties go
-// to the backend that has served fewer requests in total, then by ID). When no
-// ready backend serves the model, backends in an unknown state are tried so
-// that a fleet whose health is not known yet still serves. Pick appends to
-// dst[:0] and returns it in the decision, so a caller that reuses dst does not
-// allocate.
+// serve the model, are ready and have fresh metrics, ordered by fewest
+// requests in flight (ties go to the backend that has served fewer requests
+// in total, then by ID). When none has fresh metrics, ready backends with
+// stale metrics are used ("stale-metrics"); when no backend is ready, those
+// in an unknown state are tried ("fallback"), so that a fleet whose health is
+// not known yet still serves. Down and draining backends are never picked.
+// Pick appends to dst[:0] and returns it in the decision, so a caller that
+// reuses dst does not allocate.
 func (b *Balancer) Pick(req Request, dst []*Backend) (Decision, error) {
 	snap := b.snap.Load()
 	cands := dst[:0]
 	known := false
 	unknownModels := false
+	stale := 0
 	for _, be := range snap.Backends {
 		// A backend that is up, or not probed yet, and whose models are
 		// not known may serve the model; one that is down or draining
@@ -181,10 +205,22 @@ func (b *Balancer) Pick(req Request, dst []*Backend) (Decision, error) {
 		}
 		known = true
 		if be.State == StateReady {
+			if be.Stale {
+				stale++
+				continue
+			}
 			cands = append(cands, be)
 		}
 	}
 	reason := "least-load"
+	if len(cands) == 0 && stale > 0 {
+		for _, be := range snap.Backends {
+			if be.State == StateReady && be.Stale && be.Serves(req.Model) {
+				cands = append(cands, be)
+			}
+		}
+		reason = "stale-metrics"
+	}
 	if len(cands) == 0 {
 		for _, be := range snap.Backends {
 			if be.State == StateUnknown && be.Serves(req.Model) {

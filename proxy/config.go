@@ -18,6 +18,12 @@ type Config struct {
 	// candidate instead of the client. Connect failures are always retried.
 	// (default [502, 503])
 	RetryStatuses []int `mapstructure:"retry_statuses"`
+	// RetryBrokenConnections sends a request to the next candidate when the
+	// backend's connection breaks before its response headers (the server
+	// died or restarted mid-request; nothing reached the client). Turn it
+	// off if a request that crashes a server must not be tried on another.
+	// (default true)
+	RetryBrokenConnections bool `mapstructure:"retry_broken_connections"`
 	// DialTimeout bounds connecting to a backend. (default 5s)
 	DialTimeout time.Duration `mapstructure:"dial_timeout"`
 	// ResponseHeaderTimeout bounds the wait for a backend's response headers
@@ -39,6 +45,7 @@ func DefaultConfig() Config {
 		MaxBodyBytes:           16 << 20,
 		MaxAttempts:            3,
 		RetryStatuses:          []int{502, 503},
+		RetryBrokenConnections: true,
 		DialTimeout:            5 * time.Second,
 		ResponseHeaderTimeout:  10 * time.Minute,
 		RequestTimeout:         30 * time.Minute,

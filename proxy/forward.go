@@ -52,6 +52,7 @@ type retryTransport struct {
 	base          http.RoundTripper
 	maxAttempts   int
 	retryStatuses []int
+	retryBroken   bool
 	logger        *slog.Logger
 	metrics       *metrics
 }
@@ -78,9 +79,14 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 				return nil, err
 			}
 			be.Ledger.ObserveFailure()
-			if isDialError(err) && !last {
+			// Nothing reached the client yet. A refused connection sent
+			// nothing; a connection that broke before the response
+			// headers (the server died or restarted) produced nothing.
+			// Either way the next candidate can take the request. A
+			// timeout is not retried: the request may be what is slow.
+			if !last && (isDialError(err) || (t.retryBroken && !isTimeout(err))) {
 				t.metrics.retries.WithLabelValues(be.ID).Inc()
-				t.debug(ctx, "backend refused connection, trying next", be, err)
+				t.debug(ctx, "backend failed before answering, trying next", be, err)
 				lastErr = err
 				continue
 			}
@@ -97,6 +103,11 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			_, _ = io.CopyN(io.Discard, resp.Body, 64<<10)
 			resp.Body.Close()
 			continue
+		}
+		if resp.StatusCode >= 500 {
+			be.Ledger.ObserveFailure()
+		} else {
+			be.Ledger.ObserveSuccess()
 		}
 		return resp, nil
 	}

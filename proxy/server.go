@@ -63,7 +63,7 @@ func New(cfg Config, bal *balancer.Balancer, reg prometheus.Registerer, logger *
 	}
 	s.rp = &httputil.ReverseProxy{
 		Rewrite:        s.rewrite,
-		Transport:      &retryTransport{base: base, maxAttempts: cfg.MaxAttempts, retryStatuses: cfg.RetryStatuses, logger: logger, metrics: s.metrics},
+		Transport:      &retryTransport{base: base, maxAttempts: cfg.MaxAttempts, retryStatuses: cfg.RetryStatuses, retryBroken: cfg.RetryBrokenConnections, logger: logger, metrics: s.metrics},
 		FlushInterval:  -1, // every write reaches the client at once: SSE events are never held back
 		ModifyResponse: s.modifyResponse,
 		ErrorHandler:   s.errorHandler,

@@ -8,22 +8,46 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 )
 
-// BackendConfig is one entry of `backends:` in config.yaml.
+// BackendConfig is one entry of `backends:` in config.yaml: one static
+// backend (url), or every address a DNS name resolves to (dns with ports,
+// or srv).
 type BackendConfig struct {
-	// URL is the model server's base URL, e.g. http://10.0.0.5:8000. Required.
+	// URL is the model server's base URL, e.g. http://10.0.0.5:8000.
 	URL string `mapstructure:"url"`
-	// Engine names the engine the server runs: vllm, sglang,
-	// triton-tensorrt-llm or trtllm-serve. (default: default_engine)
+	// DNS is a name whose A and AAAA records are backends, each address
+	// on each of Ports.
+	DNS string `mapstructure:"dns"`
+	// SRV is a name like _vllm._tcp.example.com whose SRV records give
+	// the backends' hosts and ports.
+	SRV string `mapstructure:"srv"`
+	// Ports are the ports each DNS address serves on, one backend per port.
+	Ports []int `mapstructure:"ports"`
+	// ActivePorts narrows Ports per host (an address, or an SRV target
+	// name): only those listed carry traffic. Hosts not listed use every
+	// port.
+	ActivePorts map[string][]int `mapstructure:"active_ports"`
+	// Scheme is http or https for discovered backends. (default http)
+	Scheme string `mapstructure:"scheme"`
+	// RefreshInterval is how often DNS is asked again. (default
+	// scrape.dns_interval)
+	RefreshInterval time.Duration `mapstructure:"refresh_interval"`
+	// Engine names the engine row the server is scraped with: vllm,
+	// sglang, triton-tensorrt-llm, trtllm-serve or one from `engines:`.
+	// (default: default_engine)
 	Engine string `mapstructure:"engine"`
 	// Models are the model names the server answers to. Empty means learn
 	// them, LoRA adapters included, from the server's GET /v1/models.
 	Models []string `mapstructure:"models"`
 	// HealthPath overrides scrape.health_path for this backend.
 	HealthPath string `mapstructure:"health_path"`
+	// MetricsPath overrides the engine's metrics path; "none" turns
+	// scraping off for this backend.
+	MetricsPath string `mapstructure:"metrics_path"`
 }
 
 // Config is the `scrape:` section of config.yaml.
@@ -34,7 +58,8 @@ type Config struct {
 	// HealthInterval is the time between health probes of one backend.
 	// (default 2s)
 	HealthInterval time.Duration `mapstructure:"health_interval"`
-	// Timeout bounds each probe and each /v1/models request. (default 1s)
+	// Timeout bounds each health probe and each /v1/models request.
+	// (default 1s)
 	Timeout time.Duration `mapstructure:"timeout"`
 	// UnhealthyAfter is the number of consecutive failed probes that take a
 	// backend out of rotation; one good probe brings it back. (default 2)
@@ -42,21 +67,47 @@ type Config struct {
 	// ModelsInterval is the time between refreshes of a backend's
 	// /v1/models, for backends with no models configured. (default 30s)
 	ModelsInterval time.Duration `mapstructure:"models_interval"`
+	// Interval is the time between two scrapes of a backend's metrics,
+	// jittered by up to 10% either way. (default 100ms)
+	Interval time.Duration `mapstructure:"interval"`
+	// ScrapeTimeout bounds one metrics scrape. (default 500ms)
+	ScrapeTimeout time.Duration `mapstructure:"scrape_timeout"`
+	// StaleAfter is the age past which a backend's metrics are not
+	// trusted: it gets requests only when no backend with fresh metrics
+	// can serve. (default 2s)
+	StaleAfter time.Duration `mapstructure:"stale_after"`
+	// EjectAfter is the number of consecutive proxied requests that failed
+	// to connect or got a 5xx after which the backend is taken out of
+	// rotation (passive health checking). 0 disables it. (default 5)
+	EjectAfter int `mapstructure:"eject_after"`
+	// EjectBackoff is how long the first ejection lasts; each further one
+	// in a row doubles it, up to EjectBackoffMax. The backend returns only
+	// after its health check answers. (default 1s)
+	EjectBackoff time.Duration `mapstructure:"eject_backoff"`
+	// EjectBackoffMax caps the ejection time. (default 30s)
+	EjectBackoffMax time.Duration `mapstructure:"eject_backoff_max"`
+	// DNSInterval is how often DNS names in `backends:` are resolved again.
+	// (default 10s)
+	DNSInterval time.Duration `mapstructure:"dns_interval"`
 }
 
 // DefaultConfig returns the scrape defaults.
 func DefaultConfig() Config {
 	return Config{
-		HealthPath:     "/health",
-		HealthInterval: 2 * time.Second,
-		Timeout:        time.Second,
-		UnhealthyAfter: 2,
-		ModelsInterval: 30 * time.Second,
+		HealthPath:      "/health",
+		HealthInterval:  2 * time.Second,
+		Timeout:         time.Second,
+		UnhealthyAfter:  2,
+		ModelsInterval:  30 * time.Second,
+		Interval:        100 * time.Millisecond,
+		ScrapeTimeout:   500 * time.Millisecond,
+		StaleAfter:      2 * time.Second,
+		EjectAfter:      5,
+		EjectBackoff:    time.Second,
+		EjectBackoffMax: 30 * time.Second,
+		DNSInterval:     10 * time.Second,
 	}
 }
-
-// Engines are the engine names llmlb knows.
-var Engines = []string{"vllm", "sglang", "triton-tensorrt-llm", "trtllm-serve"}
 
 // Validate reports every problem in c at once.
 func (c Config) Validate() error {
@@ -76,28 +127,95 @@ func (c Config) Validate() error {
 	if c.ModelsInterval <= 0 {
 		errs = append(errs, fmt.Errorf("scrape.models_interval: must be positive, got %s", c.ModelsInterval))
 	}
+	for _, d := range []struct {
+		key string
+		v   time.Duration
+	}{{"interval", c.Interval}, {"scrape_timeout", c.ScrapeTimeout}, {"eject_backoff", c.EjectBackoff}, {"dns_interval", c.DNSInterval}} {
+		if d.v <= 0 {
+			errs = append(errs, fmt.Errorf("scrape.%s: must be positive, got %s", d.key, d.v))
+		}
+	}
+	if c.StaleAfter <= c.Interval {
+		errs = append(errs, fmt.Errorf("scrape.stale_after: must be longer than scrape.interval (%s), got %s", c.Interval, c.StaleAfter))
+	}
+	if c.EjectAfter < 0 {
+		errs = append(errs, fmt.Errorf("scrape.eject_after: must not be negative, got %d", c.EjectAfter))
+	}
+	if c.EjectBackoffMax < c.EjectBackoff {
+		errs = append(errs, fmt.Errorf("scrape.eject_backoff_max: must be at least eject_backoff (%s), got %s", c.EjectBackoff, c.EjectBackoffMax))
+	}
 	return errors.Join(errs...)
 }
 
 // ValidateBackends reports every problem in the backends list at once.
-func ValidateBackends(bs []BackendConfig) error {
+// engines are the engine names a backend may use.
+func ValidateBackends(bs []BackendConfig, engines []string) error {
 	var errs []error
 	seen := map[string]int{}
 	for i, b := range bs {
 		field := fmt.Sprintf("backends[%d]", i)
-		if b.URL == "" {
-			errs = append(errs, fmt.Errorf("%s.url: required", field))
-		} else if u, err := url.Parse(b.URL); err != nil {
-			errs = append(errs, fmt.Errorf("%s.url: %w", field, err))
-		} else if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			errs = append(errs, fmt.Errorf("%s.url: %q must be an http:// or https:// URL with a host", field, b.URL))
-		} else if j, dup := seen[normalizeURL(u)]; dup {
-			errs = append(errs, fmt.Errorf("%s.url: %q is the same backend as backends[%d]", field, b.URL, j))
-		} else {
-			seen[normalizeURL(u)] = i
+		sources := 0
+		for _, s := range []string{b.URL, b.DNS, b.SRV} {
+			if s != "" {
+				sources++
+			}
 		}
-		if b.Engine != "" && !isEngine(b.Engine) {
-			errs = append(errs, fmt.Errorf("%s.engine: unknown engine %q (known: %s)", field, b.Engine, strings.Join(Engines, ", ")))
+		switch {
+		case sources == 0:
+			errs = append(errs, fmt.Errorf("%s: needs one of url, dns or srv", field))
+		case sources > 1:
+			errs = append(errs, fmt.Errorf("%s: give only one of url, dns or srv", field))
+		}
+		if b.URL != "" {
+			if u, err := url.Parse(b.URL); err != nil {
+				errs = append(errs, fmt.Errorf("%s.url: %w", field, err))
+			} else if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				errs = append(errs, fmt.Errorf("%s.url: %q must be an http:// or https:// URL with a host", field, b.URL))
+			} else if j, dup := seen[normalizeURL(u)]; dup {
+				errs = append(errs, fmt.Errorf("%s.url: %q is the same backend as backends[%d]", field, b.URL, j))
+			} else {
+				seen[normalizeURL(u)] = i
+			}
+			for _, k := range []struct {
+				key string
+				set bool
+			}{{"ports", len(b.Ports) > 0}, {"active_ports", len(b.ActivePorts) > 0}, {"scheme", b.Scheme != ""}, {"refresh_interval", b.RefreshInterval != 0}} {
+				if k.set {
+					errs = append(errs, fmt.Errorf("%s.%s: only for dns or srv backends", field, k.key))
+				}
+			}
+		}
+		if b.DNS != "" && len(b.Ports) == 0 {
+			errs = append(errs, fmt.Errorf("%s.ports: dns %q needs the ports its servers listen on", field, b.DNS))
+		}
+		if b.SRV != "" && len(b.Ports) > 0 {
+			errs = append(errs, fmt.Errorf("%s.ports: srv records carry their own ports; use active_ports to narrow them", field))
+		}
+		for _, p := range b.Ports {
+			if p < 1 || p > 65535 {
+				errs = append(errs, fmt.Errorf("%s.ports: %d is not a port", field, p))
+			}
+		}
+		hosts := make([]string, 0, len(b.ActivePorts))
+		for h := range b.ActivePorts {
+			hosts = append(hosts, h)
+		}
+		slices.Sort(hosts)
+		for _, h := range hosts {
+			for _, p := range b.ActivePorts[h] {
+				if b.DNS != "" && !slices.Contains(b.Ports, p) {
+					errs = append(errs, fmt.Errorf("%s.active_ports[%s]: %d is not one of ports %v", field, h, p, b.Ports))
+				}
+			}
+		}
+		if b.Scheme != "" && b.Scheme != "http" && b.Scheme != "https" {
+			errs = append(errs, fmt.Errorf("%s.scheme: must be http or https, got %q", field, b.Scheme))
+		}
+		if b.RefreshInterval < 0 {
+			errs = append(errs, fmt.Errorf("%s.refresh_interval: must not be negative, got %s", field, b.RefreshInterval))
+		}
+		if b.Engine != "" && !slices.Contains(engines, b.Engine) {
+			errs = append(errs, fmt.Errorf("%s.engine: unknown engine %q (known: %s)", field, b.Engine, strings.Join(engines, ", ")))
 		}
 		for j, m := range b.Models {
 			if m == "" {
@@ -107,17 +225,11 @@ func ValidateBackends(bs []BackendConfig) error {
 		if b.HealthPath != "" && !strings.HasPrefix(b.HealthPath, "/") {
 			errs = append(errs, fmt.Errorf("%s.health_path: must start with /, got %q", field, b.HealthPath))
 		}
-	}
-	return errors.Join(errs...)
-}
-
-func isEngine(e string) bool {
-	for _, k := range Engines {
-		if k == e {
-			return true
+		if b.MetricsPath != "" && b.MetricsPath != "none" && !strings.HasPrefix(b.MetricsPath, "/") {
+			errs = append(errs, fmt.Errorf("%s.metrics_path: must start with / (or be none), got %q", field, b.MetricsPath))
 		}
 	}
-	return false
+	return errors.Join(errs...)
 }
 
 func normalizeURL(u *url.URL) string {

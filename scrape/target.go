@@ -3,159 +3,222 @@ package scrape
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/llmlb/llmlb/balancer"
 )
 
-// Manager runs one [Target] loop per configured backend. Create it with
-// [NewManager] and call Run once.
-type Manager struct {
-	// immutable after NewManager
-	cfg     Config
-	targets []*Target
-	bal     *balancer.Balancer
-}
+// maxPageBytes bounds a metrics page. Real pages are tens to hundreds of
+// KiB; a larger one is treated as unreadable.
+const maxPageBytes = 32 << 20
 
-// NewManager returns a Manager for the static backends. Each backend is
-// published to bal at once in [balancer.StateUnknown], so requests can be
-// routed to it before its first probe answers. defaultEngine applies to
-// backends that name none. client is used for every probe; nil means a
-// client with no proxy.
-func NewManager(cfg Config, backends []BackendConfig, defaultEngine string, bal *balancer.Balancer, client *http.Client, logger *slog.Logger) (*Manager, error) {
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
-	if client == nil {
-		client = &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 2}}
-	}
-	m := &Manager{cfg: cfg, bal: bal}
-	specs := make([]balancer.Spec, 0, len(backends))
-	for _, bc := range backends {
-		u, err := url.Parse(bc.URL)
-		if err != nil {
-			return nil, fmt.Errorf("backend %q: %w", bc.URL, err)
-		}
-		engine := bc.Engine
-		if engine == "" {
-			engine = defaultEngine
-		}
-		hp := bc.HealthPath
-		if hp == "" {
-			hp = cfg.HealthPath
-		}
-		t := &Target{
-			cfg:        cfg,
-			client:     client,
-			bal:        bal,
-			logger:     logger,
-			healthPath: hp,
-			configured: bc.Models != nil && len(bc.Models) > 0,
-			spec: balancer.Spec{
-				ID:     bc.URL,
-				URL:    u,
-				Engine: engine,
-				State:  balancer.StateUnknown,
-			},
-		}
-		if t.configured {
-			t.spec.Models = slices.Clone(bc.Models)
-		}
-		m.targets = append(m.targets, t)
-		specs = append(specs, t.spec)
-	}
-	bal.Update(specs...)
-	return m, nil
-}
-
-// Run probes every backend until ctx ends. It returns nil when ctx ends.
-func (m *Manager) Run(ctx context.Context) error {
-	var wg sync.WaitGroup
-	for _, t := range m.targets {
-		wg.Go(func() { t.Run(ctx) })
-	}
-	wg.Wait()
-	return nil
-}
-
-// Target watches one backend: health and, unless configured, its models.
-// Its fields are owned by its Run goroutine.
+// Target watches one backend: its health (active probes, and passive
+// ejection on failed requests), its metrics page and, unless configured,
+// its models. It publishes the backend's state to the balancer after every
+// change. Its fields are owned by its Run goroutine.
 type Target struct {
+	// immutable after newTarget
 	cfg        Config
 	client     *http.Client
 	bal        *balancer.Balancer
 	logger     *slog.Logger
+	metrics    *metrics
+	engine     *Engine
 	healthPath string
-	configured bool // models come from config, not /v1/models
+	metricsURL string // empty: scraping off
+	configured bool   // models come from config, not /v1/models
+	now        func() time.Time
 
 	spec         balancer.Spec
-	failures     int       // consecutive failed probes
+	ledger       *balancer.Ledger
+	failures     int       // consecutive failed health probes
 	modelsAt     time.Time // last successful /v1/models
 	modelsFailed bool      // the last /v1/models failed (for logging transitions)
+	lastGood     time.Time // last readable metrics page
+	scrapeErr    string    // the last scrape's error, "" after a good one
+	missing      []string  // signals reported missing, sorted
+	ejected      bool      // out of rotation after failed requests
+	ejectedUntil time.Time // no readmission probe before this
+	ejections    int       // ejections in a row, for the backoff
+	readmitted   time.Time // when the last ejection ended
+}
+
+func newTarget(cfg Config, id string, u *url.URL, bc BackendConfig, e *Engine, d deps) *Target {
+	hp := bc.HealthPath
+	if hp == "" {
+		hp = cfg.HealthPath
+	}
+	mp := e.MetricsPath
+	if bc.MetricsPath != "" {
+		mp = bc.MetricsPath
+	}
+	t := &Target{
+		cfg:        cfg,
+		client:     d.client,
+		bal:        d.bal,
+		logger:     d.logger,
+		metrics:    d.metrics,
+		engine:     e,
+		healthPath: hp,
+		configured: len(bc.Models) > 0,
+		now:        d.now,
+		spec: balancer.Spec{
+			ID:     id,
+			URL:    u,
+			Engine: e.Name,
+			State:  balancer.StateUnknown,
+		},
+	}
+	if mp != "" && mp != "none" {
+		t.metricsURL = u.JoinPath(mp).String()
+		t.spec.Stale = true // until the first reading
+	}
+	if t.configured {
+		t.spec.Models = slices.Clone(bc.Models)
+	}
+	return t
 }
 
 // offset spreads targets over the interval by a hash of their URL, as
 // Prometheus spreads scrapes, so probes do not all fire at once.
-func (t *Target) offset() time.Duration {
+func (t *Target) offset(interval time.Duration) time.Duration {
 	h := fnv.New64a()
 	h.Write([]byte(t.spec.ID))
-	return time.Duration(h.Sum64() % uint64(t.cfg.HealthInterval))
+	return time.Duration(h.Sum64() % uint64(interval))
 }
 
-// Run probes the backend at once, then every health interval, until ctx
-// ends.
+// jitter returns the scrape interval shifted by up to 10% either way.
+func (t *Target) jitter() time.Duration {
+	d := t.cfg.Interval
+	return d - d/10 + time.Duration(rand.Int64N(int64(d/5)+1))
+}
+
+// Run probes and scrapes the backend at once, publishes what it found,
+// then keeps probing every health interval and scraping every (jittered)
+// scrape interval until ctx ends.
 func (t *Target) Run(ctx context.Context) {
-	t.round(ctx)
-	select {
-	case <-ctx.Done():
+	t.ledger = t.bal.Ledger(t.spec.ID)
+	t.probeRound(ctx)
+	t.scrape(ctx)
+	if ctx.Err() != nil {
 		return
-	case <-time.After(t.offset()):
 	}
-	tick := time.NewTicker(t.cfg.HealthInterval)
-	defer tick.Stop()
+	t.publish()
+	health := time.NewTimer(t.offset(t.cfg.HealthInterval))
+	defer health.Stop()
+	scrape := time.NewTimer(t.jitter())
+	defer scrape.Stop()
 	for {
-		t.round(ctx)
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
+		case <-health.C:
+			health.Reset(t.cfg.HealthInterval)
+			if !t.ejected {
+				t.probeRound(ctx)
+			}
+		case <-scrape.C:
+			scrape.Reset(t.jitter())
+			t.scrape(ctx)
+			t.passive(ctx)
 		}
+		if ctx.Err() != nil {
+			return
+		}
+		t.publish()
 	}
 }
 
-// round runs one health probe and, when due, a model refresh, and publishes
-// the backend's state if it changed.
-func (t *Target) round(ctx context.Context) {
-	before := t.spec
+// publish hands the backend's state to the balancer.
+func (t *Target) publish() {
+	t.bal.Update(t.spec)
+}
+
+// probeRound runs one health probe and, when due, a model refresh.
+func (t *Target) probeRound(ctx context.Context) {
 	err := t.probe(ctx)
 	if ctx.Err() != nil {
 		return
 	}
 	if err == nil {
 		t.failures = 0
-		if !t.configured && (t.spec.Models == nil || time.Since(t.modelsAt) >= t.cfg.ModelsInterval) {
+		if !t.configured && (t.spec.Models == nil || t.now().Sub(t.modelsAt) >= t.cfg.ModelsInterval) {
 			t.refreshModels(ctx)
 		}
-		t.spec.State = balancer.StateReady
-	} else {
-		t.failures++
-		if t.failures >= t.cfg.UnhealthyAfter && t.spec.State != balancer.StateDown {
-			t.spec.State = balancer.StateDown
-			t.logger.Warn("backend down", "backend", t.spec.ID, "err", err)
+		if t.spec.State != balancer.StateReady {
+			t.logger.Info("backend up", "backend", t.spec.ID)
 		}
+		t.spec.State, t.spec.Reason = balancer.StateReady, ""
+		if t.ejections > 0 && t.now().Sub(t.readmitted) > t.cfg.EjectBackoffMax {
+			t.ejections = 0 // healthy for a while: the next ejection starts short again
+		}
+		return
 	}
-	if !sameSpec(before, t.spec) {
-		t.bal.Update(t.spec)
+	t.failures++
+	if t.failures >= t.cfg.UnhealthyAfter && t.spec.State != balancer.StateDown {
+		t.spec.State, t.spec.Reason = balancer.StateDown, "health check failed: "+err.Error()
+		t.logger.Warn("backend down", "backend", t.spec.ID, "err", err)
 	}
+}
+
+// passive ejects the backend after consecutive failed requests, and lets it
+// back once its backoff has passed and its health check answers.
+func (t *Target) passive(ctx context.Context) {
+	if t.cfg.EjectAfter <= 0 {
+		return
+	}
+	now := t.now()
+	if !t.ejected {
+		streak := t.ledger.FailureStreak()
+		if streak < int64(t.cfg.EjectAfter) {
+			return
+		}
+		t.ejections++
+		t.ejected, t.ejectedUntil = true, now.Add(t.backoff())
+		t.spec.State = balancer.StateDown
+		t.spec.Reason = fmt.Sprintf("ejected after %d consecutive failed requests", streak)
+		t.metrics.ejections.WithLabelValues(t.spec.ID).Inc()
+		t.logger.Warn("backend ejected", "backend", t.spec.ID, "failed_requests", streak, "for", t.backoff())
+		return
+	}
+	if now.Before(t.ejectedUntil) {
+		return
+	}
+	if err := t.probe(ctx); err != nil {
+		if ctx.Err() != nil {
+			return
+		}
+		t.ejections++
+		t.ejectedUntil = now.Add(t.backoff())
+		t.logger.Debug("ejected backend still failing", "backend", t.spec.ID, "err", err, "for", t.backoff())
+		return
+	}
+	t.ejected = false
+	t.readmitted = now
+	t.failures = 0
+	t.ledger.ResetFailureStreak()
+	t.spec.State, t.spec.Reason = balancer.StateReady, ""
+	t.logger.Info("backend readmitted", "backend", t.spec.ID)
+}
+
+// backoff is the current ejection time: EjectBackoff doubled for each
+// ejection in a row after the first, capped at EjectBackoffMax.
+func (t *Target) backoff() time.Duration {
+	d := t.cfg.EjectBackoff
+	for i := 1; i < t.ejections && d < t.cfg.EjectBackoffMax; i++ {
+		d *= 2
+	}
+	return min(d, t.cfg.EjectBackoffMax)
 }
 
 // probe GETs the health path.
@@ -177,6 +240,135 @@ func (t *Target) probe(ctx context.Context) error {
 		return fmt.Errorf("health %s: status %d", u, resp.StatusCode)
 	}
 	return nil
+}
+
+// scrapeError is a failed scrape with the reason our metrics count it by.
+type scrapeError struct {
+	reason string // connect, status, read, parse, empty
+	err    error
+}
+
+func (e *scrapeError) Error() string { return e.err.Error() }
+func (e *scrapeError) Unwrap() error { return e.err }
+
+// scrape reads the metrics page once. A readable page replaces the
+// backend's metrics; an unreadable one (garbage, empty, too large) marks
+// them stale at once; a page that could not be fetched leaves the last
+// reading until it is older than StaleAfter.
+func (t *Target) scrape(ctx context.Context) {
+	if t.metricsURL == "" {
+		return
+	}
+	start := t.now()
+	r, err := fetchReading(ctx, t.client, t.metricsURL, t.engine, t.cfg.ScrapeTimeout, t.now)
+	if ctx.Err() != nil {
+		return
+	}
+	t.metrics.duration.WithLabelValues(t.spec.ID).Observe(t.now().Sub(start).Seconds())
+	if err != nil {
+		var se *scrapeError
+		reason := "connect"
+		if errors.As(err, &se) {
+			reason = se.reason
+		}
+		t.metrics.errors.WithLabelValues(t.spec.ID, reason).Inc()
+		if t.scrapeErr == "" {
+			t.logger.Warn("metrics scrape failing", "backend", t.spec.ID, "err", err)
+		}
+		t.scrapeErr = err.Error()
+		if reason != "connect" {
+			t.lastGood = time.Time{} // what the server says cannot be read: do not trust the old reading
+		}
+		t.spec.Stale = t.lastGood.IsZero() || t.now().Sub(t.lastGood) > t.cfg.StaleAfter
+		return
+	}
+	if t.scrapeErr != "" {
+		t.logger.Info("metrics scrape recovered", "backend", t.spec.ID)
+	}
+	t.scrapeErr = ""
+	t.lastGood = r.Metrics.At
+	t.spec.Metrics = r.Metrics
+	t.spec.Stale = false
+	t.reportMissing(r)
+}
+
+// reportMissing logs, once per change, signals the engine row names that
+// the page lacks, and keeps llmlb_scrape_signal_missing current.
+func (t *Target) reportMissing(r Reading) {
+	if slices.Equal(r.Missing, t.missing) {
+		return
+	}
+	for _, s := range r.Missing {
+		if !slices.Contains(t.missing, s) {
+			t.metrics.missing.WithLabelValues(t.spec.ID, s).Set(1)
+			t.logger.Warn("backend metrics lack a signal; check the engine row or the backend's engine", "backend", t.spec.ID,
+				"engine", t.engine.Name, "signal", s, "spec", t.engine.spec(s))
+		}
+	}
+	for _, s := range t.missing {
+		if !slices.Contains(r.Missing, s) {
+			t.metrics.missing.WithLabelValues(t.spec.ID, s).Set(0)
+			t.logger.Info("backend metrics signal present again", "backend", t.spec.ID, "signal", s)
+		}
+	}
+	t.missing = slices.Clone(r.Missing)
+}
+
+// spec returns the spec string of a signal, for messages.
+func (e *Engine) spec(signal string) string {
+	switch signal {
+	case SignalQueued:
+		return e.Queued.String()
+	case SignalRunning:
+		return e.Running.String()
+	case SignalKVUsage:
+		return e.KVUsage.String()
+	case SignalBlockSize:
+		return e.BlockSize.String()
+	case SignalNumBlocks:
+		return e.NumBlocks.String()
+	case SignalLoRA:
+		return e.LoRA.String()
+	}
+	return ""
+}
+
+// fetchReading GETs a metrics page and extracts e's signals from it.
+func fetchReading(ctx context.Context, client *http.Client, u string, e *Engine, timeout time.Duration, now func() time.Time) (Reading, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return Reading{}, &scrapeError{"connect", err}
+	}
+	req.Header.Set("Accept", "text/plain;version=0.0.4")
+	resp, err := client.Do(req)
+	if err != nil {
+		return Reading{}, &scrapeError{"connect", err}
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
+		return Reading{}, &scrapeError{"status", fmt.Errorf("metrics %s: status %d", u, resp.StatusCode)}
+	}
+	page, err := io.ReadAll(io.LimitReader(resp.Body, maxPageBytes+1))
+	if err != nil {
+		return Reading{}, &scrapeError{"read", fmt.Errorf("metrics %s: %w", u, err)}
+	}
+	if len(page) > maxPageBytes {
+		return Reading{}, &scrapeError{"read", fmt.Errorf("metrics %s: page larger than %d MiB", u, maxPageBytes>>20)}
+	}
+	if ct := resp.Header.Get("Content-Type"); strings.HasPrefix(ct, "application/json") {
+		return Reading{}, &scrapeError{"parse", fmt.Errorf("metrics %s: answered JSON, not Prometheus text (trtllm-serve serves Prometheus at /prometheus/metrics)", u)}
+	}
+	r, err := e.Extract(page, now())
+	if errors.Is(err, ErrNoData) {
+		return Reading{}, &scrapeError{"empty", fmt.Errorf("metrics %s: %w", u, err)}
+	}
+	if err != nil {
+		return Reading{}, &scrapeError{"parse", fmt.Errorf("metrics %s: %w", u, err)}
+	}
+	return r, nil
 }
 
 // modelList is the body of GET /v1/models as vLLM, SGLang and trtllm-serve
@@ -203,7 +395,7 @@ func (t *Target) refreshModels(ctx context.Context) {
 		t.logger.Info("model discovery recovered", "backend", t.spec.ID)
 	}
 	t.modelsFailed = false
-	t.modelsAt = time.Now()
+	t.modelsAt = t.now()
 	t.spec.Models, t.spec.Adapters = models, adapters
 }
 
@@ -257,7 +449,3 @@ func parseModelList(r io.Reader) ([]string, []balancer.Adapter, error) {
 	return models, adapters, nil
 }
 
-func sameSpec(a, b balancer.Spec) bool {
-	return a.State == b.State && slices.Equal(a.Models, b.Models) && slices.Equal(a.Adapters, b.Adapters) &&
-		(a.Models == nil) == (b.Models == nil)
-}

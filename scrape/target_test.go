@@ -15,16 +15,25 @@ import (
 	"github.com/llmlb/llmlb/sim"
 )
 
-// newTarget builds a manager over one backend and returns its target and the
-// balancer it publishes to.
-func newTarget(t *testing.T, cfg Config, bc BackendConfig, logger *slog.Logger) (*Target, *balancer.Balancer) {
+// testTarget builds a manager over one backend and returns its target,
+// ready for rounds run by hand, and the balancer it publishes to.
+func testTarget(t *testing.T, cfg Config, bc BackendConfig, logger *slog.Logger) (*Target, *balancer.Balancer) {
 	t.Helper()
 	bal := balancer.New(nil)
-	m, err := NewManager(cfg, []BackendConfig{bc}, "vllm", bal, nil, logger)
+	m, err := NewManager(Setup{Config: cfg, Backends: []BackendConfig{bc}, DefaultEngine: "vllm", Balancer: bal, Logger: logger})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return m.targets[0], bal
+	tg := m.running[bc.URL].target
+	tg.ledger = bal.Ledger(tg.spec.ID)
+	return tg, bal
+}
+
+// round runs what Run does first: a probe, a scrape, a publish.
+func (t *Target) round(ctx context.Context) {
+	t.probeRound(ctx)
+	t.scrape(ctx)
+	t.publish()
 }
 
 func only(t *testing.T, bal *balancer.Balancer) *balancer.Backend {
@@ -46,7 +55,7 @@ func TestModelsAndAdaptersLearnedFromVLLM(t *testing.T) {
 	srv := httptest.NewServer(s.Handler())
 	defer srv.Close()
 
-	tg, bal := newTarget(t, DefaultConfig(), BackendConfig{URL: srv.URL}, nil)
+	tg, bal := testTarget(t, DefaultConfig(), BackendConfig{URL: srv.URL}, nil)
 	if be := only(t, bal); be.State != balancer.StateUnknown || be.ModelsKnown() {
 		t.Fatalf("before the first probe: state %v, models %v", be.State, be.Models)
 	}
@@ -92,7 +101,7 @@ func TestHealthTransitions(t *testing.T) {
 	logger := slog.New(slog.NewTextHandler(&logs, nil))
 	cfg := DefaultConfig()
 	cfg.UnhealthyAfter = 2
-	tg, bal := newTarget(t, cfg, BackendConfig{URL: srv.URL, HealthPath: "/healthz"}, logger)
+	tg, bal := testTarget(t, cfg, BackendConfig{URL: srv.URL, HealthPath: "/healthz"}, logger)
 	ctx := context.Background()
 
 	tg.round(ctx)
@@ -133,7 +142,7 @@ func TestConfiguredModelsAreNotDiscovered(t *testing.T) {
 		}
 	}))
 	defer srv.Close()
-	tg, bal := newTarget(t, DefaultConfig(), BackendConfig{URL: srv.URL, Models: []string{"a", "b"}}, nil)
+	tg, bal := testTarget(t, DefaultConfig(), BackendConfig{URL: srv.URL, Models: []string{"a", "b"}}, nil)
 	if be := only(t, bal); !slices.Equal(be.Models, []string{"a", "b"}) {
 		t.Fatalf("models before probing = %v", be.Models)
 	}
@@ -165,7 +174,7 @@ func TestBadModelListsKeepTheLastGoodOne(t *testing.T) {
 	var logs bytes.Buffer
 	cfg := DefaultConfig()
 	cfg.ModelsInterval = 1 // every round refreshes
-	tg, bal := newTarget(t, cfg, BackendConfig{URL: srv.URL}, slog.New(slog.NewTextHandler(&logs, nil)))
+	tg, bal := testTarget(t, cfg, BackendConfig{URL: srv.URL}, slog.New(slog.NewTextHandler(&logs, nil)))
 	ctx := context.Background()
 	tg.round(ctx)
 	for _, bad := range []string{"not json", `{"data":`, "500", `["a"]`} {
@@ -196,14 +205,26 @@ func TestValidateBackendsNamesEachField(t *testing.T) {
 		{URL: "ftp://b"},
 		{},
 		{URL: "http://c", Engine: "vlm", Models: []string{""}, HealthPath: "health"},
-	})
+		{DNS: "vllm.internal"},
+		{SRV: "_vllm._tcp.internal", Ports: []int{8000}},
+		{DNS: "x", Ports: []int{8000, 70000}, ActivePorts: map[string][]int{"10.0.0.1": {8001}}, Scheme: "ftp"},
+		{URL: "http://d", DNS: "d"},
+		{URL: "http://e", Ports: []int{1}},
+	}, Engines)
 	if err == nil {
 		t.Fatal("no error")
 	}
 	for _, want := range []string{
 		"backends[1].url: \"http://A:8000/\" is the same backend as backends[0]",
 		"backends[2].url:",
-		"backends[3].url: required",
+		"backends[3]: needs one of url, dns or srv",
+		"backends[5].ports: dns \"vllm.internal\" needs the ports",
+		"backends[6].ports: srv records carry their own ports",
+		"backends[7].ports: 70000 is not a port",
+		"backends[7].active_ports[10.0.0.1]: 8001 is not one of ports",
+		"backends[7].scheme: must be http or https",
+		"backends[8]: give only one of url, dns or srv",
+		"backends[9].ports: only for dns or srv backends",
 		"backends[4].engine: unknown engine \"vlm\"",
 		"backends[4].models[0]: must not be empty",
 		"backends[4].health_path: must start with /",
@@ -212,7 +233,7 @@ func TestValidateBackendsNamesEachField(t *testing.T) {
 			t.Errorf("missing %q in:\n%v", want, err)
 		}
 	}
-	if err := ValidateBackends([]BackendConfig{{URL: "https://x:1", Engine: "sglang"}}); err != nil {
+	if err := ValidateBackends([]BackendConfig{{URL: "https://x:1", Engine: "sglang"}, {DNS: "vllm", Ports: []int{8000}}, {SRV: "_v._tcp.x"}}, Engines); err != nil {
 		t.Errorf("valid backend refused: %v", err)
 	}
 }
@@ -222,7 +243,7 @@ func TestValidateConfig(t *testing.T) {
 		t.Fatalf("defaults invalid: %v", err)
 	}
 	err := Config{HealthPath: "x"}.Validate()
-	for _, f := range []string{"health_path", "health_interval", "timeout", "unhealthy_after", "models_interval"} {
+	for _, f := range []string{"health_path", "health_interval", "timeout", "unhealthy_after", "models_interval", "interval", "scrape_timeout", "stale_after", "dns_interval", "eject_backoff"} {
 		if err == nil || !strings.Contains(err.Error(), "scrape."+f+":") {
 			t.Errorf("no error for scrape.%s in %v", f, err)
 		}

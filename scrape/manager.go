@@ -1,0 +1,364 @@
+package scrape
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/llmlb/llmlb/balancer"
+)
+
+// Resolver is the part of *net.Resolver discovery uses.
+type Resolver interface {
+	LookupIPAddr(ctx context.Context, host string) ([]net.IPAddr, error)
+	LookupSRV(ctx context.Context, service, proto, name string) (string, []*net.SRV, error)
+}
+
+// Setup is what [NewManager] needs.
+type Setup struct {
+	Config        Config
+	Backends      []BackendConfig
+	Engines       EngineSet
+	DefaultEngine string
+	Balancer      *balancer.Balancer
+	// Registerer takes scrape's metrics; nil registers none.
+	Registerer prometheus.Registerer
+	// Logger nil discards.
+	Logger *slog.Logger
+	// Client is used for every probe and scrape; nil means a client that
+	// never goes through an HTTP proxy.
+	Client *http.Client
+	// Resolver answers DNS discovery; nil means net.DefaultResolver.
+	Resolver Resolver
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// deps are what every target shares.
+type deps struct {
+	client  *http.Client
+	bal     *balancer.Balancer
+	logger  *slog.Logger
+	metrics *metrics
+	now     func() time.Time
+}
+
+// Manager runs discovery and one [Target] per backend. Static backends are
+// published to the balancer at once in [balancer.StateUnknown], so requests
+// can be routed before the first probe answers; discovered backends are
+// published only after their first probe and scrape. A backend that leaves
+// discovery is drained: marked [balancer.StateDraining], then removed once
+// its requests in flight have finished.
+type Manager struct {
+	// immutable after NewManager
+	cfg      Config
+	groups   []group
+	deps     deps
+	resolver Resolver
+
+	mu      sync.Mutex
+	running map[string]*member // guarded by mu; by backend ID
+}
+
+// group is one `backends:` entry.
+type group struct {
+	index  int
+	bc     BackendConfig
+	engine *Engine
+	static *url.URL // nil for dns and srv entries
+}
+
+// member is one backend the manager runs, and the group that found it.
+type member struct {
+	group    int
+	target   *Target
+	cancel   context.CancelFunc
+	done     chan struct{}
+	draining bool
+}
+
+// NewManager checks the setup and publishes the static backends.
+func NewManager(s Setup) (*Manager, error) {
+	if s.Logger == nil {
+		s.Logger = slog.New(slog.DiscardHandler)
+	}
+	if s.Client == nil {
+		s.Client = &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 4}}
+	}
+	if s.Resolver == nil {
+		s.Resolver = net.DefaultResolver
+	}
+	if s.Now == nil {
+		s.Now = time.Now
+	}
+	if s.Engines == nil {
+		set, err := NewEngineSet(nil)
+		if err != nil {
+			return nil, err
+		}
+		s.Engines = set
+	}
+	m := &Manager{
+		cfg:      s.Config,
+		resolver: s.Resolver,
+		running:  map[string]*member{},
+		deps: deps{
+			client:  s.Client,
+			bal:     s.Balancer,
+			logger:  s.Logger,
+			metrics: newMetrics(s.Registerer, s.Balancer, s.Now),
+			now:     s.Now,
+		},
+	}
+	var specs []balancer.Spec
+	for i, bc := range s.Backends {
+		name := bc.Engine
+		if name == "" {
+			name = s.DefaultEngine
+		}
+		e := s.Engines[name]
+		if e == nil {
+			return nil, fmt.Errorf("backends[%d].engine: unknown engine %q", i, name)
+		}
+		g := group{index: i, bc: bc, engine: e}
+		if bc.URL != "" {
+			u, err := url.Parse(bc.URL)
+			if err != nil {
+				return nil, fmt.Errorf("backends[%d].url: %w", i, err)
+			}
+			g.static = u
+			t := newTarget(m.cfg, bc.URL, u, bc, e, m.deps)
+			m.running[bc.URL] = &member{group: i, target: t}
+			specs = append(specs, t.spec)
+		}
+		m.groups = append(m.groups, g)
+	}
+	s.Balancer.Update(specs...)
+	return m, nil
+}
+
+// Run watches every backend until ctx ends, then waits for every loop to
+// stop. It returns nil.
+func (m *Manager) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	m.mu.Lock()
+	for _, mb := range m.running {
+		m.startLocked(ctx, mb)
+	}
+	m.mu.Unlock()
+	for _, g := range m.groups {
+		if g.static == nil {
+			wg.Go(func() { m.discover(ctx, g) })
+		}
+	}
+	wg.Wait()
+	<-ctx.Done()
+	m.mu.Lock()
+	dones := make([]chan struct{}, 0, len(m.running))
+	for _, mb := range m.running {
+		if mb.done != nil {
+			dones = append(dones, mb.done)
+		}
+	}
+	m.mu.Unlock()
+	for _, d := range dones {
+		<-d
+	}
+	return nil
+}
+
+// startLocked runs mb's target in its own goroutine. Caller must hold m.mu.
+func (m *Manager) startLocked(ctx context.Context, mb *member) {
+	tctx, cancel := context.WithCancel(ctx)
+	mb.cancel, mb.done = cancel, make(chan struct{})
+	go func() {
+		defer close(mb.done)
+		mb.target.Run(tctx)
+	}()
+}
+
+// discover resolves g's name now and every refresh interval, keeping the
+// last good answer when a lookup fails.
+func (m *Manager) discover(ctx context.Context, g group) {
+	every := g.bc.RefreshInterval
+	if every <= 0 {
+		every = m.cfg.DNSInterval
+	}
+	name := g.bc.DNS + g.bc.SRV
+	failing := false
+	for {
+		addrs, err := m.resolve(ctx, g)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			m.deps.metrics.dnsErrors.WithLabelValues(name).Inc()
+			if !failing {
+				m.deps.logger.Warn("discovery lookup failing; keeping the last good set of backends", "name", name, "err", err)
+			}
+			failing = true
+		} else {
+			if failing {
+				m.deps.logger.Info("discovery lookup recovered", "name", name, "backends", len(addrs))
+			}
+			failing = false
+			m.deps.metrics.dnsTargets.WithLabelValues(name).Set(float64(len(addrs)))
+			m.reconcile(ctx, g, addrs)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(every):
+		}
+	}
+}
+
+// resolve returns the backend URLs g's DNS name gives now, sorted: for dns,
+// each A and AAAA address on each port; for srv, each target's addresses
+// on its port. active_ports then drops the ports a host does not serve on.
+func (m *Manager) resolve(ctx context.Context, g group) ([]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.Timeout)
+	defer cancel()
+	type hostPort struct {
+		keys []string // names active_ports may list the host under
+		ip   net.IP
+		port int
+	}
+	var found []hostPort
+	if g.bc.DNS != "" {
+		ips, err := m.resolver.LookupIPAddr(ctx, g.bc.DNS)
+		if err != nil {
+			return nil, fmt.Errorf("dns %s: %w", g.bc.DNS, err)
+		}
+		for _, ip := range ips {
+			for _, p := range g.bc.Ports {
+				found = append(found, hostPort{keys: []string{ip.IP.String()}, ip: ip.IP, port: p})
+			}
+		}
+	} else {
+		_, srvs, err := m.resolver.LookupSRV(ctx, "", "", g.bc.SRV)
+		if err != nil {
+			return nil, fmt.Errorf("srv %s: %w", g.bc.SRV, err)
+		}
+		for _, s := range srvs {
+			target := trimDot(s.Target)
+			ips, err := m.resolver.LookupIPAddr(ctx, target)
+			if err != nil {
+				return nil, fmt.Errorf("srv %s: target %s: %w", g.bc.SRV, target, err)
+			}
+			for _, ip := range ips {
+				found = append(found, hostPort{keys: []string{target, ip.IP.String()}, ip: ip.IP, port: int(s.Port)})
+			}
+		}
+	}
+	scheme := g.bc.Scheme
+	if scheme == "" {
+		scheme = "http"
+	}
+	var out []string
+	for _, hp := range found {
+		if !activePort(g.bc.ActivePorts, hp.keys, hp.port) {
+			continue
+		}
+		u := scheme + "://" + net.JoinHostPort(hp.ip.String(), strconv.Itoa(hp.port))
+		if !slices.Contains(out, u) {
+			out = append(out, u)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// activePort reports whether port carries traffic on a host known by keys:
+// yes unless active_ports lists the host without that port.
+func activePort(active map[string][]int, keys []string, port int) bool {
+	for _, k := range keys {
+		if ports, ok := active[k]; ok {
+			return slices.Contains(ports, port)
+		}
+	}
+	return true
+}
+
+func trimDot(s string) string {
+	if len(s) > 1 && s[len(s)-1] == '.' {
+		return s[:len(s)-1]
+	}
+	return s
+}
+
+// reconcile makes g's running backends the set urls: new ones are started
+// (and published after their first probe), vanished ones drained.
+func (m *Manager) reconcile(ctx context.Context, g group, urls []string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, id := range urls {
+		mb := m.running[id]
+		if mb != nil && mb.group != g.index {
+			continue // another entry found it first
+		}
+		if mb != nil && !mb.draining {
+			continue
+		}
+		if mb != nil { // came back while draining: stop the drain, watch it again
+			mb.cancel()
+		}
+		u, err := url.Parse(id)
+		if err != nil {
+			continue
+		}
+		t := newTarget(m.cfg, id, u, g.bc, g.engine, m.deps)
+		nm := &member{group: g.index, target: t}
+		m.running[id] = nm
+		m.startLocked(ctx, nm)
+		m.deps.logger.Info("backend discovered", "backend", id, "name", g.bc.DNS+g.bc.SRV)
+	}
+	for id, mb := range m.running {
+		if mb.group != g.index || mb.draining || slices.Contains(urls, id) {
+			continue
+		}
+		m.drainLocked(ctx, id, mb)
+	}
+}
+
+// drainLocked stops watching a backend that left discovery, marks it
+// draining so it takes no new requests, and removes it once its requests in
+// flight are done. Caller must hold m.mu.
+func (m *Manager) drainLocked(ctx context.Context, id string, mb *member) {
+	mb.cancel()
+	<-mb.done
+	mb.draining = true
+	spec := mb.target.spec
+	spec.State, spec.Reason = balancer.StateDraining, "left discovery"
+	m.deps.bal.Update(spec)
+	m.deps.logger.Info("backend draining", "backend", id, "in_flight", mb.target.ledger.InFlight())
+	dctx, cancel := context.WithCancel(ctx)
+	mb.cancel, mb.done = cancel, make(chan struct{})
+	ledger := mb.target.ledger
+	go func() {
+		defer close(mb.done)
+		for ledger.InFlight() > 0 {
+			select {
+			case <-dctx.Done():
+				return
+			case <-time.After(m.cfg.Interval):
+			}
+		}
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if m.running[id] == mb && dctx.Err() == nil {
+			delete(m.running, id)
+			m.deps.bal.Remove(id)
+			m.deps.logger.Info("backend removed", "backend", id)
+		}
+	}()
+}

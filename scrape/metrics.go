@@ -1,0 +1,74 @@
+package scrape
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/llmlb/llmlb/balancer"
+)
+
+// metrics are scrape's own metrics on the admin listener.
+type metrics struct {
+	duration   *prometheus.HistogramVec // backend
+	errors     *prometheus.CounterVec   // backend, reason
+	missing    *prometheus.GaugeVec     // backend, signal
+	ejections  *prometheus.CounterVec   // backend
+	dnsErrors  *prometheus.CounterVec   // name
+	dnsTargets *prometheus.GaugeVec     // name
+}
+
+func newMetrics(reg prometheus.Registerer, bal *balancer.Balancer, now func() time.Time) *metrics {
+	m := &metrics{
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "llmlb_scrape_duration_seconds",
+			Help:    "Time to fetch and read one backend's metrics page.",
+			Buckets: []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1},
+		}, []string{"backend"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmlb_scrape_errors_total",
+			Help: "Metrics scrapes that failed, by backend and reason (connect, status, read, parse, empty).",
+		}, []string{"backend", "reason"}),
+		missing: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "llmlb_scrape_signal_missing",
+			Help: "1 when the backend's metrics page lacks a signal its engine row names (the spec may be wrong for this server version), else 0.",
+		}, []string{"backend", "signal"}),
+		ejections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmlb_backend_ejections_total",
+			Help: "Times a backend was taken out of rotation after consecutive failed requests.",
+		}, []string{"backend"}),
+		dnsErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmlb_discovery_dns_errors_total",
+			Help: "DNS lookups of a backends entry that failed; the last good set of backends is kept.",
+		}, []string{"name"}),
+		dnsTargets: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "llmlb_discovery_dns_backends",
+			Help: "Backends the last good DNS answer of a backends entry gave.",
+		}, []string{"name"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.duration, m.errors, m.missing, m.ejections, m.dnsErrors, m.dnsTargets, &ageCollector{bal: bal, now: now})
+	}
+	return m
+}
+
+var ageDesc = prometheus.NewDesc("llmlb_backend_metrics_age_seconds",
+	"Age of the last good reading of each backend's metrics page; absent before the first.", []string{"backend"}, nil)
+
+// ageCollector reports each backend's metrics age at collection time.
+type ageCollector struct {
+	bal *balancer.Balancer
+	now func() time.Time
+}
+
+func (c *ageCollector) Describe(ch chan<- *prometheus.Desc) { ch <- ageDesc }
+
+func (c *ageCollector) Collect(ch chan<- prometheus.Metric) {
+	now := c.now()
+	for _, be := range c.bal.Snapshot().Backends {
+		if be.Metrics.At.IsZero() {
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(ageDesc, prometheus.GaugeValue, now.Sub(be.Metrics.At).Seconds(), be.ID)
+	}
+}
