@@ -11,9 +11,9 @@ package balancer
 
 import (
 	"math"
-	"strconv"
 	"net/url"
 	"slices"
+	"strconv"
 	"sync/atomic"
 	"time"
 )

@@ -448,4 +448,3 @@ func parseModelList(r io.Reader) ([]string, []balancer.Adapter, error) {
 	slices.SortFunc(adapters, func(a, b balancer.Adapter) int { return strings.Compare(a.Name, b.Name) })
 	return models, adapters, nil
 }
-
