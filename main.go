@@ -4,6 +4,7 @@
 //	llmlb [serve] [--config config.yaml]   run the balancer (default)
 //	llmlb validate config.yaml             check a config file
 //	llmlb sim [flags]                      run emulated model servers
+//	llmlb probe [flags] URL|FILE           show what the balancer reads from a metrics page
 //	llmlb demo [flags]                     emulated servers + balancer + traffic, live view
 package main
 
@@ -54,6 +55,7 @@ Usage:
   llmlb [serve] [--config PATH]   run the balancer (default config ./config.yaml)
   llmlb validate PATH             check a config file and list every problem
   llmlb sim [flags]               run emulated model servers
+  llmlb probe [flags] URL|FILE    show what the balancer reads from a metrics page
   llmlb demo [flags]              emulated servers, the balancer, traffic and a live view
 
 Run 'llmlb COMMAND --help' for a command's flags.
@@ -75,6 +77,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return cmdValidate(args, getenv, stdout, stderr)
 	case "sim":
 		return cmdSim(ctx, args, stdout, stderr)
+	case "probe":
+		return cmdProbe(ctx, args, getenv, stdout, stderr)
 	case "demo":
 		return cmdDemo(ctx, args, stdout, stderr)
 	case "help":

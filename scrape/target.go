@@ -333,6 +333,12 @@ func (e *Engine) spec(signal string) string {
 	return ""
 }
 
+// Fetch GETs the metrics page at u and extracts e's signals from it, as a
+// backend's scrape loop does; `llmlb probe` uses it.
+func Fetch(ctx context.Context, client *http.Client, u string, e *Engine, timeout time.Duration) (Reading, error) {
+	return fetchReading(ctx, client, u, e, timeout, time.Now)
+}
+
 // fetchReading GETs a metrics page and extracts e's signals from it.
 func fetchReading(ctx context.Context, client *http.Client, u string, e *Engine, timeout time.Duration, now func() time.Time) (Reading, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)

@@ -193,8 +193,8 @@ var errUnsupportedEngine = errors.New("unsupported engine")
 
 func checkEngine(e string) error {
 	switch e {
-	case "", "vllm":
+	case "", "vllm", "sglang", "triton-tensorrt-llm", "trtllm-serve":
 		return nil
 	}
-	return fmt.Errorf("engine %q: %w (supported: vllm)", e, errUnsupportedEngine)
+	return fmt.Errorf("engine %q: %w (supported: vllm, sglang, triton-tensorrt-llm, trtllm-serve)", e, errUnsupportedEngine)
 }

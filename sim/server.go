@@ -59,7 +59,17 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, true) })
 	mux.HandleFunc("GET /v1/models", s.models)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
-	mux.HandleFunc("GET /metrics", s.metrics)
+	switch s.cfg.Engine {
+	case "trtllm-serve":
+		// Prometheus text lives at /prometheus/metrics; /metrics is JSON.
+		mux.HandleFunc("GET /prometheus/metrics", s.metrics)
+		mux.HandleFunc("GET /metrics", s.iterationStats)
+	case "triton-tensorrt-llm":
+		mux.HandleFunc("GET /metrics", s.metrics)
+		mux.HandleFunc("GET /v2/health/ready", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
+	default:
+		mux.HandleFunc("GET /metrics", s.metrics)
+	}
 	return mux
 }
 
@@ -299,31 +309,26 @@ func (s *Server) models(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": data})
 }
 
-// metrics renders vLLM's (V1 engine) Prometheus page for the model's state.
+// metrics serves the engine's Prometheus page for the model's state.
 func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
-	st := s.model.Stats()
-	lbl := fmt.Sprintf(`engine="0",model_name=%q`, s.cfg.Model)
-	var b strings.Builder
-	gauge := func(name, help string, v float64) {
-		fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s gauge\n%s{%s} %s\n", name, help, name, name, lbl, formatFloat(v))
-	}
-	counter := func(name, help string, v float64) {
-		fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s counter\n%s{%s} %s\n", name, help, name, name, lbl, formatFloat(v))
-	}
-	gauge("vllm:num_requests_running", "Number of requests in model execution batches.", float64(st.Running))
-	gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", float64(st.Waiting))
-	gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", st.KVUsage)
-	counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.", float64(st.PromptTokens))
-	counter("vllm:generation_tokens_total", "Number of generation tokens processed.", float64(st.GenerationTokens))
-	fmt.Fprintf(&b, "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n# TYPE vllm:cache_config_info gauge\n")
-	fmt.Fprintf(&b, "vllm:cache_config_info{block_size=\"%d\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",engine=\"0\",gpu_memory_utilization=\"0.9\",num_gpu_blocks=\"%d\"} 1.0\n", st.BlockSize, st.NumBlocks)
-	if len(s.cfg.Adapters) > 0 {
-		fmt.Fprintf(&b, "# HELP vllm:lora_requests_info Running stats on lora requests.\n# TYPE vllm:lora_requests_info gauge\n")
-		fmt.Fprintf(&b, "vllm:lora_requests_info{max_lora=\"%d\",running_lora_adapters=%q,waiting_lora_adapters=%q} %s\n",
-			st.MaxLoRA, strings.Join(st.RunningAdapters, ","), strings.Join(st.WaitingAdapters, ","), formatFloat(float64(time.Now().UnixNano())/1e9))
-	}
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-	_, _ = w.Write([]byte(b.String()))
+	_, _ = w.Write([]byte(RenderMetrics(s.cfg.Engine, s.cfg.Model, len(s.cfg.Adapters) > 0, s.model.Stats(), time.Now())))
+}
+
+// iterationStats answers trtllm-serve's JSON /metrics: a list of iteration
+// statistics, the newest last.
+func (s *Server) iterationStats(w http.ResponseWriter, r *http.Request) {
+	st := s.model.Stats()
+	used := int(st.KVUsage * float64(st.NumBlocks))
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode([]map[string]any{{
+		"iter":              s.seq.Load(),
+		"numActiveRequests": st.Running,
+		"numQueuedRequests": st.Waiting,
+		"kvCacheStats": map[string]any{
+			"maxNumBlocks": st.NumBlocks, "usedNumBlocks": used, "freeNumBlocks": st.NumBlocks - used, "tokensPerBlock": st.BlockSize,
+		},
+	}})
 }
 
 // formatFloat prints v as Python's prometheus_client does: always with a
