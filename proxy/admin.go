@@ -20,7 +20,10 @@ type BackendStatus struct {
 	Models      []string           `json:"models"`
 	Adapters    []balancer.Adapter `json:"adapters"`
 	State       balancer.State     `json:"state"`
+	Reason      string             `json:"reason,omitempty"`
 	Since       time.Time          `json:"since"`
+	Metrics     *balancer.Metrics  `json:"metrics"` // null before the first reading
+	Stale       bool               `json:"metrics_stale"`
 	InFlight    int64              `json:"in_flight"`
 	Requests    int64              `json:"requests_total"`
 	Failures    int64              `json:"failures_total"`
@@ -38,7 +41,10 @@ func Statuses(snap *balancer.Snapshot) []BackendStatus {
 			Models:      be.Models,
 			Adapters:    be.Adapters,
 			State:       be.State,
+			Reason:      be.Reason,
 			Since:       be.Since,
+			Metrics:     metricsOrNil(be.Metrics),
+			Stale:       be.Stale,
 			InFlight:    be.Ledger.InFlight(),
 			Requests:    be.Ledger.Total(),
 			Failures:    be.Ledger.Failures(),
@@ -46,6 +52,13 @@ func Statuses(snap *balancer.Snapshot) []BackendStatus {
 		})
 	}
 	return out
+}
+
+func metricsOrNil(m balancer.Metrics) *balancer.Metrics {
+	if m.At.IsZero() {
+		return nil
+	}
+	return &m
 }
 
 // AdminHandler returns the admin routes: /metrics from g, /debug/backends and

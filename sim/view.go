@@ -14,6 +14,8 @@ import (
 type BackendView struct {
 	ID          string   `json:"id"`
 	State       string   `json:"state"`
+	Engine      string   `json:"engine"`
+	Stale       bool     `json:"metrics_stale"`
 	Models      []string `json:"models"`
 	InFlight    int64    `json:"in_flight"`
 	Requests    int64    `json:"requests_total"`

@@ -1,0 +1,244 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/llmlb/llmlb/sim"
+)
+
+// traffic sends non-streaming completions from n clients until stop is
+// closed, counting answers that are not 200.
+type traffic struct {
+	ok, failed atomic.Int64
+	mu         sync.Mutex
+	lastErr    string
+	wg         sync.WaitGroup
+}
+
+func startTraffic(addr string, n int, stop <-chan struct{}) *traffic {
+	tr := &traffic{}
+	client := &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: n}}
+	for range n {
+		tr.wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				resp, err := client.Post("http://"+addr+"/v1/completions", "application/json",
+					strings.NewReader(`{"model":"`+testModel+`","prompt":"ping","max_tokens":3}`))
+				if err != nil {
+					tr.fail(err.Error())
+					continue
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					tr.fail(fmt.Sprintf("%d %s", resp.StatusCode, body))
+					continue
+				}
+				tr.ok.Add(1)
+			}
+		})
+	}
+	return tr
+}
+
+func (tr *traffic) fail(msg string) {
+	tr.failed.Add(1)
+	tr.mu.Lock()
+	tr.lastErr = msg
+	tr.mu.Unlock()
+}
+
+// backendState polls /debug/backends until id is in state want, and returns
+// how long that took.
+func backendState(t *testing.T, adminAddr, id, want string, within time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for ; time.Since(start) < within; <-tick.C {
+		bs, err := sim.FetchBackends(http.DefaultClient, "http://"+adminAddr)
+		if err != nil {
+			continue
+		}
+		for _, b := range bs {
+			if b.ID == id && b.State == want {
+				return time.Since(start)
+			}
+		}
+	}
+	t.Fatalf("%s not %s within %s", id, want, within)
+	return 0
+}
+
+// TestKilledBackendLeavesRotation kills one of three emulated servers under
+// load: it is out of rotation within three health intervals, no client
+// request fails while the others are up, and it is back once it answers.
+func TestKilledBackendLeavesRotation(t *testing.T) {
+	urls := simBackends(t, 2, sim.SteadyConfig{Speed: 50})
+	s, err := sim.NewServer(sim.ServerConfig{Model: testModel}, sim.NewSteady(sim.SteadyConfig{Speed: 50}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim := httptest.NewServer(s.Handler())
+	victimAddr := victim.Listener.Addr().String()
+	urls = append(urls, victim.URL)
+
+	cfg := testConfig(urls)
+	cfg.Scrape.HealthInterval = 200 * time.Millisecond
+	cfg.Scrape.Interval = 50 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	inst, err := start(ctx, cfg, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		cancel()
+		if err := inst.wait(); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+	}()
+	waitBackends(t, inst.adminAddr, 3)
+
+	stop := make(chan struct{})
+	tr := startTraffic(inst.addr, 6, stop)
+	for tr.ok.Load() < 50 {
+		pollPause()
+	}
+
+	// Kill: no new connections, and the open ones reset.
+	victim.Listener.Close()
+	victim.CloseClientConnections()
+	took := backendState(t, inst.adminAddr, victim.URL, "down", 5*time.Second)
+	if limit := 3 * cfg.Scrape.HealthInterval; took > limit {
+		t.Errorf("killed backend left rotation after %s, want within three health intervals (%s)", took, limit)
+	}
+	t.Logf("killed backend out of rotation after %s", took)
+	before := tr.ok.Load()
+	for tr.ok.Load() < before+100 {
+		pollPause()
+	}
+
+	// Revive it on the same address.
+	ln, err := net.Listen("tcp", victimAddr)
+	if err != nil {
+		t.Skipf("cannot listen on %s again: %v", victimAddr, err)
+	}
+	revived := &httptest.Server{Listener: ln, Config: &http.Server{Handler: s.Handler()}}
+	revived.Start()
+	defer revived.Close()
+	backendState(t, inst.adminAddr, victim.URL, "ready", 10*time.Second)
+	bs, _ := sim.FetchBackends(http.DefaultClient, "http://"+inst.adminAddr)
+	var servedBefore int64
+	for _, b := range bs {
+		if b.ID == victim.URL {
+			servedBefore = b.Requests
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for served := servedBefore; served <= servedBefore+10 && time.Now().Before(deadline); {
+		pollPause()
+		bs, _ := sim.FetchBackends(http.DefaultClient, "http://"+inst.adminAddr)
+		for _, b := range bs {
+			if b.ID == victim.URL {
+				served = b.Requests
+			}
+		}
+		if served > servedBefore+10 {
+			break
+		}
+	}
+	close(stop)
+	tr.wg.Wait()
+	if n := tr.failed.Load(); n != 0 {
+		t.Errorf("%d client requests failed (last: %s); none should while other backends are up", n, tr.lastErr)
+	}
+	t.Logf("%d requests served", tr.ok.Load())
+}
+
+// TestMixedPoolIsScrapedPerEngine puts an emulated vLLM and an emulated
+// SGLang server behind one balancer: each is read with its own engine row.
+func TestMixedPoolIsScrapedPerEngine(t *testing.T) {
+	var urls []string
+	for _, engine := range []string{"vllm", "sglang"} {
+		s, err := sim.NewServer(sim.ServerConfig{Engine: engine, Model: testModel}, sim.NewSteady(sim.SteadyConfig{BlockSize: 16 * len(engine), NumBlocks: 500}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(s.Handler())
+		t.Cleanup(srv.Close)
+		urls = append(urls, srv.URL)
+	}
+	cfg := testConfig(urls)
+	cfg.Backends[1].Engine = "sglang"
+	ctx, cancel := context.WithCancel(context.Background())
+	inst, err := start(ctx, cfg, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cancel(); _ = inst.wait() }()
+	waitBackends(t, inst.adminAddr, 2)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var st []debugBackend
+		getJSON(t, "http://"+inst.adminAddr+"/debug/backends", &struct {
+			Backends *[]debugBackend `json:"backends"`
+		}{&st})
+		good := 0
+		for _, b := range st {
+			want := float64(16 * len(b.Engine))
+			if b.Metrics != nil && b.Metrics.BlockSize != nil && *b.Metrics.BlockSize == want && b.Metrics.NumBlocks != nil && *b.Metrics.NumBlocks == 500 &&
+				b.Metrics.Queued != nil && b.Metrics.KVUsage != nil && !b.Stale {
+				good++
+			}
+		}
+		if good == 2 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("metrics not read per engine: %+v", st)
+		}
+		pollPause()
+	}
+}
+
+type debugBackend struct {
+	ID      string `json:"id"`
+	Engine  string `json:"engine"`
+	Stale   bool   `json:"metrics_stale"`
+	Metrics *struct {
+		Queued    *float64 `json:"queued"`
+		KVUsage   *float64 `json:"kv_usage"`
+		BlockSize *float64 `json:"block_size"`
+		NumBlocks *float64 `json:"num_blocks"`
+	} `json:"metrics"`
+}
+
+// pollPause waits a little between two looks at a live system over HTTP.
+func pollPause() { <-time.After(5 * time.Millisecond) }
+
+func getJSON(t *testing.T, url string, v any) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		t.Fatal(err)
+	}
+}
