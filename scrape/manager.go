@@ -2,6 +2,7 @@ package scrape
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -194,7 +195,7 @@ func (m *Manager) discover(ctx context.Context, g group) {
 		every = m.cfg.DNSInterval
 	}
 	name := g.bc.DNS + g.bc.SRV
-	failing := false
+	failing, empty := false, false
 	for {
 		addrs, err := m.resolve(ctx, g)
 		if ctx.Err() != nil {
@@ -211,6 +212,10 @@ func (m *Manager) discover(ctx context.Context, g group) {
 				m.deps.logger.Info("discovery lookup recovered", "name", name, "backends", len(addrs))
 			}
 			failing = false
+			if len(addrs) == 0 && !empty {
+				m.deps.logger.Warn("discovery name resolves to no backends", "name", name)
+			}
+			empty = len(addrs) == 0
 			m.deps.metrics.dnsTargets.WithLabelValues(name).Set(float64(len(addrs)))
 			m.reconcile(ctx, g, addrs)
 		}
@@ -236,7 +241,7 @@ func (m *Manager) resolve(ctx context.Context, g group) ([]string, error) {
 	var found []hostPort
 	if g.bc.DNS != "" {
 		ips, err := m.resolver.LookupIPAddr(ctx, g.bc.DNS)
-		if err != nil {
+		if err != nil && !notFound(err) {
 			return nil, fmt.Errorf("dns %s: %w", g.bc.DNS, err)
 		}
 		for _, ip := range ips {
@@ -246,13 +251,13 @@ func (m *Manager) resolve(ctx context.Context, g group) ([]string, error) {
 		}
 	} else {
 		_, srvs, err := m.resolver.LookupSRV(ctx, "", "", g.bc.SRV)
-		if err != nil {
+		if err != nil && !notFound(err) {
 			return nil, fmt.Errorf("srv %s: %w", g.bc.SRV, err)
 		}
 		for _, s := range srvs {
 			target := trimDot(s.Target)
 			ips, err := m.resolver.LookupIPAddr(ctx, target)
-			if err != nil {
+			if err != nil && !notFound(err) {
 				return nil, fmt.Errorf("srv %s: target %s: %w", g.bc.SRV, target, err)
 			}
 			for _, ip := range ips {
@@ -276,6 +281,14 @@ func (m *Manager) resolve(ctx context.Context, g group) ([]string, error) {
 	}
 	slices.Sort(out)
 	return out, nil
+}
+
+// notFound reports whether err is the DNS saying the name has no such
+// records (NXDOMAIN, or an empty answer): a real answer, meaning no backends,
+// unlike a server failure or a timeout, which keep the last good set.
+func notFound(err error) bool {
+	var de *net.DNSError
+	return errors.As(err, &de) && de.IsNotFound
 }
 
 // activePort reports whether port carries traffic on a host known by keys:

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/llmlb/llmlb/balancer"
 	"github.com/llmlb/llmlb/sim"
 )
@@ -247,5 +249,31 @@ func TestValidateConfig(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "scrape."+f+":") {
 			t.Errorf("no error for scrape.%s in %v", f, err)
 		}
+	}
+}
+
+// TestMissingSignalReportedOnce: a signal the page never has is logged once
+// and shown by llmlb_scrape_signal_missing, however many scrapes find it
+// absent.
+func TestMissingSignalReportedOnce(t *testing.T) {
+	var queue atomic.Int64
+	var page atomic.Value
+	srv := httptest.NewServer(fakeVLLM(&queue, &page))
+	defer srv.Close()
+	var logs bytes.Buffer
+	tg, _ := testTarget(t, DefaultConfig(), BackendConfig{URL: srv.URL, Models: []string{"m"}}, slog.New(slog.NewTextHandler(&logs, nil)))
+	for range 5 {
+		tg.round(context.Background())
+	}
+	for _, sig := range []string{"block_size", "num_blocks", "lora"} {
+		if n := strings.Count(logs.String(), "signal="+sig+" "); n != 1 {
+			t.Errorf("missing %s logged %d times, want once:\n%s", sig, n, logs.String())
+		}
+		if v := testutil.ToFloat64(tg.metrics.missing.WithLabelValues(srv.URL, sig)); v != 1 {
+			t.Errorf("llmlb_scrape_signal_missing{signal=%q} = %v, want 1", sig, v)
+		}
+	}
+	if strings.Contains(logs.String(), "signal=queued") {
+		t.Error("a present signal was reported missing")
 	}
 }
