@@ -551,3 +551,47 @@ func TestDebugBackendsJSONShape(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestDiscoveryAndEnginesConfig: dns, srv, active_ports keyed by an address
+// (dots and all) and an engines: section decode as written.
+func TestDiscoveryAndEnginesConfig(t *testing.T) {
+	path := writeConfig(t, `
+listen: 127.0.0.1:8080
+engines:
+  my-engine:
+    metrics_path: /stats
+    queued: 'my_queue{pool="main"}'
+    kv_usage: ""
+backends:
+  - dns: vllm.internal
+    ports: [8000, 8001]
+    active_ports:
+      10.0.0.5: [8000]
+    engine: my-engine
+  - srv: _sglang._tcp.internal
+    engine: sglang
+    refresh_interval: 5s
+`)
+	cfg, err := loadConfig(path, noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := cfg.Backends
+	if got := b[0].ActivePorts["10.0.0.5"]; len(got) != 1 || got[0] != 8000 {
+		t.Errorf("active_ports = %v", b[0].ActivePorts)
+	}
+	if b[1].SRV != "_sglang._tcp.internal" || b[1].RefreshInterval != 5*time.Second {
+		t.Errorf("srv entry = %+v", b[1])
+	}
+	e := cfg.Engines["my-engine"]
+	if e.MetricsPath == nil || *e.MetricsPath != "/stats" || e.KVUsage == nil || *e.KVUsage != "" || e.Running != nil {
+		t.Errorf("engines.my-engine = %+v", e)
+	}
+	bad := writeConfig(t, "listen: 127.0.0.1:8080\nengines:\n  sglang:\n    queued: 'x{'\nbackends:\n  - url: http://a:1\n    engine: nope\n")
+	_, err = loadConfig(bad, noEnv)
+	for _, want := range []string{"engines.sglang.queued", `backends[0].engine: unknown engine "nope"`} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v, want it to name %s", err, want)
+		}
+	}
+}
