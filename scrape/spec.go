@@ -42,11 +42,19 @@ func (s Spec) String() string {
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		fmt.Fprintf(&b, "%s=%q", l.Name, l.Value)
+		b.WriteString(l.Name)
+		b.WriteString(`="`)
+		b.WriteString(quoteReplacer.Replace(l.Value))
+		b.WriteByte('"')
 	}
 	b.WriteByte('}')
 	return b.String()
 }
+
+// quoteReplacer escapes a label value as the Prometheus text format does,
+// and as [unquote] reads it back: only \\, \" and \n. (Go's %q would write
+// escapes like \x and \t that a spec does not have; the fuzzer found that.)
+var quoteReplacer = strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`)
 
 // String writes a back in spec syntax.
 func (a Alternatives) String() string {

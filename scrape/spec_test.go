@@ -70,3 +70,19 @@ func FuzzParseAlternatives(f *testing.F) {
 		}
 	})
 }
+
+// TestSpecStringRoundTrip: values with bytes Go's %q would escape as \x or
+// \t print back in a form the parser reads (a bug the fuzzer found; its
+// input is kept under testdata/fuzz).
+func TestSpecStringRoundTrip(t *testing.T) {
+	for _, in := range []string{"A{A=\xb6}", "m{a=\"tab\there\"}", "m{a=\"line\\nbreak\",b=\"q\\\"\"}", "m{a=é}"} {
+		alts, err := ParseAlternatives(in)
+		if err != nil {
+			t.Fatalf("ParseAlternatives(%q): %v", in, err)
+		}
+		again, err := ParseAlternatives(alts.String())
+		if err != nil || again.String() != alts.String() || again[0].Labels[0].Value != alts[0].Labels[0].Value {
+			t.Errorf("%q -> %q -> %v, %v", in, alts.String(), again, err)
+		}
+	}
+}
