@@ -705,3 +705,56 @@ func TestReadyNeedsAReadyBackend(t *testing.T) {
 	bal.Update(balancer.Spec{ID: "a", URL: pu, Models: []string{"m"}, State: balancer.StateReady})
 	check(http.StatusOK)
 }
+
+// TestConnectionBrokenBeforeHeadersIsRetried: a backend that dies after
+// reading the request, before any response header, costs the client
+// nothing: the next backend answers (and the attempt counts as a failure
+// for passive health). With retry_broken_connections off the client gets
+// 502.
+func TestConnectionBrokenBeforeHeadersIsRetried(t *testing.T) {
+	crash := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		conn, _, _ := w.(http.Hijacker).Hijack()
+		conn.Close()
+	}))
+	defer crash.Close()
+	good := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		io.WriteString(w, `{"choices":[]}`)
+	}))
+	defer good.Close()
+	for _, retry := range []bool{true, false} {
+		cfg := DefaultConfig()
+		cfg.RetryBrokenConnections = retry
+		f := newFront(t, cfg, crash.URL, good.URL)
+		var crashed *balancer.Backend
+		for _, be := range f.bal.Snapshot().Backends {
+			if be.ID == crash.URL {
+				crashed = be
+			}
+		}
+		// Make the crashing backend the least loaded, so it is tried first.
+		for _, be := range f.bal.Snapshot().Backends {
+			if be.ID == good.URL {
+				g := balancer.NewGuard()
+				g.Attach(be, time.Now())
+				defer g.Release()
+			}
+		}
+		resp, err := http.Post(f.URL+"/v1/completions", "application/json", strings.NewReader(body("completion", "")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		want := http.StatusOK
+		if !retry {
+			want = http.StatusBadGateway
+		}
+		if resp.StatusCode != want {
+			t.Errorf("retry_broken_connections=%v: status %d, want %d", retry, resp.StatusCode, want)
+		}
+		if crashed.Ledger.FailureStreak() != 1 {
+			t.Errorf("retry_broken_connections=%v: crashed backend's failure streak %d, want 1", retry, crashed.Ledger.FailureStreak())
+		}
+	}
+}
