@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -101,18 +100,7 @@ func TestKilledBackendLeavesRotation(t *testing.T) {
 	cfg := testConfig(urls)
 	cfg.Scrape.HealthInterval = 200 * time.Millisecond
 	cfg.Scrape.Interval = 50 * time.Millisecond
-	ctx, cancel := context.WithCancel(context.Background())
-	inst, err := start(ctx, cfg, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		cancel()
-		if err := inst.wait(); err != nil {
-			t.Errorf("shutdown: %v", err)
-		}
-	}()
-	waitBackends(t, inst.adminAddr, 3)
+	inst := startTest(t, cfg, 3)
 
 	stop := make(chan struct{})
 	tr := startTraffic(inst.addr, 6, stop)
@@ -185,13 +173,7 @@ func TestMixedPoolIsScrapedPerEngine(t *testing.T) {
 	}
 	cfg := testConfig(urls)
 	cfg.Backends[1].Engine = "sglang"
-	ctx, cancel := context.WithCancel(context.Background())
-	inst, err := start(ctx, cfg, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { cancel(); _ = inst.wait() }()
-	waitBackends(t, inst.adminAddr, 2)
+	inst := startTest(t, cfg, 2)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		var st []debugBackend

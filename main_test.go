@@ -231,6 +231,23 @@ func testConfig(urls []string) Config {
 	return cfg
 }
 
+// startTest runs the balancer for cfg until the test ends, then checks it
+// shut down cleanly; it returns once n backends are ready.
+func startTest(t *testing.T, cfg Config, n int) *instance {
+	t.Helper()
+	inst, err := start(t.Context(), cfg, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := inst.wait(); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+	})
+	waitBackends(t, inst.adminAddr, n)
+	return inst
+}
+
 // waitBackends polls /debug/backends until every backend is ready with its
 // models learned.
 func waitBackends(t *testing.T, adminAddr string, n int) {
@@ -261,18 +278,8 @@ func waitBackends(t *testing.T, adminAddr string, n int) {
 // and not, content and usage, model listing and errors.
 func TestOpenAISDKEndToEnd(t *testing.T) {
 	urls := simBackends(t, 2, sim.SteadyConfig{Speed: 100}, "sql-lora")
-	ctx, cancel := context.WithCancel(context.Background())
-	inst, err := start(ctx, testConfig(urls), io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		cancel()
-		if err := inst.wait(); err != nil {
-			t.Errorf("shutdown: %v", err)
-		}
-	}()
-	waitBackends(t, inst.adminAddr, 2)
+	inst := startTest(t, testConfig(urls), 2)
+	ctx := t.Context()
 
 	client := openai.NewClient(option.WithBaseURL("http://"+inst.addr+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
 	checkBackend := func(what string, resp *http.Response) {
@@ -520,13 +527,7 @@ func waitLog(t *testing.T, logs *syncBuffer, want string) {
 
 func TestDebugBackendsJSONShape(t *testing.T) {
 	urls := simBackends(t, 1, sim.SteadyConfig{Speed: 100})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	inst, err := start(ctx, testConfig(urls), io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitBackends(t, inst.adminAddr, 1)
+	inst := startTest(t, testConfig(urls), 1)
 	resp, err := http.Get("http://" + inst.adminAddr + "/debug/backends")
 	if err != nil {
 		t.Fatal(err)
@@ -545,10 +546,6 @@ func TestDebugBackendsJSONShape(t *testing.T) {
 		if _, ok := doc.Backends[0][k]; !ok {
 			t.Errorf("/debug/backends lacks %q: %v", k, doc.Backends[0])
 		}
-	}
-	cancel()
-	if err := inst.wait(); err != nil {
-		t.Error(err)
 	}
 }
 

@@ -205,11 +205,11 @@ func dnsConfig() Config {
 	return cfg
 }
 
-func runManager(t *testing.T, cfg Config, bcs []BackendConfig, r Resolver) (*balancer.Balancer, *strings.Builder) {
+func runManager(t *testing.T, cfg Config, bcs []BackendConfig, r Resolver) (*balancer.Balancer, *syncLog) {
 	t.Helper()
 	bal := balancer.New(nil)
-	var logs syncBuilder
-	m, err := NewManager(Setup{Config: cfg, Backends: bcs, DefaultEngine: "vllm", Balancer: bal, Resolver: r, Logger: newTextLogger(&logs)})
+	logs := new(syncLog)
+	m, err := NewManager(Setup{Config: cfg, Backends: bcs, DefaultEngine: "vllm", Balancer: bal, Resolver: r, Logger: logs.logger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,7 +217,7 @@ func runManager(t *testing.T, cfg Config, bcs []BackendConfig, r Resolver) (*bal
 	done := make(chan struct{})
 	go func() { defer close(done); _ = m.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
-	return bal, &logs.b
+	return bal, logs
 }
 
 // TestDNSDiscoveryAddsAndDrains drives discovery of one name through a real
@@ -317,14 +317,14 @@ func TestSRVDiscovery(t *testing.T) {
 func TestDNSNameThatDoesNotResolve(t *testing.T) {
 	d := newDNSServer(t)
 	bal, logs := runManager(t, dnsConfig(), []BackendConfig{{DNS: "nowhere.test", Ports: []int{8000}}}, d.resolver())
-	waitFor(t, "empty answer logged", func() bool { return strings.Contains(syncString(logs), "resolves to no backends") })
+	waitFor(t, "empty answer logged", func() bool { return strings.Contains(logs.String(), "resolves to no backends") })
 	if n := len(bal.Snapshot().Backends); n != 0 {
 		t.Errorf("%d backends from a name that does not resolve", n)
 	}
 	<-time.After(150 * time.Millisecond)
-	if n := strings.Count(syncString(logs), "resolves to no backends"); n != 1 {
+	if n := strings.Count(logs.String(), "resolves to no backends"); n != 1 {
 		t.Errorf("empty answer logged %d times, want once", n)
 	}
 	d.setFail(true)
-	waitFor(t, "server failure logged", func() bool { return strings.Contains(syncString(logs), "discovery lookup failing") })
+	waitFor(t, "server failure logged", func() bool { return strings.Contains(logs.String(), "discovery lookup failing") })
 }

@@ -6,6 +6,8 @@ import (
 	"maps"
 	"slices"
 	"strings"
+
+	"github.com/llmlb/llmlb/balancer"
 )
 
 // EngineConfig is one entry of the `engines:` section: the metrics path and
@@ -125,13 +127,41 @@ var builtinEngines = map[string]EngineConfig{
 	},
 }
 
-// Engines are the built-in engine names, sorted.
-var Engines = slices.Sorted(maps.Keys(builtinEngines))
+// numericSignal is one number an engine row reads: where it goes, its
+// specs, and how several matching series fold into one.
+type numericSignal struct {
+	name  string
+	alts  Alternatives
+	label string // read the value from this label (an info gauge), not the sample
+	fold  func([]float64) float64
+	field func(*balancer.Metrics) *balancer.Value
+}
 
-// BuiltinEngine returns the built-in row named name.
-func BuiltinEngine(name string) (EngineConfig, bool) {
-	e, ok := builtinEngines[name]
-	return e, ok
+// numericSignals lists e's numeric signals. Counts from several series
+// (data-parallel ranks, or one model_name per LoRA adapter) are summed, as
+// are block counts (one pool per rank); a KV fraction over ranks is their
+// mean, never their sum; the block size is the largest.
+func (e *Engine) numericSignals() []numericSignal {
+	return []numericSignal{
+		{SignalQueued, e.Queued, "", sum, func(m *balancer.Metrics) *balancer.Value { return &m.Queued }},
+		{SignalRunning, e.Running, "", sum, func(m *balancer.Metrics) *balancer.Value { return &m.Running }},
+		{SignalKVUsage, e.KVUsage, "", mean, func(m *balancer.Metrics) *balancer.Value { return &m.KVUsage }},
+		{SignalBlockSize, e.BlockSize, e.BlockSizeLabel, slices.Max[[]float64], func(m *balancer.Metrics) *balancer.Value { return &m.BlockSize }},
+		{SignalNumBlocks, e.NumBlocks, e.NumBlocksLabel, sum, func(m *balancer.Metrics) *balancer.Value { return &m.NumBlocks }},
+	}
+}
+
+// spec returns the spec string of a signal, for messages.
+func (e *Engine) spec(signal string) string {
+	if signal == SignalLoRA {
+		return e.LoRA.String()
+	}
+	for _, s := range e.numericSignals() {
+		if s.name == signal {
+			return s.alts.String()
+		}
+	}
+	return ""
 }
 
 // EngineSet is every engine a config can name: the built-in rows with the

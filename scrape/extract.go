@@ -39,52 +39,41 @@ type Reading struct {
 // summary families are never read as gauges. at is recorded as the reading
 // time.
 func (e *Engine) Extract(page []byte, at time.Time) (Reading, error) {
-	kept, samples := e.filter(page)
-	if samples == 0 && !hasSample(page) {
+	if !hasSample(page) {
 		return Reading{}, ErrNoData
 	}
 	p := expfmt.NewTextParser(model.LegacyValidation)
-	fams, err := p.TextToMetricFamilies(bytes.NewReader(kept))
+	fams, err := p.TextToMetricFamilies(bytes.NewReader(e.filter(page)))
 	if err != nil {
 		return Reading{}, fmt.Errorf("parse metrics: %w", err)
 	}
 	r := Reading{Metrics: balancer.Metrics{At: at}, Used: map[string]string{}}
-	m := &r.Metrics
-	read := func(signal string, alts Alternatives, get func(Spec, []*dto.Metric) (balancer.Value, bool)) balancer.Value {
-		if len(alts) == 0 {
-			return balancer.Value{}
+	for _, sig := range e.numericSignals() {
+		if len(sig.alts) == 0 {
+			continue
 		}
-		for _, s := range alts {
-			series := matching(fams, s)
-			if len(series) == 0 {
-				continue
-			}
-			if v, ok := get(s, series); ok {
-				r.Used[signal] = s.String()
-				return v
+		found := false
+		for _, s := range sig.alts {
+			if v, ok := aggregate(matching(fams, s), sig.label, sig.fold); ok {
+				*sig.field(&r.Metrics) = v
+				r.Used[sig.name] = s.String()
+				found = true
+				break
 			}
 		}
-		r.Missing = append(r.Missing, signal)
-		return balancer.Value{}
+		if !found {
+			r.Missing = append(r.Missing, sig.name)
+		}
 	}
-	m.Queued = read(SignalQueued, e.Queued, sumValues)
-	m.Running = read(SignalRunning, e.Running, sumValues)
-	m.KVUsage = read(SignalKVUsage, e.KVUsage, meanValues)
-	m.BlockSize = read(SignalBlockSize, e.BlockSize, func(s Spec, ms []*dto.Metric) (balancer.Value, bool) {
-		return aggregate(ms, e.BlockSizeLabel, slices.Max)
-	})
-	m.NumBlocks = read(SignalNumBlocks, e.NumBlocks, func(s Spec, ms []*dto.Metric) (balancer.Value, bool) {
-		return aggregate(ms, e.NumBlocksLabel, sum)
-	})
 	if len(e.LoRA) > 0 {
 		for _, s := range e.LoRA {
 			if series := matching(fams, s); len(series) > 0 {
-				m.LoRA = newestLoRA(series)
+				r.Metrics.LoRA = newestLoRA(series)
 				r.Used[SignalLoRA] = s.String()
 				break
 			}
 		}
-		if m.LoRA == nil {
+		if r.Metrics.LoRA == nil {
 			r.Missing = append(r.Missing, SignalLoRA)
 		}
 	}
@@ -95,11 +84,9 @@ func (e *Engine) Extract(page []byte, at time.Time) (Reading, error) {
 // filter keeps the lines of page that belong to families e reads: their
 // HELP and TYPE lines and samples whose metric name is exactly a needed
 // name. A needed histogram's _bucket, _sum and _count lines are dropped,
-// since their names differ. It returns the kept bytes and how many sample
-// lines they hold.
-func (e *Engine) filter(page []byte) ([]byte, int) {
+// since their names differ.
+func (e *Engine) filter(page []byte) []byte {
 	out := make([]byte, 0, 4<<10)
-	samples := 0
 	for len(page) > 0 {
 		line := page
 		if i := bytes.IndexByte(page, '\n'); i >= 0 {
@@ -116,17 +103,9 @@ func (e *Engine) filter(page []byte) ([]byte, int) {
 			}
 			name = f[1]
 		} else {
-			n := nameLen(string(t)) // metric names are ASCII
-			if n == 0 {
-				continue
-			}
-			name = t[:n]
-			samples++
+			name = t[:nameLen(string(t))] // metric names are ASCII
 		}
-		if !e.needed[string(name)] {
-			if t[0] != '#' {
-				samples--
-			}
+		if len(name) == 0 || !e.needed[string(name)] {
 			continue
 		}
 		out = append(out, line...)
@@ -134,7 +113,7 @@ func (e *Engine) filter(page []byte) ([]byte, int) {
 			out = append(out, '\n')
 		}
 	}
-	return out, samples
+	return out
 }
 
 // hasSample reports whether page has at least one line that is not blank
@@ -203,17 +182,7 @@ func sum(vs []float64) float64 {
 	return t
 }
 
-// sumValues adds the series: one per data-parallel rank, or one per LoRA
-// adapter's model_name, together make the server's count.
-func sumValues(_ Spec, ms []*dto.Metric) (balancer.Value, bool) {
-	return aggregate(ms, "", sum)
-}
-
-// meanValues averages the series: a KV-cache fraction over several ranks is
-// their mean, never their sum.
-func meanValues(_ Spec, ms []*dto.Metric) (balancer.Value, bool) {
-	return aggregate(ms, "", func(vs []float64) float64 { return sum(vs) / float64(len(vs)) })
-}
+func mean(vs []float64) float64 { return sum(vs) / float64(len(vs)) }
 
 // aggregate folds the series' values, or the numeric value of their label
 // when label is set (an info gauge such as vllm:cache_config_info). Series

@@ -106,18 +106,6 @@ func ParseAlternatives(s string) (Alternatives, error) {
 	}
 }
 
-// ParseSpec parses one `name{label=value,...}`.
-func ParseSpec(s string) (Spec, error) {
-	spec, rest, err := parseSpec(s)
-	if err != nil {
-		return Spec{}, err
-	}
-	if strings.TrimSpace(rest) != "" {
-		return Spec{}, fmt.Errorf("spec %q: unexpected %q after the spec", s, strings.TrimSpace(rest))
-	}
-	return spec, nil
-}
-
 var errEmptySpec = errors.New("empty spec")
 
 // parseSpec reads one spec from the front of s and returns what follows it.

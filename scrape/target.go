@@ -314,25 +314,6 @@ func (t *Target) reportMissing(r Reading) {
 	t.missing = slices.Clone(r.Missing)
 }
 
-// spec returns the spec string of a signal, for messages.
-func (e *Engine) spec(signal string) string {
-	switch signal {
-	case SignalQueued:
-		return e.Queued.String()
-	case SignalRunning:
-		return e.Running.String()
-	case SignalKVUsage:
-		return e.KVUsage.String()
-	case SignalBlockSize:
-		return e.BlockSize.String()
-	case SignalNumBlocks:
-		return e.NumBlocks.String()
-	case SignalLoRA:
-		return e.LoRA.String()
-	}
-	return ""
-}
-
 // Fetch GETs the metrics page at u and extracts e's signals from it, as a
 // backend's scrape loop does; `llmlb probe` uses it.
 func Fetch(ctx context.Context, client *http.Client, u string, e *Engine, timeout time.Duration) (Reading, error) {

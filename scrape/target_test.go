@@ -212,7 +212,7 @@ func TestValidateBackendsNamesEachField(t *testing.T) {
 		{DNS: "x", Ports: []int{8000, 70000}, ActivePorts: map[string][]int{"10.0.0.1": {8001}}, Scheme: "ftp"},
 		{URL: "http://d", DNS: "d"},
 		{URL: "http://e", Ports: []int{1}},
-	}, Engines)
+	}, engineSet(t, nil).Names())
 	if err == nil {
 		t.Fatal("no error")
 	}
@@ -235,7 +235,7 @@ func TestValidateBackendsNamesEachField(t *testing.T) {
 			t.Errorf("missing %q in:\n%v", want, err)
 		}
 	}
-	if err := ValidateBackends([]BackendConfig{{URL: "https://x:1", Engine: "sglang"}, {DNS: "vllm", Ports: []int{8000}}, {SRV: "_v._tcp.x"}}, Engines); err != nil {
+	if err := ValidateBackends([]BackendConfig{{URL: "https://x:1", Engine: "sglang"}, {DNS: "vllm", Ports: []int{8000}}, {SRV: "_v._tcp.x"}}, engineSet(t, nil).Names()); err != nil {
 		t.Errorf("valid backend refused: %v", err)
 	}
 }
