@@ -1,0 +1,330 @@
+// Package prefix turns prompts into canonical bytes, cuts them into chained
+// block hashes and keeps an approximate index of which backend holds which
+// blocks in its prefix cache. It knows nothing of HTTP or of backends beyond
+// the small integer slot the balancer gives each one.
+//
+// The balancer never sees a server's cache; the index remembers what was
+// sent where. Two requests share a cached prefix on a server exactly when
+// the engine's chat template renders them to the same leading tokens, so
+// the canonical form keeps everything a template renders (roles, names,
+// every content part, tool calls and tool definitions) in order, and
+// nothing a template ignores (JSON key order, whitespace).
+package prefix
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// FormatError is a prompt or message list that cannot be a valid request.
+// Field names the request field ("prompt", "messages", "tools").
+type FormatError struct {
+	Field string
+	Msg   string
+}
+
+func (e *FormatError) Error() string { return e.Field + ": " + e.Msg }
+
+func formatErr(field, format string, args ...any) error {
+	return &FormatError{Field: field, Msg: fmt.Sprintf(format, args...)}
+}
+
+// Separators in canonical bytes. They are ASCII control characters that
+// JSON-decoded text can contain too, but every variable-length field is
+// followed by one, and a field's bytes are written with its length first, so
+// two different messages lists can never produce the same bytes.
+const (
+	recordSep = 0x1e // ends a message, a tool definition or a prompt
+	unitSep   = 0x1f // ends a field inside a record
+)
+
+// AppendCompletion appends the canonical bytes of a /v1/completions
+// "prompt" value to dst: a string is its UTF-8 text; a list of strings is
+// each text followed by a record separator; token ids are 4 bytes each,
+// little-endian (about the 4 bytes a token of text takes, so block sizes
+// mean the same), with a record separator after each list. An empty or
+// ill-typed prompt is a [*FormatError].
+func AppendCompletion(dst []byte, prompt json.RawMessage) ([]byte, error) {
+	prompt = bytes.TrimSpace(prompt)
+	if len(prompt) == 0 || string(prompt) == "null" {
+		return dst, formatErr("prompt", "You must provide a prompt.")
+	}
+	switch prompt[0] {
+	case '"':
+		var s string
+		if err := json.Unmarshal(prompt, &s); err != nil {
+			return dst, formatErr("prompt", "prompt must be a string, a list of strings or a list of token ids.")
+		}
+		if s == "" {
+			return dst, formatErr("prompt", "prompt must not be empty.")
+		}
+		return append(dst, s...), nil
+	case '[':
+	default:
+		return dst, formatErr("prompt", "prompt must be a string, a list of strings or a list of token ids.")
+	}
+	var list []json.RawMessage
+	if err := json.Unmarshal(prompt, &list); err != nil {
+		return dst, formatErr("prompt", "prompt must be a string, a list of strings or a list of token ids.")
+	}
+	if len(list) == 0 {
+		return dst, formatErr("prompt", "prompt must not be empty.")
+	}
+	switch first := bytes.TrimSpace(list[0]); {
+	case len(first) > 0 && first[0] == '"':
+		var strs []string
+		if err := json.Unmarshal(prompt, &strs); err != nil {
+			return dst, formatErr("prompt", "prompt must be a string, a list of strings or a list of token ids.")
+		}
+		for _, s := range strs {
+			if s == "" {
+				return dst, formatErr("prompt", "prompt must not contain empty strings.")
+			}
+			dst = append(dst, s...)
+			dst = append(dst, recordSep)
+		}
+		return dst, nil
+	case len(first) > 0 && first[0] == '[':
+		var nested [][]int64
+		if err := json.Unmarshal(prompt, &nested); err != nil {
+			return dst, formatErr("prompt", "prompt must be a string, a list of strings or a list of token ids.")
+		}
+		for _, ids := range nested {
+			if len(ids) == 0 {
+				return dst, formatErr("prompt", "prompt must not contain empty token lists.")
+			}
+			dst = appendTokens(dst, ids)
+			dst = append(dst, recordSep)
+		}
+		return dst, nil
+	default:
+		var ids []int64
+		if err := json.Unmarshal(prompt, &ids); err != nil {
+			return dst, formatErr("prompt", "prompt must be a string, a list of strings or a list of token ids.")
+		}
+		return appendTokens(dst, ids), nil
+	}
+}
+
+func appendTokens(dst []byte, ids []int64) []byte {
+	for _, id := range ids {
+		dst = binary.LittleEndian.AppendUint32(dst, uint32(id))
+	}
+	return dst
+}
+
+// message is the part of a chat message that a chat template renders.
+type message struct {
+	Role       *string         `json:"role"`
+	Name       string          `json:"name"`
+	ToolCallID string          `json:"tool_call_id"`
+	Content    json.RawMessage `json:"content"`
+	ToolCalls  []toolCall      `json:"tool_calls"`
+	// Reasoning content some servers accept back in assistant turns.
+	ReasoningContent string `json:"reasoning_content"`
+}
+
+type toolCall struct {
+	ID       string `json:"id"`
+	Type     string `json:"type"`
+	Function struct {
+		Name      string          `json:"name"`
+		Arguments json.RawMessage `json:"arguments"`
+	} `json:"function"`
+}
+
+type contentPart struct {
+	Type     string `json:"type"`
+	Text     string `json:"text"`
+	ImageURL *struct {
+		URL string `json:"url"`
+	} `json:"image_url"`
+}
+
+// AppendChat appends the canonical bytes of a chat request to dst: first the
+// tool definitions (templates render them into the system turn, so they come
+// before every message), each as JSON with sorted keys; then every message in
+// order: its role, name and tool_call_id, its content (a string, or each
+// part: text as text, an image by its URL, any other part as sorted JSON),
+// any reasoning content, and its tool calls (id, function name, arguments).
+// Each field is length-prefixed, so the encoding is unambiguous; nothing
+// depends on key order or whitespace in the request. A message list that is
+// not a non-empty list of objects with roles is a [*FormatError].
+func AppendChat(dst []byte, messages, tools json.RawMessage) ([]byte, error) {
+	messages = bytes.TrimSpace(messages)
+	if len(messages) == 0 || string(messages) == "null" {
+		return dst, formatErr("messages", "You must provide messages.")
+	}
+	var msgs []message
+	if err := json.Unmarshal(messages, &msgs); err != nil {
+		return dst, formatErr("messages", "messages must be a list of message objects.")
+	}
+	if len(msgs) == 0 {
+		return dst, formatErr("messages", "messages must not be empty.")
+	}
+	for _, m := range msgs {
+		if m.Role == nil || *m.Role == "" {
+			return dst, formatErr("messages", "every message needs a role.")
+		}
+	}
+	tools = bytes.TrimSpace(tools)
+	if len(tools) > 0 && string(tools) != "null" {
+		var defs []json.RawMessage
+		if err := json.Unmarshal(tools, &defs); err != nil {
+			return dst, formatErr("tools", "tools must be a list of tool objects.")
+		}
+		for _, d := range defs {
+			var err error
+			if dst, err = appendSorted(append(dst, 't'), d); err != nil {
+				return dst, formatErr("tools", "tools must be a list of tool objects.")
+			}
+			dst = append(dst, recordSep)
+		}
+	}
+	for _, m := range msgs {
+		dst = appendField(append(dst, 'm'), *m.Role)
+		dst = appendField(dst, m.Name)
+		dst = appendField(dst, m.ToolCallID)
+		var err error
+		if dst, err = appendContent(dst, m.Content); err != nil {
+			return dst, err
+		}
+		dst = appendField(dst, m.ReasoningContent)
+		for _, tc := range m.ToolCalls {
+			dst = appendField(append(dst, 'c'), tc.ID)
+			dst = appendField(dst, tc.Function.Name)
+			dst = appendField(dst, argumentsText(tc.Function.Arguments))
+		}
+		dst = append(dst, recordSep)
+	}
+	return dst, nil
+}
+
+// appendField writes s with its length first, then a unit separator.
+func appendField(dst []byte, s string) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(s)))
+	dst = append(dst, s...)
+	return append(dst, unitSep)
+}
+
+// appendContent writes a message's content: a string, null, or a list of
+// parts.
+func appendContent(dst []byte, raw json.RawMessage) ([]byte, error) {
+	raw = bytes.TrimSpace(raw)
+	switch {
+	case len(raw) == 0 || string(raw) == "null":
+		return append(dst, 'n', unitSep), nil
+	case raw[0] == '"':
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return dst, formatErr("messages", "message content must be a string or a list of content parts.")
+		}
+		return appendField(append(dst, 's'), s), nil
+	case raw[0] == '[':
+	default:
+		return dst, formatErr("messages", "message content must be a string or a list of content parts.")
+	}
+	var parts []json.RawMessage
+	if err := json.Unmarshal(raw, &parts); err != nil {
+		return dst, formatErr("messages", "message content must be a string or a list of content parts.")
+	}
+	for _, p := range parts {
+		var cp contentPart
+		if err := json.Unmarshal(p, &cp); err != nil {
+			return dst, formatErr("messages", "every content part must be an object with a type.")
+		}
+		switch {
+		case cp.Type == "text":
+			dst = appendField(append(dst, 'p'), cp.Text)
+		case cp.Type == "image_url" && cp.ImageURL != nil:
+			dst = appendField(append(dst, 'i'), cp.ImageURL.URL)
+		default:
+			var err error
+			if dst, err = appendSorted(append(dst, 'o'), p); err != nil {
+				return dst, formatErr("messages", "every content part must be an object with a type.")
+			}
+			dst = append(dst, unitSep)
+		}
+	}
+	return dst, nil
+}
+
+// argumentsText returns a tool call's arguments: OpenAI sends a JSON string
+// holding JSON; some clients send the object itself.
+func argumentsText(raw json.RawMessage) string {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) > 0 && raw[0] == '"' {
+		var s string
+		if json.Unmarshal(raw, &s) == nil {
+			return s
+		}
+	}
+	var b []byte
+	b, _ = appendSorted(b, raw)
+	return string(b)
+}
+
+// appendSorted writes raw JSON re-encoded with object keys sorted and no
+// insignificant whitespace; numbers keep their text.
+func appendSorted(dst []byte, raw json.RawMessage) ([]byte, error) {
+	if len(bytes.TrimSpace(raw)) == 0 {
+		return dst, nil
+	}
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.UseNumber()
+	var v any
+	if err := d.Decode(&v); err != nil {
+		return dst, err
+	}
+	return appendValue(dst, v), nil
+}
+
+func appendValue(dst []byte, v any) []byte {
+	switch x := v.(type) {
+	case map[string]any:
+		keys := make([]string, 0, len(x))
+		for k := range x {
+			keys = append(keys, k)
+		}
+		slices.SortFunc(keys, strings.Compare)
+		dst = append(dst, '{')
+		for i, k := range keys {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = appendJSONString(dst, k)
+			dst = append(dst, ':')
+			dst = appendValue(dst, x[k])
+		}
+		return append(dst, '}')
+	case []any:
+		dst = append(dst, '[')
+		for i, e := range x {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = appendValue(dst, e)
+		}
+		return append(dst, ']')
+	case string:
+		return appendJSONString(dst, x)
+	case json.Number:
+		return append(dst, x...)
+	case bool:
+		if x {
+			return append(dst, "true"...)
+		}
+		return append(dst, "false"...)
+	default:
+		return append(dst, "null"...)
+	}
+}
+
+func appendJSONString(dst []byte, s string) []byte {
+	b, _ := json.Marshal(s)
+	return append(dst, b...)
+}
