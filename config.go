@@ -15,6 +15,8 @@ import (
 	"github.com/go-viper/mapstructure/v2"
 	"github.com/spf13/viper"
 
+	"github.com/llmlb/llmlb/balancer"
+	"github.com/llmlb/llmlb/prefix"
 	"github.com/llmlb/llmlb/proxy"
 	"github.com/llmlb/llmlb/scrape"
 )
@@ -36,6 +38,13 @@ type Config struct {
 	Proxy proxy.Config `mapstructure:"proxy"`
 	// Scrape tunes health checks and model discovery.
 	Scrape scrape.Config `mapstructure:"scrape"`
+	// Balancer chooses the routing policy and tunes saturation, admission
+	// and session affinity.
+	Balancer balancer.Config `mapstructure:"balancer"`
+	// Prefix tunes prompt block hashing and the prefix-cache index.
+	Prefix prefix.Config `mapstructure:"prefix"`
+	// Models are aliases and weighted splits of public model names.
+	Models []balancer.ModelRoute `mapstructure:"models"`
 	// Engines adds engine rows or overrides fields of the built-in ones.
 	Engines map[string]scrape.EngineConfig `mapstructure:"engines"`
 	// Backends are the model servers.
@@ -67,6 +76,8 @@ func DefaultConfig() Config {
 		Log:           LogConfig{Level: "info", Format: "text"},
 		Proxy:         proxy.DefaultConfig(),
 		Scrape:        scrape.DefaultConfig(),
+		Balancer:      balancer.DefaultConfig(),
+		Prefix:        prefix.DefaultConfig(),
 	}
 }
 
@@ -100,7 +111,8 @@ func (c Config) Validate() error {
 	if len(c.Backends) == 0 {
 		errs = append(errs, errors.New("backends: at least one backend is required"))
 	}
-	errs = append(errs, c.Proxy.Validate(), c.Scrape.Validate(), scrape.ValidateBackends(c.Backends, engines.Names()))
+	errs = append(errs, c.Proxy.Validate(), c.Scrape.Validate(), scrape.ValidateBackends(c.Backends, engines.Names()),
+		c.Balancer.Validate(), c.Prefix.Validate(), balancer.ValidateModels(c.Models))
 	return errors.Join(errs...)
 }
 
@@ -163,6 +175,12 @@ func loadConfig(path string, getenv func(string) string) (Config, error) {
 	problems = append(problems, decodeProblems(err, leaves)...)
 	if len(problems) > 0 {
 		return Config{}, &ConfigError{File: path, Problems: problems}
+	}
+	cfg.Balancer.MaxCandidates = min(cfg.Proxy.MaxAttempts, 8)
+	// The epp preset scrapes every 50ms, as the endpoint picker does,
+	// unless the file or the environment says otherwise.
+	if cfg.Balancer.Policy == "epp" && !v.InConfig("scrape.interval") && getenv("LLMLB_SCRAPE_INTERVAL") == "" {
+		cfg.Scrape.Interval = 50 * time.Millisecond
 	}
 	if err := cfg.Validate(); err != nil {
 		return Config{}, &ConfigError{File: path, Problems: unjoin(err)}

@@ -28,6 +28,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/llmlb/llmlb/balancer"
+	"github.com/llmlb/llmlb/prefix"
 	"github.com/llmlb/llmlb/proxy"
 	"github.com/llmlb/llmlb/scrape"
 	"github.com/llmlb/llmlb/sim"
@@ -172,7 +173,10 @@ func start(ctx context.Context, cfg Config, stderr io.Writer) (*instance, error)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	bal := balancer.New(logger)
+	bal, err := newBalancer(cfg, reg, logger)
+	if err != nil {
+		return nil, err
+	}
 	engines, err := scrape.NewEngineSet(cfg.Engines)
 	if err != nil {
 		return nil, err
@@ -317,4 +321,32 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	wg.Wait()
 	return nil
+}
+
+// newBalancer builds the balancer for cfg's policy with the prefix index or
+// tree it needs, and registers the index's size metrics on reg.
+func newBalancer(cfg Config, reg prometheus.Registerer, logger *slog.Logger) (*balancer.Balancer, error) {
+	var deps balancer.Deps
+	pcfg := cfg.Prefix
+	if cfg.Balancer.Policy == "epp" {
+		// The endpoint picker's prefix plugin defaults: 64-byte blocks, at
+		// most 256 per prompt, 31,250 entries per server.
+		pcfg = prefix.Config{BlockBytes: 64, MaxBlocks: 256, FallbackEntries: 31250}
+	}
+	idx := prefix.NewIndex(pcfg)
+	deps.Index = idx
+	if cfg.Balancer.Policy == "sglang-cache-aware" {
+		deps.Tree = prefix.NewTree(cfg.Balancer.SGLang.MaxTreeBytes)
+	}
+	if reg != nil {
+		reg.MustRegister(
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "llmlb_prefix_index_entries", Help: "Prompt blocks the prefix-cache index remembers, over all backends."},
+				func() float64 { n, _ := idx.Stats(); return float64(n) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "llmlb_prefix_index_bytes", Help: "Estimated memory of the prefix-cache index (entries × prefix.EntryBytes)."},
+				func() float64 { _, b := idx.Stats(); return float64(b) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "llmlb_prefix_block_bytes", Help: "Bytes of canonical prompt per hashed block (auto-tuned from the engines' cache block size unless set)."},
+				func() float64 { return float64(idx.BlockBytes()) }),
+		)
+	}
+	return balancer.New(cfg.Balancer, deps, cfg.Models, logger)
 }

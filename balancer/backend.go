@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -86,7 +87,15 @@ type Backend struct {
 	// Ledger holds the counters that outlive snapshots. Never nil in a
 	// published snapshot.
 	Ledger *Ledger
+
+	slot   int    // the backend's small integer in prefix indexes, stable while it exists
+	idHash uint64 // hash of ID, for ties and rings
+	mark   mark   // Ledger's counts when Metrics was read
 }
+
+// Slot returns the backend's index slot: a small integer, unique among the
+// backends that exist, reused after one is removed.
+func (b *Backend) Slot() int { return b.slot }
 
 // Value is a scraped reading that may be unknown: a signal the engine does
 // not export, or one not read yet, is unknown, never 0.
@@ -161,6 +170,30 @@ type Ledger struct {
 	failures atomic.Int64 // requests that failed at the transport or with 5xx
 	streak   atomic.Int64 // consecutive failures since the last success
 	ttftBits atomic.Uint64
+
+	// Monotonic counts the scrape-time mark is taken of, so that what was
+	// sent since the last scrape can be added to the scraped values.
+	started   atomic.Int64 // requests attached
+	prefilled atomic.Int64 // requests that left the queue: first byte, or ended without one
+	finished  atomic.Int64 // requests released
+	// Levels of the requests in flight.
+	pending       atomic.Int64 // requests without a first byte yet
+	pendingTokens atomic.Int64 // their uncached prompt tokens
+	openTokens    atomic.Int64 // KV tokens of requests in flight: uncached prompt plus decode
+
+	est estimator
+
+	amu      sync.Mutex
+	adapters map[string]int // guarded by amu; LoRA adapters in flight
+}
+
+// mark is a ledger's monotonic counts at one moment.
+type mark struct {
+	started, prefilled, finished, openTokens int64
+}
+
+func (l *Ledger) mark() mark {
+	return mark{started: l.started.Load(), prefilled: l.prefilled.Load(), finished: l.finished.Load(), openTokens: l.openTokens.Load()}
 }
 
 // InFlight returns the number of requests sent to the backend and not yet
@@ -172,6 +205,48 @@ func (l *Ledger) Total() int64 { return l.total.Load() }
 
 // Failures returns the number of requests to the backend that failed.
 func (l *Ledger) Failures() int64 { return l.failures.Load() }
+
+// Pending returns the requests sent that have not produced a first byte,
+// and their uncached prompt tokens.
+func (l *Ledger) Pending() (requests, tokens int64) {
+	return l.pending.Load(), l.pendingTokens.Load()
+}
+
+// AdapterInFlight reports whether a request for the LoRA adapter is in
+// flight on the backend: the server has it loaded, whatever its last
+// scrape said.
+func (l *Ledger) AdapterInFlight(name string) bool {
+	l.amu.Lock()
+	defer l.amu.Unlock()
+	return l.adapters[name] > 0
+}
+
+// adaptersInFlight appends the adapters in flight to dst.
+func (l *Ledger) adaptersInFlight(dst []string) []string {
+	l.amu.Lock()
+	defer l.amu.Unlock()
+	for a, n := range l.adapters {
+		if n > 0 {
+			dst = append(dst, a)
+		}
+	}
+	return dst
+}
+
+func (l *Ledger) addAdapter(name string, d int) {
+	if name == "" {
+		return
+	}
+	l.amu.Lock()
+	defer l.amu.Unlock()
+	if l.adapters == nil {
+		l.adapters = make(map[string]int)
+	}
+	l.adapters[name] += d
+	if l.adapters[name] <= 0 {
+		delete(l.adapters, name)
+	}
+}
 
 // TTFB returns the backend's smoothed time to first byte, or 0 before the
 // first sample.
@@ -221,3 +296,85 @@ func (l *Ledger) FailureStreak() int64 { return l.streak.Load() }
 // ResetFailureStreak forgets the current streak, when a backend that was
 // ejected answers its health check again.
 func (l *Ledger) ResetFailureStreak() { l.streak.Store(0) }
+
+// Estimate is a backend's learned first-token model: TTFT = Base +
+// work/Rate + queued×QueueWait, where work is the prefill tokens ahead of
+// and in the request.
+type Estimate struct {
+	Base      float64 `json:"base_seconds"`
+	Rate      float64 `json:"prefill_tokens_per_second"`
+	QueueWait float64 `json:"queue_wait_seconds"`
+	Samples   int64   `json:"samples"`
+}
+
+// Estimate returns the backend's learned first-token model; zero fields
+// are not learned yet.
+func (l *Ledger) Estimate() Estimate { return l.est.load() }
+
+// estimator learns Base and 1/Rate by exponentially weighted least squares
+// over (work, TTFT) samples taken with no queue ahead, and QueueWait as the
+// smoothed residual per queued request of samples taken with one. Readers
+// use the atomics; writers (first bytes) hold mu.
+type estimator struct {
+	base, invRate, wait atomic.Uint64 // float64 bits; 0 = not learned
+	samples             atomic.Int64
+
+	mu                  sync.Mutex
+	n, sx, sy, sxx, sxy float64 // guarded by mu; decayed sums
+}
+
+// estDecay weighs old samples: about the last 20 dominate.
+const estDecay = 0.95
+
+func (e *estimator) load() Estimate {
+	inv := math.Float64frombits(e.invRate.Load())
+	r := 0.0
+	if inv > 0 {
+		r = 1 / inv
+	}
+	return Estimate{Base: math.Float64frombits(e.base.Load()), Rate: r, QueueWait: math.Float64frombits(e.wait.Load()), Samples: e.samples.Load()}
+}
+
+// observe folds in one first byte: work prefill tokens (ahead and own),
+// queued requests ahead, and the time it took.
+func (e *estimator) observe(work, queued, ttft, defInv, defBase float64) {
+	if ttft <= 0 || math.IsNaN(work) {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.samples.Add(1)
+	inv := math.Float64frombits(e.invRate.Load())
+	if inv == 0 {
+		inv = defInv
+	}
+	base := math.Float64frombits(e.base.Load())
+	if e.n == 0 && base == 0 {
+		base = defBase
+	}
+	if queued >= 0.5 {
+		// Time beyond the prefill model is waiting for a slot.
+		w := max(0, ttft-base-work*inv) / queued
+		old := math.Float64frombits(e.wait.Load())
+		if old != 0 {
+			w = old + 0.2*(w-old)
+		}
+		e.wait.Store(math.Float64bits(max(w, 1e-9)))
+		return
+	}
+	e.n = e.n*estDecay + 1
+	e.sx = e.sx*estDecay + work
+	e.sy = e.sy*estDecay + ttft
+	e.sxx = e.sxx*estDecay + work*work
+	e.sxy = e.sxy*estDecay + work*ttft
+	mx, my := e.sx/e.n, e.sy/e.n
+	varX := e.sxx/e.n - mx*mx
+	if e.n >= 3 && varX > 1e-6*mx*mx+1 {
+		if slope := (e.sxy/e.n - mx*my) / varX; slope > 0 {
+			inv = min(max(slope, 1e-7), 1e-1) // 10 to 10M tokens/s
+		}
+	}
+	base = max(0, my-inv*mx)
+	e.invRate.Store(math.Float64bits(inv))
+	e.base.Store(math.Float64bits(max(base, 1e-9)))
+}

@@ -4,11 +4,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net/url"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/cespare/xxhash/v2"
+	lru "github.com/hashicorp/golang-lru/v2"
 )
 
 // ErrNoBackend is returned by [Balancer.Pick] when no backend can take the
@@ -18,6 +23,50 @@ var ErrNoBackend = errors.New("no backend available")
 // ErrUnknownModel is returned by [Balancer.Pick] when no backend serves the
 // requested model and every backend's model list is known.
 var ErrUnknownModel = errors.New("unknown model")
+
+// PrefixIndex is what the balancer needs of an approximate prefix-cache
+// index (prefix.Index): hash a prompt into blocks, tell how many leading
+// blocks each backend slot holds, and remember what was sent where.
+type PrefixIndex interface {
+	AppendHashes(dst []uint64, seed uint64, prompt []byte) []uint64
+	Match(hashes []uint64, dst []int32) int
+	Insert(slot int, hashes []uint64)
+	Resize(slot, blockTokens, numBlocks int)
+	Forget(slot int)
+	BlockTokens() int
+}
+
+// TextTree is a character prefix tree shared by backend slots
+// (prefix.Tree), for the sglang-cache-aware preset.
+type TextTree interface {
+	Match(text []byte, dst []int32) int
+	Insert(slot int, text []byte)
+	Size(slot int) int
+	Forget(slot int)
+}
+
+// Oracle tells the prompt tokens a backend really holds in its prefix cache
+// for a request. Only a simulator knows; the oracle policy uses it as the
+// upper bound in benchmarks.
+type Oracle interface {
+	CachedTokens(be *Backend, req *Request) int
+}
+
+// Deps are what a Balancer is built with besides its Config.
+type Deps struct {
+	// Index serves the prefix-aware policies (ttft, epp). Nil disables
+	// prefix matching.
+	Index PrefixIndex
+	// Tree serves sglang-cache-aware. Required by it.
+	Tree TextTree
+	// Oracle makes the policy "oracle" available; nil otherwise.
+	Oracle Oracle
+	// Rand returns uniformly random numbers and must be safe for
+	// concurrent use. Nil uses math/rand/v2.
+	Rand func() uint64
+	// Now tells the time. Nil uses time.Now.
+	Now func() time.Time
+}
 
 // Spec is what a writer knows about one backend: its identity and what it
 // serves. [Balancer.Update] turns specs into snapshot entries.
@@ -40,43 +89,93 @@ type Snapshot struct {
 	Backends []*Backend
 	// Built is when the snapshot was published.
 	Built time.Time
+
+	gen   uint64 // changes when the set of backend IDs changes
+	slots int    // highest slot in use plus one
 }
 
-// Balancer publishes snapshots and picks backends. Pick and Snapshot may be
-// called concurrently from any goroutine and never block; Update calls are
-// serialised by an internal mutex.
+// Balancer publishes snapshots and picks backends. Pick, PickWait, Explain
+// and Snapshot may be called concurrently from any goroutine; Pick never
+// blocks on I/O or on writers. Update and Remove calls are serialised by an
+// internal mutex.
 type Balancer struct {
-	logger *slog.Logger
-	now    func() time.Time
+	// immutable after New
+	cfg      Config
+	logger   *slog.Logger
+	now      func() time.Time
+	rand     func() uint64
+	pol      *policy
+	adm      *admission
+	sessions *lru.Cache[string, string] // nil when session affinity is off
+	routes   map[string]*route
+	pool     sync.Pool // *scratch
 
 	snap atomic.Pointer[Snapshot]
+	rr   atomic.Uint64 // round-robin position
+	ring atomic.Pointer[ring]
 
-	mu      sync.Mutex          // serialises writers
-	ledgers map[string]*Ledger  // guarded by mu; by backend ID, kept while the backend exists
-	current map[string]*Backend // guarded by mu; the published backends by ID
+	mu        sync.Mutex          // serialises writers
+	ledgers   map[string]*Ledger  // guarded by mu; by backend ID, kept while the backend exists
+	current   map[string]*Backend // guarded by mu; the published backends by ID
+	slots     map[string]int      // guarded by mu
+	freeSlots []int               // guarded by mu
+	nextSlot  int                 // guarded by mu
+	gen       uint64              // guarded by mu
 }
 
-// New returns a Balancer with an empty snapshot. A nil logger discards.
-func New(logger *slog.Logger) *Balancer {
+// New returns a Balancer with an empty snapshot running cfg's policy. A nil
+// logger discards. cfg must have passed Validate; the only error is a
+// policy that needs a dependency deps lacks.
+func New(cfg Config, deps Deps, models []ModelRoute, logger *slog.Logger) (*Balancer, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
+	if deps.Rand == nil {
+		deps.Rand = rand.Uint64
+	}
+	if deps.Now == nil {
+		deps.Now = time.Now
+	}
+	if cfg.MaxCandidates < 1 || cfg.MaxCandidates > maxCandidates {
+		cfg.MaxCandidates = min(max(cfg.MaxCandidates, 1), maxCandidates)
+	}
 	b := &Balancer{
+		cfg:     cfg,
 		logger:  logger,
-		now:     time.Now,
+		now:     deps.Now,
+		rand:    deps.Rand,
 		ledgers: make(map[string]*Ledger),
 		current: make(map[string]*Backend),
+		slots:   make(map[string]int),
+		routes:  newRoutes(models),
 	}
+	pol, err := newPolicy(b, cfg, deps)
+	if err != nil {
+		return nil, err
+	}
+	b.pol = pol
+	b.adm = newAdmission(cfg.Admission)
+	if cfg.Session.Header != "" {
+		b.sessions, _ = lru.New[string, string](cfg.Session.MaxSessions)
+	}
+	b.pool.New = func() any { return new(scratch) }
 	b.snap.Store(&Snapshot{Built: b.now()})
-	return b
+	return b, nil
 }
+
+// Config returns the configuration b runs with.
+func (b *Balancer) Config() Config { return b.cfg }
+
+// Policy returns the name of the policy b runs.
+func (b *Balancer) Policy() string { return b.pol.name }
 
 // Snapshot returns the current snapshot. Never nil.
 func (b *Balancer) Snapshot() *Snapshot { return b.snap.Load() }
 
 // Update replaces the state of the backends named in specs and publishes a new
 // snapshot. Backends not named keep their state. A backend whose state changes
-// is logged once.
+// is logged once. A new metrics reading takes a mark of the backend's
+// ledger, so what is sent after it is added to what it says.
 func (b *Balancer) Update(specs ...Spec) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -97,14 +196,29 @@ func (b *Balancer) Update(specs ...Spec) {
 			Since:    now,
 			Ledger:   l,
 		}
-		if old != nil && old.State == s.State {
-			nb.Since = old.Since
-		} else if old == nil || old.State != s.State {
+		if old != nil {
+			nb.slot, nb.idHash, nb.mark = old.slot, old.idHash, old.mark
+			if old.State == s.State {
+				nb.Since = old.Since
+			}
+		} else {
+			nb.slot = b.slotLocked(s.ID)
+			nb.idHash = xxhash.Sum64String(s.ID)
+			b.gen++
+		}
+		if old == nil || old.State != s.State {
 			b.logger.Debug("backend state", "backend", s.ID, "state", s.State.String())
+		}
+		if old == nil || !s.Metrics.At.Equal(old.Metrics.At) {
+			nb.mark = l.mark()
+		}
+		if b.pol.sizeIndex && (old == nil || old.Metrics.BlockSize != s.Metrics.BlockSize || old.Metrics.NumBlocks != s.Metrics.NumBlocks) {
+			b.pol.index.Resize(nb.slot, int(s.Metrics.BlockSize.V), int(s.Metrics.NumBlocks.V))
 		}
 		b.current[s.ID] = nb
 	}
 	b.publishLocked(now)
+	b.adm.notify() // new readings may show capacity
 }
 
 // Ledger returns the ledger of the backend named id, making it if the
@@ -126,16 +240,40 @@ func (b *Balancer) ledgerLocked(id string) *Ledger {
 	return l
 }
 
+// slotLocked gives id the lowest free slot. Caller must hold b.mu.
+func (b *Balancer) slotLocked(id string) int {
+	if s, ok := b.slots[id]; ok {
+		return s
+	}
+	var s int
+	if n := len(b.freeSlots); n > 0 {
+		slices.Sort(b.freeSlots)
+		s, b.freeSlots = b.freeSlots[0], b.freeSlots[1:]
+	} else {
+		s = b.nextSlot
+		b.nextSlot++
+	}
+	b.slots[id] = s
+	return s
+}
+
 // Remove drops backends from the set. Requests already in flight to them keep
 // their ledger and finish normally. Callers that want in-flight requests to
 // drain first mark the backend [StateDraining] and remove it when its
-// in-flight count reaches zero.
+// in-flight count reaches zero. What the prefix index remembers of a
+// removed backend is forgotten.
 func (b *Balancer) Remove(ids ...string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for _, id := range ids {
 		if _, ok := b.current[id]; ok {
 			b.logger.Info("backend removed", "backend", id)
+			b.gen++
+		}
+		if s, ok := b.slots[id]; ok {
+			b.pol.forget(s)
+			b.freeSlots = append(b.freeSlots, s)
+			delete(b.slots, id)
 		}
 		delete(b.current, id)
 		delete(b.ledgers, id)
@@ -150,101 +288,72 @@ func (b *Balancer) publishLocked(now time.Time) {
 	for _, be := range b.current {
 		backends = append(backends, be)
 	}
-	slices.SortFunc(backends, func(x, y *Backend) int {
-		switch {
-		case x.ID < y.ID:
-			return -1
-		case x.ID > y.ID:
-			return 1
-		}
-		return 0
-	})
-	b.snap.Store(&Snapshot{Backends: backends, Built: now})
+	slices.SortFunc(backends, func(x, y *Backend) int { return strings.Compare(x.ID, y.ID) })
+	b.snap.Store(&Snapshot{Backends: backends, Built: now, gen: b.gen, slots: b.nextSlot})
 }
 
-// Request is what the picker needs to know about one request.
-type Request struct {
-	// Model is the model name the request asks for.
-	Model string
+// route is a public model name's targets with cumulative weights.
+type route struct {
+	targets  []string
+	cum      []float64
+	priority int
 }
 
-// Decision is the outcome of [Balancer.Pick].
-type Decision struct {
-	// Candidates are the backends to try, best first. Never empty when Pick
-	// returns a nil error.
-	Candidates []*Backend
-	// Reason says why the first candidate was chosen, for the
-	// x-llmlb-reason header.
-	Reason string
+func newRoutes(models []ModelRoute) map[string]*route {
+	m := make(map[string]*route, len(models))
+	for _, r := range models {
+		rt := &route{priority: r.Priority}
+		sum := 0.0
+		for _, t := range r.Targets {
+			w := t.Weight
+			if len(r.Targets) == 1 && w <= 0 {
+				w = 1
+			}
+			sum += w
+			rt.targets = append(rt.targets, t.Model)
+			rt.cum = append(rt.cum, sum)
+		}
+		m[r.Name] = rt
+	}
+	return m
 }
 
-// Pick chooses the backends for req from the current snapshot: those that
-// serve the model, are ready and have fresh metrics, ordered by fewest
-// requests in flight (ties go to the backend that has served fewer requests
-// in total, then by ID). When none has fresh metrics, ready backends with
-// stale metrics are used ("stale-metrics"); when no backend is ready, those
-// in an unknown state are tried ("fallback"), so that a fleet whose health is
-// not known yet still serves. Down and draining backends are never picked.
-// Pick appends to dst[:0] and returns it in the decision, so a caller that
-// reuses dst does not allocate.
-func (b *Balancer) Pick(req Request, dst []*Backend) (Decision, error) {
-	snap := b.snap.Load()
-	cands := dst[:0]
-	known := false
-	unknownModels := false
-	stale := 0
-	for _, be := range snap.Backends {
-		// A backend that is up, or not probed yet, and whose models are
-		// not known may serve the model; one that is down or draining
-		// cannot serve it now, so it does not turn a 404 into a 503.
-		if !be.ModelsKnown() && (be.State == StateReady || be.State == StateUnknown) {
-			unknownModels = true
-		}
-		if !be.Serves(req.Model) {
-			continue
-		}
-		known = true
-		if be.State == StateReady {
-			if be.Stale {
-				stale++
-				continue
-			}
-			cands = append(cands, be)
+// Route resolves a public model name to the model backends are asked for,
+// choosing among weighted targets at random, and returns the model's
+// default priority. A name with no route is its own target.
+func (b *Balancer) Route(model string) (target string, priority int) {
+	rt := b.routes[model]
+	if rt == nil {
+		return model, 0
+	}
+	if len(rt.targets) == 1 {
+		return rt.targets[0], rt.priority
+	}
+	x := float64(b.rand()>>11) / (1 << 53) * rt.cum[len(rt.cum)-1]
+	for i, c := range rt.cum {
+		if x < c {
+			return rt.targets[i], rt.priority
 		}
 	}
-	reason := "least-load"
-	if len(cands) == 0 && stale > 0 {
-		for _, be := range snap.Backends {
-			if be.State == StateReady && be.Stale && be.Serves(req.Model) {
-				cands = append(cands, be)
-			}
-		}
-		reason = "stale-metrics"
-	}
-	if len(cands) == 0 {
-		for _, be := range snap.Backends {
-			if be.State == StateUnknown && be.Serves(req.Model) {
-				cands = append(cands, be)
-			}
-		}
-		reason = "fallback"
-	}
-	if len(cands) == 0 {
-		if !known && !unknownModels {
-			return Decision{}, fmt.Errorf("model %q: %w", req.Model, ErrUnknownModel)
-		}
-		return Decision{}, fmt.Errorf("model %q: %w", req.Model, ErrNoBackend)
-	}
-	slices.SortStableFunc(cands, func(x, y *Backend) int {
-		xi, yi := x.Ledger.InFlight(), y.Ledger.InFlight()
-		if xi != yi {
-			return int(xi - yi)
-		}
-		xt, yt := x.Ledger.Total(), y.Ledger.Total()
-		if xt != yt {
-			return int(xt - yt)
-		}
-		return 0 // stable: snapshot order is by ID
-	})
-	return Decision{Candidates: cands, Reason: reason}, nil
+	return rt.targets[len(rt.targets)-1], rt.priority
 }
+
+// PublicModels returns the model names routes add, sorted.
+func (b *Balancer) PublicModels() []string {
+	out := make([]string, 0, len(b.routes))
+	for name := range b.routes {
+		out = append(out, name)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// RouteTargets returns the targets of a public model name, or nil.
+func (b *Balancer) RouteTargets(model string) []string {
+	if rt := b.routes[model]; rt != nil {
+		return slices.Clone(rt.targets)
+	}
+	return nil
+}
+
+func errModel(model string, err error) error { return fmt.Errorf("model %q: %w", model, err) }

@@ -10,14 +10,14 @@ import (
 func BenchmarkPick(b *testing.B) {
 	for _, n := range []int{8, 64, 512} {
 		b.Run(fmt.Sprint(n), func(b *testing.B) {
-			bal := New(nil)
+			bal := newBal(b, "ttft")
 			specs := make([]Spec, n)
 			for i := range specs {
 				specs[i] = spec(fmt.Sprintf("b%03d", i), StateReady, "m")
 			}
 			bal.Update(specs...)
 			dst := make([]*Backend, 0, n)
-			req := Request{Model: "m"}
+			req := &Request{Model: "m"}
 			b.ReportAllocs()
 			for b.Loop() {
 				d, err := bal.Pick(req, dst)

@@ -5,30 +5,64 @@ import (
 	"time"
 )
 
+// Work is what one request costs the backend it is sent to, as the picker
+// estimated it; the guard adds it to the backend's ledger while the request
+// is in flight.
+type Work struct {
+	// UncachedTokens is the prompt tokens the backend must prefill (the
+	// rest it is expected to hold in its prefix cache).
+	UncachedTokens int
+	// DecodeTokens is the output tokens the request may generate.
+	DecodeTokens int
+	// Adapter is the LoRA adapter the request runs on, or "".
+	Adapter string
+	// AheadTokens and QueuedAhead are the prefill tokens and requests the
+	// picker saw ahead of this one; the first byte's time teaches the
+	// backend's estimate with them.
+	AheadTokens float64
+	QueuedAhead float64
+}
+
 // Guard accounts one request in the in-flight ledger. The proxy makes one
 // Guard per request, attaches it to each backend it tries in turn, and
 // releases it when the request ends, whatever the path: success, upstream
 // error, retry, client gone, timeout or panic. Release is idempotent, so a
 // deferred Release is always safe. A Guard is safe for concurrent use.
 type Guard struct {
+	onRelease func() // immutable; may be nil
+
 	mu       sync.Mutex
 	backend  *Backend  // guarded by mu; nil when not attached
+	work     Work      // guarded by mu
 	attached time.Time // guarded by mu
+	first    bool      // guarded by mu; the first byte arrived
+	cfg      *TTFTConfig
 }
 
 // NewGuard returns a guard attached to no backend.
 func NewGuard() *Guard { return new(Guard) }
 
-// Attach moves the request onto be: it releases the backend the guard held, if
-// any, and counts the request in be's ledger.
-func (g *Guard) Attach(be *Backend, now time.Time) {
+// NewGuard returns a guard whose releases wake the balancer's admission
+// queue: a request that ends frees capacity.
+func (b *Balancer) NewGuard() *Guard {
+	return &Guard{onRelease: b.adm.notify, cfg: &b.cfg.TTFT}
+}
+
+// Attach moves the request onto be with the work w: it releases the backend
+// the guard held, if any, and counts the request in be's ledger.
+func (g *Guard) Attach(be *Backend, w Work, now time.Time) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.releaseLocked()
-	be.Ledger.inFlight.Add(1)
-	be.Ledger.total.Add(1)
-	g.backend = be
-	g.attached = now
+	l := be.Ledger
+	l.inFlight.Add(1)
+	l.total.Add(1)
+	l.started.Add(1)
+	l.pending.Add(1)
+	l.pendingTokens.Add(int64(w.UncachedTokens))
+	l.openTokens.Add(int64(w.UncachedTokens + w.DecodeTokens))
+	l.addAdapter(w.Adapter, 1)
+	g.backend, g.work, g.attached, g.first = be, w, now, false
 }
 
 // Backend returns the backend the guard is attached to, or nil.
@@ -38,31 +72,60 @@ func (g *Guard) Backend() *Backend {
 	return g.backend
 }
 
-// FirstByte records that the attached backend's response began at now,
-// feeding its time-to-first-byte estimate. It returns the time since Attach.
+// FirstByte records that the attached backend's response began at now: the
+// request left the backend's queue and prefill. It feeds the backend's
+// time-to-first-byte average and learned estimate, and returns the time
+// since Attach.
 func (g *Guard) FirstByte(now time.Time) time.Duration {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.backend == nil {
+	if g.backend == nil || g.first {
 		return 0
 	}
+	g.first = true
+	l := g.backend.Ledger
 	d := now.Sub(g.attached)
-	g.backend.Ledger.ObserveTTFB(d)
+	l.ObserveTTFB(d)
+	l.prefilled.Add(1)
+	l.pending.Add(-1)
+	l.pendingTokens.Add(-int64(g.work.UncachedTokens))
+	if g.cfg != nil {
+		l.est.observe(g.work.AheadTokens+float64(g.work.UncachedTokens), g.work.QueuedAhead, d.Seconds(),
+			1/g.cfg.PrefillRate, g.cfg.BaseLatency.Seconds())
+	}
+	if g.onRelease != nil {
+		g.onRelease() // the request left the queue: room for another
+	}
 	return d
 }
 
 // Release ends the request's accounting. Calling it again does nothing.
 func (g *Guard) Release() {
 	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.releaseLocked()
+	released := g.releaseLocked()
+	g.mu.Unlock()
+	if released && g.onRelease != nil {
+		g.onRelease()
+	}
 }
 
-// releaseLocked drops the request from its backend's ledger. Caller must hold
-// g.mu.
-func (g *Guard) releaseLocked() {
-	if g.backend != nil {
-		g.backend.Ledger.inFlight.Add(-1)
-		g.backend = nil
+// releaseLocked drops the request from its backend's ledger and reports
+// whether it was attached. Caller must hold g.mu.
+func (g *Guard) releaseLocked() bool {
+	be := g.backend
+	if be == nil {
+		return false
 	}
+	l := be.Ledger
+	if !g.first {
+		l.prefilled.Add(1)
+		l.pending.Add(-1)
+		l.pendingTokens.Add(-int64(g.work.UncachedTokens))
+	}
+	l.openTokens.Add(-int64(g.work.UncachedTokens + g.work.DecodeTokens))
+	l.addAdapter(g.work.Adapter, -1)
+	l.finished.Add(1)
+	l.inFlight.Add(-1)
+	g.backend = nil
+	return true
 }

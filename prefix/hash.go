@@ -1,10 +1,6 @@
 package prefix
 
-import (
-	"encoding/binary"
-
-	"github.com/cespare/xxhash/v2"
-)
+import "github.com/cespare/xxhash/v2"
 
 // Seed returns the seed of a prompt's hash chain: the target model and the
 // request's cache_salt. Requests for different models, or with different
@@ -39,20 +35,4 @@ func AppendHashes(dst []uint64, seed uint64, data []byte, blockBytes, max int) [
 		data = data[blockBytes:]
 	}
 	return dst
-}
-
-// Key returns a hash of data's first blockBytes bytes (all of data when it is
-// shorter) with seed: the same for every request that starts alike, and for
-// every balancer replica, so it can break ties the same way everywhere.
-func Key(seed uint64, data []byte, blockBytes int) uint64 {
-	if blockBytes > 0 && len(data) > blockBytes {
-		data = data[:blockBytes]
-	}
-	var d xxhash.Digest
-	d.ResetWithSeed(seed)
-	_, _ = d.Write(data)
-	var n [8]byte
-	binary.LittleEndian.PutUint64(n[:], uint64(len(data)))
-	_, _ = d.Write(n[:])
-	return d.Sum64()
 }

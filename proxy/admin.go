@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"net/http"
 	"net/http/pprof"
 	"time"
@@ -69,10 +70,52 @@ func (s *Server) AdminHandler(g prometheus.Gatherer) http.Handler {
 	r.Get("/debug/backends", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"backends": Statuses(s.bal.Snapshot())})
 	})
+	r.Post("/debug/route", s.serveRoute)
 	r.HandleFunc("/debug/pprof/*", pprof.Index)
 	r.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	r.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	r.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	r.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	return r
+}
+
+// serveRoute answers POST /debug/route: the body is a completions or chat
+// request (chat when it has "messages"; ?kind=completions or ?kind=chat
+// forces one), and the answer is how the balancer would route it, every
+// backend's score breakdown included. Nothing is sent to any backend and
+// no routing state changes.
+func (s *Server) serveRoute(w http.ResponseWriter, r *http.Request) {
+	var buf bytes.Buffer
+	if _, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)); err != nil {
+		writeError(w, badRequest("", "The request body could not be read: %v.", err))
+		return
+	}
+	k := KindCompletion
+	switch r.URL.Query().Get("kind") {
+	case "chat":
+		k = KindChat
+	case "completions":
+	case "":
+		if bytes.Contains(buf.Bytes(), []byte(`"messages"`)) {
+			k = KindChat
+		}
+	default:
+		writeError(w, badRequest("kind", "kind must be chat or completions."))
+		return
+	}
+	req, err := ParseRequest(k, buf.Bytes())
+	if err != nil {
+		writeError(w, errorFor(r.Context(), err))
+		return
+	}
+	breq, herr := s.balancerRequest(r, req)
+	if herr != nil {
+		writeError(w, herr)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{
+		"requested_model": req.Model,
+		"target_model":    breq.Model,
+		"explanation":     s.bal.Explain(breq),
+	})
 }

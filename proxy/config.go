@@ -59,8 +59,8 @@ func (c Config) Validate() error {
 	if c.MaxBodyBytes <= 0 {
 		errs = append(errs, fmt.Errorf("proxy.max_body_bytes: must be positive, got %d", c.MaxBodyBytes))
 	}
-	if c.MaxAttempts < 1 {
-		errs = append(errs, fmt.Errorf("proxy.max_attempts: must be at least 1, got %d", c.MaxAttempts))
+	if c.MaxAttempts < 1 || c.MaxAttempts > 8 {
+		errs = append(errs, fmt.Errorf("proxy.max_attempts: must be 1..8, got %d", c.MaxAttempts))
 	}
 	for _, s := range c.RetryStatuses {
 		if s < 400 || s > 599 {

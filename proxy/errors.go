@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strconv"
+	"time"
 
 	"github.com/llmlb/llmlb/balancer"
 )
@@ -24,6 +26,8 @@ type HTTPError struct {
 	Kind  string // OpenAI error code, e.g. "model_not_found", or ""
 	Msg   string
 	Err   error
+	// RetryAfter, when positive, is sent as Retry-After in whole seconds.
+	RetryAfter time.Duration
 }
 
 func (e *HTTPError) Error() string {
@@ -65,6 +69,9 @@ func writeError(w http.ResponseWriter, e *HTTPError) {
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("X-Content-Type-Options", "nosniff")
+	if e.RetryAfter > 0 {
+		h.Set("Retry-After", strconv.Itoa(int((e.RetryAfter+time.Second-1)/time.Second)))
+	}
 	w.WriteHeader(e.Code)
 	_ = json.NewEncoder(w).Encode(&body) // the client may be gone; nothing to do
 }
@@ -97,6 +104,12 @@ func errorFor(clientCtx context.Context, err error) *HTTPError {
 		return &HTTPError{Code: StatusClientClosed, Type: "client_closed", Msg: "client closed request", Err: err}
 	case errors.Is(err, balancer.ErrUnknownModel):
 		return &HTTPError{Code: http.StatusNotFound, Type: "invalid_request_error", Param: "model", Kind: "model_not_found", Msg: err.Error() + ": no backend serves it (GET /v1/models lists the models served here).", Err: err}
+	case errors.Is(err, balancer.ErrQueueFull):
+		return &HTTPError{Code: http.StatusTooManyRequests, Type: "rate_limit_error", Kind: "queue_full", Msg: "Every model server is saturated and the queue is full; retry later.", Err: err}
+	case errors.Is(err, balancer.ErrShed):
+		return &HTTPError{Code: http.StatusTooManyRequests, Type: "rate_limit_error", Kind: "shed", Msg: "Every model server is saturated and this request's priority is sheddable; retry later.", Err: err}
+	case errors.Is(err, balancer.ErrQueueTimeout):
+		return &HTTPError{Code: http.StatusServiceUnavailable, Type: "service_unavailable", Kind: "queue_timeout", Msg: "Every model server stayed saturated while the request waited; retry later.", Err: err}
 	case errors.Is(err, balancer.ErrNoBackend):
 		return &HTTPError{Code: http.StatusServiceUnavailable, Type: "service_unavailable", Msg: err.Error() + ": every backend that may serve it is down or not yet known; try again shortly.", Err: err}
 	case errors.Is(err, context.DeadlineExceeded) || isTimeout(err):

@@ -21,6 +21,7 @@ import (
 // goroutine.
 type exchange struct {
 	req       *Request
+	target    string // the model backends are asked for; req.Model is the client's
 	guard     *balancer.Guard
 	dec       balancer.Decision
 	clientCtx context.Context // the client's own context, before our timeout
@@ -72,7 +73,7 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		last := i == len(cands)-1
 		ex.attempts = i + 1
 		out := attemptRequest(req, be, ex.inURL, ex.req.Body)
-		ex.guard.Attach(be, time.Now())
+		ex.guard.Attach(be, ex.dec.Work[i], time.Now())
 		resp, err := t.base.RoundTrip(out)
 		if err != nil {
 			if ctx.Err() != nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/llmlb/llmlb/balancer"
+	"github.com/llmlb/llmlb/prefix"
 )
 
 const testModel = "llama-3.1-8b"
@@ -51,7 +52,7 @@ func newFront(t *testing.T, cfg Config, backendURLs ...string) *testFront {
 // testModel.
 func newTestBalancer(tb testing.TB, backendURLs ...string) *balancer.Balancer {
 	tb.Helper()
-	bal := balancer.New(nil)
+	bal := newBal(tb, "least-request")
 	var specs []balancer.Spec
 	for _, u := range backendURLs {
 		pu, err := url.Parse(u)
@@ -646,7 +647,7 @@ func TestOtherV1RoutesAreBalancedByModel(t *testing.T) {
 
 func TestModelsAreMergedAcrossReadyBackends(t *testing.T) {
 	t.Parallel()
-	bal := balancer.New(nil)
+	bal := newBal(t, "least-request")
 	u := func(s string) *url.URL { pu, _ := url.Parse(s); return pu }
 	bal.Update(
 		balancer.Spec{ID: "a", URL: u("http://a"), Models: []string{"m1", "m2"}, Adapters: []balancer.Adapter{{Name: "sql", Parent: "m1"}}, State: balancer.StateReady},
@@ -686,7 +687,7 @@ func TestModelsAreMergedAcrossReadyBackends(t *testing.T) {
 
 func TestReadyNeedsAReadyBackend(t *testing.T) {
 	t.Parallel()
-	bal := balancer.New(nil)
+	bal := newBal(t, "least-request")
 	srv := httptest.NewServer(New(DefaultConfig(), bal, prometheus.NewRegistry(), nil).Handler())
 	defer srv.Close()
 	check := func(want int) {
@@ -737,7 +738,7 @@ func TestConnectionBrokenBeforeHeadersIsRetried(t *testing.T) {
 		for _, be := range f.bal.Snapshot().Backends {
 			if be.ID == good.URL {
 				g := balancer.NewGuard()
-				g.Attach(be, time.Now())
+				g.Attach(be, balancer.Work{}, time.Now())
 				defer g.Release()
 			}
 		}
@@ -757,4 +758,17 @@ func TestConnectionBrokenBeforeHeadersIsRetried(t *testing.T) {
 			t.Errorf("retry_broken_connections=%v: crashed backend's failure streak %d, want 1", retry, crashed.Ledger.FailureStreak())
 		}
 	}
+}
+
+// newBal returns a balancer running policy over a real prefix index, with
+// routes for models.
+func newBal(tb testing.TB, policy string, models ...balancer.ModelRoute) *balancer.Balancer {
+	tb.Helper()
+	cfg := balancer.DefaultConfig()
+	cfg.Policy = policy
+	bal, err := balancer.New(cfg, balancer.Deps{Index: prefix.NewIndex(prefix.DefaultConfig()), Tree: prefix.NewTree(1 << 20)}, models, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return bal
 }

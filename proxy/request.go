@@ -7,6 +7,8 @@ import (
 	"mime"
 	"net/http"
 	"unicode/utf8"
+
+	"github.com/llmlb/llmlb/prefix"
 )
 
 // Kind is the API a request was sent to.
@@ -35,7 +37,18 @@ type Request struct {
 	Prompt   json.RawMessage
 	Messages json.RawMessage
 	Body     []byte
+	// Canonical is the prompt's canonical bytes (package prefix), for
+	// completions and chat; nil for other routes.
+	Canonical []byte
+	// MaxTokens is max_completion_tokens or max_tokens; 0 if neither.
+	MaxTokens int
+	// CacheSalt is vLLM's cache_salt, which separates prefix caches.
+	CacheSalt string
 }
+
+// PromptTokens estimates the prompt's tokens from its canonical bytes, at
+// about 4 bytes a token.
+func (r *Request) PromptTokens() int { return (len(r.Canonical) + 3) / 4 }
 
 // wireRequest lists the only fields decoded; the rest of the body is skipped.
 type wireRequest struct {
@@ -44,6 +57,10 @@ type wireRequest struct {
 	StreamOptions json.RawMessage `json:"stream_options"`
 	Prompt        json.RawMessage `json:"prompt"`
 	Messages      json.RawMessage `json:"messages"`
+	Tools         json.RawMessage `json:"tools"`
+	MaxTokens     json.RawMessage `json:"max_tokens"`
+	MaxCompletion json.RawMessage `json:"max_completion_tokens"`
+	CacheSalt     json.RawMessage `json:"cache_salt"`
 }
 
 // checkContentType accepts a missing Content-Type and any JSON media type.
@@ -108,82 +125,38 @@ func ParseRequest(k Kind, body []byte) (*Request, error) {
 		}
 		r.IncludeUsage = so.IncludeUsage != nil && *so.IncludeUsage
 	}
+	for _, f := range []struct {
+		name string
+		raw  json.RawMessage
+	}{{"max_tokens", w.MaxTokens}, {"max_completion_tokens", w.MaxCompletion}} {
+		if isNull(f.raw) {
+			continue
+		}
+		var n int
+		if err := json.Unmarshal(f.raw, &n); err != nil || n < 0 {
+			return nil, badRequest(f.name, "%s must be a non-negative integer.", f.name)
+		}
+		if r.MaxTokens == 0 || f.name == "max_completion_tokens" {
+			r.MaxTokens = n
+		}
+	}
+	if !isNull(w.CacheSalt) {
+		if err := json.Unmarshal(w.CacheSalt, &r.CacheSalt); err != nil {
+			return nil, badRequest("cache_salt", "cache_salt must be a string.")
+		}
+	}
+	var err error
 	switch k {
 	case KindCompletion:
-		if err := checkPrompt(w.Prompt); err != nil {
-			return nil, err
-		}
+		r.Canonical, err = prefix.AppendCompletion(nil, w.Prompt)
 	case KindChat:
-		if err := checkMessages(w.Messages); err != nil {
-			return nil, err
-		}
+		r.Canonical, err = prefix.AppendChat(nil, w.Messages, w.Tools)
+	}
+	var fe *prefix.FormatError
+	if errors.As(err, &fe) {
+		return nil, badRequest(fe.Field, "%s", fe.Msg)
 	}
 	return r, nil
-}
-
-// checkPrompt accepts what the completions API does: a string, a list of
-// strings, a list of token ids or a list of lists of token ids, none empty.
-func checkPrompt(raw json.RawMessage) *HTTPError {
-	if isNull(raw) {
-		return badRequest("prompt", "You must provide a prompt.")
-	}
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
-		if s == "" {
-			return badRequest("prompt", "prompt must not be empty.")
-		}
-		return nil
-	}
-	var list []json.RawMessage
-	if json.Unmarshal(raw, &list) != nil {
-		return badRequest("prompt", "prompt must be a string, a list of strings or a list of token ids.")
-	}
-	if len(list) == 0 {
-		return badRequest("prompt", "prompt must not be empty.")
-	}
-	var strs []string
-	var ids []int64
-	var nested [][]int64
-	switch {
-	case json.Unmarshal(raw, &strs) == nil:
-		for _, s := range strs {
-			if s == "" {
-				return badRequest("prompt", "prompt must not contain empty strings.")
-			}
-		}
-	case json.Unmarshal(raw, &ids) == nil:
-	case json.Unmarshal(raw, &nested) == nil:
-		for _, n := range nested {
-			if len(n) == 0 {
-				return badRequest("prompt", "prompt must not contain empty token lists.")
-			}
-		}
-	default:
-		return badRequest("prompt", "prompt must be a string, a list of strings or a list of token ids.")
-	}
-	return nil
-}
-
-// checkMessages requires a non-empty list of objects, each with a role.
-func checkMessages(raw json.RawMessage) *HTTPError {
-	if isNull(raw) {
-		return badRequest("messages", "You must provide messages.")
-	}
-	var msgs []struct {
-		Role *string `json:"role"`
-	}
-	if json.Unmarshal(raw, &msgs) != nil {
-		return badRequest("messages", "messages must be a list of message objects.")
-	}
-	if len(msgs) == 0 {
-		return badRequest("messages", "messages must not be empty.")
-	}
-	for _, m := range msgs {
-		if m.Role == nil || *m.Role == "" {
-			return badRequest("messages", "every message needs a role.")
-		}
-	}
-	return nil
 }
 
 func isNull(raw json.RawMessage) bool {

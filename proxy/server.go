@@ -15,12 +15,15 @@ import (
 	"net/http/httputil"
 	"runtime/debug"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/llmlb/llmlb/balancer"
+	"github.com/llmlb/llmlb/prefix"
 )
 
 // Header names llmlb sets on every proxied response.
@@ -121,25 +124,51 @@ func (s *Server) serveModel(k Kind) http.HandlerFunc {
 			completed = true
 			return
 		}
-		guard := balancer.NewGuard()
-		defer guard.Release()
-
-		dec, err := s.bal.Pick(balancer.Request{Model: req.Model}, make([]*balancer.Backend, 0, 4))
+		breq, herr := s.balancerRequest(r, req)
+		if herr != nil {
+			writeError(rec, herr)
+			completed = true
+			return
+		}
+		target := breq.Model
+		dec, err := s.bal.PickWait(r.Context(), breq, make([]*balancer.Backend, 0, 4))
+		if dec.Waited > 0 {
+			s.metrics.queueWait.Observe(dec.Waited.Seconds())
+		}
 		if err != nil {
 			if !errors.Is(err, balancer.ErrUnknownModel) {
 				modelLabel = req.Model
 			}
 			he := errorFor(r.Context(), err)
-			if errors.Is(err, balancer.ErrUnknownModel) {
+			switch {
+			case errors.Is(err, balancer.ErrUnknownModel):
 				he.Msg = "The model " + quote(req.Model) + " does not exist."
+			case errors.Is(err, balancer.ErrQueueFull), errors.Is(err, balancer.ErrShed):
+				he.RetryAfter = s.bal.RetryAfter()
+			}
+			if he.Code == StatusClientClosed {
+				rec.status = StatusClientClosed
+				return
 			}
 			writeError(rec, he)
 			completed = true
 			return
 		}
 		modelLabel = req.Model
+		s.metrics.picks.WithLabelValues(dec.Candidates[0].ID, dec.Reason).Inc()
+		if target != req.Model {
+			body, err := setModel(req.Body, target)
+			if err != nil {
+				writeError(rec, badRequest("model", "The request body could not be rewritten for model %s: %v.", quote(target), err))
+				completed = true
+				return
+			}
+			req.Body = body
+		}
+		guard := s.bal.NewGuard()
+		defer guard.Release()
 
-		ex := &exchange{req: req, guard: guard, dec: dec, clientCtx: r.Context(), inURL: r.URL}
+		ex := &exchange{req: req, target: target, guard: guard, dec: dec, clientCtx: r.Context(), inURL: r.URL}
 		ctx := context.WithValue(r.Context(), exchangeKey{}, ex)
 		if s.cfg.RequestTimeout > 0 {
 			var cancel context.CancelFunc
@@ -154,6 +183,32 @@ func (s *Server) serveModel(k Kind) http.HandlerFunc {
 		s.rp.ServeHTTP(rec, r.WithContext(ctx))
 		completed = true
 	}
+}
+
+// balancerRequest resolves the request's model (aliases and weighted
+// splits) and reads the routing headers into what the picker needs.
+func (s *Server) balancerRequest(r *http.Request, req *Request) (*balancer.Request, *HTTPError) {
+	target, prio := s.bal.Route(req.Model)
+	bcfg := s.bal.Config()
+	if h := r.Header.Get(bcfg.Admission.PriorityHeader); h != "" {
+		p, err := strconv.Atoi(strings.TrimSpace(h))
+		if err != nil {
+			return nil, badRequest("", "The %s header must be an integer, got %s.", bcfg.Admission.PriorityHeader, quote(h))
+		}
+		prio = p
+	}
+	breq := &balancer.Request{
+		Model:        target,
+		Prompt:       req.Canonical,
+		Seed:         prefix.Seed(target, req.CacheSalt),
+		PromptTokens: req.PromptTokens(),
+		MaxTokens:    req.MaxTokens,
+		Priority:     prio,
+	}
+	if bcfg.Session.Header != "" {
+		breq.Session = r.Header.Get(bcfg.Session.Header)
+	}
+	return breq, nil
 }
 
 // readRequest reads and parses the body, bounded by MaxBodyBytes.
@@ -201,6 +256,11 @@ func (s *Server) modifyResponse(resp *http.Response) error {
 	be := ex.guard.Backend()
 	resp.Header.Set(HeaderBackend, be.ID)
 	resp.Header.Set(HeaderReason, ex.reason())
+	if ex.target != ex.req.Model {
+		resp.Body = newModelRewriter(resp.Body, ex.target, ex.req.Model)
+		resp.ContentLength = -1
+		resp.Header.Del("Content-Length")
+	}
 	resp.Body = &firstByteBody{ReadCloser: resp.Body, onFirst: func() {
 		d := ex.guard.FirstByte(time.Now())
 		s.metrics.ttfb.WithLabelValues(be.ID).Observe(d.Seconds())
@@ -269,6 +329,18 @@ func (s *Server) serveModels(w http.ResponseWriter, r *http.Request) {
 			return 1
 		}
 		return 0
+	}
+	for _, name := range s.bal.PublicModels() {
+		if seen[name] {
+			continue
+		}
+		for _, t := range s.bal.RouteTargets(name) {
+			if seen[t] {
+				seen[name] = true
+				cards = append(cards, modelCard{ID: name, Object: "model", Created: s.started.Unix(), OwnedBy: "llmlb", Root: name})
+				break
+			}
+		}
 	}
 	slices.SortFunc(cards, byID)
 	slices.SortFunc(adapters, byID)

@@ -207,7 +207,7 @@ func dnsConfig() Config {
 
 func runManager(t *testing.T, cfg Config, bcs []BackendConfig, r Resolver) (*balancer.Balancer, *syncLog) {
 	t.Helper()
-	bal := balancer.New(nil)
+	bal := testBalancer(t)
 	logs := new(syncLog)
 	m, err := NewManager(Setup{Config: cfg, Backends: bcs, DefaultEngine: "vllm", Balancer: bal, Resolver: r, Logger: logs.logger()})
 	if err != nil {
@@ -248,7 +248,7 @@ func TestDNSDiscoveryAddsAndDrains(t *testing.T) {
 	// A request in flight on the first backend.
 	pick := bal.Snapshot().Backends[0]
 	guard := balancer.NewGuard()
-	guard.Attach(pick, time.Now())
+	guard.Attach(pick, balancer.Work{}, time.Now())
 	reqDone := make(chan error, 1)
 	go func() {
 		resp, err := http.Post(pick.ID+"/v1/completions", "application/json", strings.NewReader(`{}`))

@@ -21,7 +21,7 @@ import (
 // ready for rounds run by hand, and the balancer it publishes to.
 func testTarget(t *testing.T, cfg Config, bc BackendConfig, logger *slog.Logger) (*Target, *balancer.Balancer) {
 	t.Helper()
-	bal := balancer.New(nil)
+	bal := testBalancer(t)
 	m, err := NewManager(Setup{Config: cfg, Backends: []BackendConfig{bc}, DefaultEngine: "vllm", Balancer: bal, Logger: logger})
 	if err != nil {
 		t.Fatal(err)
@@ -276,4 +276,15 @@ func TestMissingSignalReportedOnce(t *testing.T) {
 	if strings.Contains(logs.String(), "signal=queued") {
 		t.Error("a present signal was reported missing")
 	}
+}
+
+// testBalancer returns a balancer with the default policy and no prefix
+// index: the scrape tests look only at what reaches its snapshot.
+func testBalancer(t testing.TB) *balancer.Balancer {
+	t.Helper()
+	bal, err := balancer.New(balancer.DefaultConfig(), balancer.Deps{}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bal
 }

@@ -51,7 +51,7 @@ func fakeVLLM(queue *atomic.Int64, page *atomic.Value) http.Handler {
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
 func bubbleTarget(t *testing.T, tr *handlerTransport) (*balancer.Balancer, context.CancelFunc) {
-	bal := balancer.New(nil)
+	bal := testBalancer(t)
 	cfg := DefaultConfig()
 	m, err := NewManager(Setup{
 		Config: cfg, Backends: []BackendConfig{{URL: "http://gpu-0:8000", Models: []string{"m"}}},

@@ -1,0 +1,290 @@
+package balancer
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Config is the `balancer:` section of config.yaml.
+type Config struct {
+	// Policy chooses the routing algorithm: ttft (llmlb's own),
+	// round-robin, random, least-request, power-of-two, epp,
+	// sglang-cache-aware or consistent-hash. (default ttft)
+	Policy string `mapstructure:"policy"`
+	// MaxCandidates is how many backends a pick returns, best first: the
+	// primary and the fallbacks the proxy retries on. Set from
+	// proxy.max_attempts. (default 3, at most 8)
+	MaxCandidates int `mapstructure:"-"`
+	// TTFT tunes the default policy's time-to-first-token estimate.
+	TTFT TTFTConfig `mapstructure:"ttft"`
+	// Saturation says when a backend takes no new requests while another
+	// can.
+	Saturation SaturationConfig `mapstructure:"saturation"`
+	// Admission is the queue requests wait in when every backend is
+	// saturated.
+	Admission AdmissionConfig `mapstructure:"admission"`
+	// Session keeps requests with the same session header on one backend.
+	Session SessionConfig `mapstructure:"session"`
+	// ConsistentHash tunes the consistent-hash preset.
+	ConsistentHash ConsistentHashConfig `mapstructure:"consistent_hash"`
+	// SGLang tunes the sglang-cache-aware preset.
+	SGLang SGLangConfig `mapstructure:"sglang"`
+}
+
+// TTFTConfig tunes the ttft policy. Learned values replace the first two
+// once a backend has answered a few requests.
+type TTFTConfig struct {
+	// PrefillRate is the prefill throughput assumed, in tokens per second,
+	// until a backend's own is learned from the times to first token the
+	// proxy measures. (default 10000: an 8B model on one H100 prefills
+	// well above that; slower GPUs are learned)
+	PrefillRate float64 `mapstructure:"prefill_rate"`
+	// BaseLatency is the fixed part of a first token's time assumed until
+	// learned (scheduling, one decode step, the network). (default 20ms)
+	BaseLatency time.Duration `mapstructure:"base_latency"`
+	// KVSoft is the KV-cache use, 0..1, above which a backend is penalised
+	// in proportion, up to KVPenalty at full. (default 0.8)
+	KVSoft float64 `mapstructure:"kv_soft"`
+	// KVPenalty is the time added for a full KV cache, and again when this
+	// request's tokens do not fit in what is free (it would wait or preempt
+	// others). (default 1s)
+	KVPenalty time.Duration `mapstructure:"kv_penalty"`
+	// LoRALoadDelay is the time to load an adapter into a free slot. An
+	// adapter that must wait for a slot costs twice that, one with no free
+	// slot four times. (default 250ms)
+	LoRALoadDelay time.Duration `mapstructure:"lora_load_delay"`
+	// TieTolerance makes estimates within this fraction of the best a tie,
+	// broken by a hash of the prompt's first block and the backend, so that
+	// balancer replicas that do not share state choose alike. (default 0.05)
+	TieTolerance float64 `mapstructure:"tie_tolerance"`
+	// DefaultMaxTokens is the decode length assumed for a request that sets
+	// no max_tokens, for KV accounting. (default 256)
+	DefaultMaxTokens int `mapstructure:"default_max_tokens"`
+}
+
+// SaturationConfig says when a backend is saturated: its queue or its KV
+// use is at a threshold, counting what the balancer sent since the last
+// scrape. A backend whose metrics are stale is passed over while any has
+// fresh ones; when all are stale they are used on load alone rather than
+// not at all.
+type SaturationConfig struct {
+	// Queue is the waiting-request count at which a backend is saturated;
+	// 0 disables the check. (default 16)
+	Queue int `mapstructure:"queue"`
+	// KV is the KV-cache use, 0..1, at which a backend is saturated; 0
+	// disables the check. (default 0.95)
+	KV float64 `mapstructure:"kv"`
+}
+
+// AdmissionConfig is the bounded queue inside the balancer.
+type AdmissionConfig struct {
+	// MaxQueue is how many requests may wait; a request that finds it full
+	// gets 429. 0 disables queueing: when every backend is saturated the
+	// least loaded one gets the request anyway. (default 1024)
+	MaxQueue int `mapstructure:"max_queue"`
+	// Timeout is the longest a request waits; past it, 503. (default 30s)
+	Timeout time.Duration `mapstructure:"timeout"`
+	// PriorityHeader carries a request's priority, an integer: higher is
+	// served first, negative is sheddable (refused at once with 429 when
+	// every backend is saturated). Models may set a default priority.
+	// (default X-Llmlb-Priority)
+	PriorityHeader string `mapstructure:"priority_header"`
+}
+
+// SessionConfig is session affinity.
+type SessionConfig struct {
+	// Header names the request header whose value identifies a session;
+	// empty disables affinity. A session stays on the backend that served
+	// it unless that backend is saturated or gone. (default "")
+	Header string `mapstructure:"header"`
+	// MaxSessions bounds the sessions remembered, least recently used
+	// forgotten first. (default 65536)
+	MaxSessions int `mapstructure:"max_sessions"`
+}
+
+// ConsistentHashConfig tunes the consistent-hash preset.
+type ConsistentHashConfig struct {
+	// PrefixBytes is how many leading bytes of the canonical prompt are
+	// hashed. (default 256)
+	PrefixBytes int `mapstructure:"prefix_bytes"`
+	// LoadFactor bounds a backend's in-flight requests to this multiple of
+	// the average before the ring walks on. (default 1.25)
+	LoadFactor float64 `mapstructure:"load_factor"`
+	// VirtualNodes is each backend's points on the ring. (default 100)
+	VirtualNodes int `mapstructure:"virtual_nodes"`
+}
+
+// SGLangConfig tunes the sglang-cache-aware preset; the defaults are
+// sglang-router's command-line defaults.
+type SGLangConfig struct {
+	// CacheThreshold is the prefix match ratio above which the best match
+	// wins. (default 0.3)
+	CacheThreshold float64 `mapstructure:"cache_threshold"`
+	// BalanceAbsThreshold and BalanceRelThreshold: the load is imbalanced
+	// when max-min exceeds the first and max exceeds the second times min.
+	// (default 64 and 1.5)
+	BalanceAbsThreshold int     `mapstructure:"balance_abs_threshold"`
+	BalanceRelThreshold float64 `mapstructure:"balance_rel_threshold"`
+	// MaxTreeBytes bounds each backend's share of the prefix tree.
+	// (default 67108864)
+	MaxTreeBytes int `mapstructure:"max_tree_bytes"`
+}
+
+// ModelRoute is one entry of `models:`: a public model name and where its
+// requests go.
+type ModelRoute struct {
+	// Name is the model name clients send.
+	Name string `mapstructure:"name"`
+	// Targets are the model names backends serve, with weights; a request
+	// goes to one of them with probability weight/sum. One target is an
+	// alias.
+	Targets []ModelTarget `mapstructure:"targets"`
+	// Priority is the admission priority of the model's requests when they
+	// carry no priority header. (default 0)
+	Priority int `mapstructure:"priority"`
+}
+
+// ModelTarget is a target model and its weight.
+type ModelTarget struct {
+	Model  string  `mapstructure:"model"`
+	Weight float64 `mapstructure:"weight"`
+}
+
+// Policies lists the policy names config accepts, the default first.
+var policyNames = []string{"ttft", "round-robin", "random", "least-request", "power-of-two", "epp", "sglang-cache-aware", "consistent-hash"}
+
+// PolicyNames returns the policy names config accepts, the default first.
+func PolicyNames() []string { return slices.Clone(policyNames) }
+
+// DefaultConfig returns the balancer defaults.
+func DefaultConfig() Config {
+	return Config{
+		Policy:        "ttft",
+		MaxCandidates: 3,
+		TTFT: TTFTConfig{
+			PrefillRate:      10000,
+			BaseLatency:      20 * time.Millisecond,
+			KVSoft:           0.8,
+			KVPenalty:        time.Second,
+			LoRALoadDelay:    250 * time.Millisecond,
+			TieTolerance:     0.05,
+			DefaultMaxTokens: 256,
+		},
+		Saturation:     SaturationConfig{Queue: 16, KV: 0.95},
+		Admission:      AdmissionConfig{MaxQueue: 1024, Timeout: 30 * time.Second, PriorityHeader: "X-Llmlb-Priority"},
+		Session:        SessionConfig{MaxSessions: 65536},
+		ConsistentHash: ConsistentHashConfig{PrefixBytes: 256, LoadFactor: 1.25, VirtualNodes: 100},
+		SGLang:         SGLangConfig{CacheThreshold: 0.3, BalanceAbsThreshold: 64, BalanceRelThreshold: 1.5, MaxTreeBytes: 1 << 26},
+	}
+}
+
+// Validate reports every problem in c at once.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("balancer."+field+": "+format, args...))
+	}
+	if !slices.Contains(policyNames, c.Policy) {
+		bad("policy", "unknown policy %q (known: %s)", c.Policy, strings.Join(policyNames, ", "))
+	}
+	if c.MaxCandidates < 1 || c.MaxCandidates > maxCandidates {
+		bad("max_candidates", "must be 1..%d, got %d", maxCandidates, c.MaxCandidates)
+	}
+	t := c.TTFT
+	if t.PrefillRate <= 0 {
+		bad("ttft.prefill_rate", "must be positive, got %g", t.PrefillRate)
+	}
+	if t.BaseLatency < 0 {
+		bad("ttft.base_latency", "must not be negative, got %s", t.BaseLatency)
+	}
+	if t.KVSoft < 0 || t.KVSoft >= 1 {
+		bad("ttft.kv_soft", "must be in [0, 1), got %g", t.KVSoft)
+	}
+	if t.KVPenalty < 0 {
+		bad("ttft.kv_penalty", "must not be negative, got %s", t.KVPenalty)
+	}
+	if t.LoRALoadDelay < 0 {
+		bad("ttft.lora_load_delay", "must not be negative, got %s", t.LoRALoadDelay)
+	}
+	if t.TieTolerance < 0 || t.TieTolerance >= 1 {
+		bad("ttft.tie_tolerance", "must be in [0, 1), got %g", t.TieTolerance)
+	}
+	if t.DefaultMaxTokens < 1 {
+		bad("ttft.default_max_tokens", "must be at least 1, got %d", t.DefaultMaxTokens)
+	}
+	if c.Saturation.Queue < 0 {
+		bad("saturation.queue", "must not be negative, got %d", c.Saturation.Queue)
+	}
+	if c.Saturation.KV < 0 || c.Saturation.KV > 1 {
+		bad("saturation.kv", "must be in [0, 1], got %g", c.Saturation.KV)
+	}
+	if c.Admission.MaxQueue < 0 {
+		bad("admission.max_queue", "must not be negative, got %d", c.Admission.MaxQueue)
+	}
+	if c.Admission.Timeout <= 0 {
+		bad("admission.timeout", "must be positive, got %s", c.Admission.Timeout)
+	}
+	if c.Admission.PriorityHeader == "" {
+		bad("admission.priority_header", "must not be empty")
+	}
+	if c.Session.MaxSessions < 1 {
+		bad("session.max_sessions", "must be at least 1, got %d", c.Session.MaxSessions)
+	}
+	if c.ConsistentHash.PrefixBytes < 1 {
+		bad("consistent_hash.prefix_bytes", "must be at least 1, got %d", c.ConsistentHash.PrefixBytes)
+	}
+	if c.ConsistentHash.LoadFactor < 1 {
+		bad("consistent_hash.load_factor", "must be at least 1, got %g", c.ConsistentHash.LoadFactor)
+	}
+	if c.ConsistentHash.VirtualNodes < 1 {
+		bad("consistent_hash.virtual_nodes", "must be at least 1, got %d", c.ConsistentHash.VirtualNodes)
+	}
+	if s := c.SGLang; s.CacheThreshold < 0 || s.CacheThreshold > 1 {
+		bad("sglang.cache_threshold", "must be in [0, 1], got %g", s.CacheThreshold)
+	}
+	if c.SGLang.BalanceAbsThreshold < 0 {
+		bad("sglang.balance_abs_threshold", "must not be negative, got %d", c.SGLang.BalanceAbsThreshold)
+	}
+	if c.SGLang.BalanceRelThreshold < 1 {
+		bad("sglang.balance_rel_threshold", "must be at least 1, got %g", c.SGLang.BalanceRelThreshold)
+	}
+	if c.SGLang.MaxTreeBytes < 0 {
+		bad("sglang.max_tree_bytes", "must not be negative, got %d", c.SGLang.MaxTreeBytes)
+	}
+	return errors.Join(errs...)
+}
+
+// ValidateModels checks the `models:` section.
+func ValidateModels(routes []ModelRoute) error {
+	var errs []error
+	seen := map[string]bool{}
+	for i, r := range routes {
+		at := fmt.Sprintf("models[%d]", i)
+		if r.Name == "" {
+			errs = append(errs, fmt.Errorf("%s.name: must not be empty", at))
+		} else if seen[r.Name] {
+			errs = append(errs, fmt.Errorf("%s.name: %q is listed twice", at, r.Name))
+		}
+		seen[r.Name] = true
+		if len(r.Targets) == 0 {
+			errs = append(errs, fmt.Errorf("%s.targets: at least one target is required", at))
+		}
+		sum := 0.0
+		for j, t := range r.Targets {
+			if t.Model == "" {
+				errs = append(errs, fmt.Errorf("%s.targets[%d].model: must not be empty", at, j))
+			}
+			if t.Weight < 0 {
+				errs = append(errs, fmt.Errorf("%s.targets[%d].weight: must not be negative, got %g", at, j, t.Weight))
+			}
+			sum += t.Weight
+		}
+		if len(r.Targets) > 1 && sum <= 0 {
+			errs = append(errs, fmt.Errorf("%s.targets: weights must not all be 0", at))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,537 @@
+package balancer
+
+import (
+	"context"
+	"errors"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// maxCandidates bounds the backends one pick returns.
+const maxCandidates = 8
+
+// ErrSaturated is returned by [Balancer.Pick] when every backend that could
+// take the request is saturated and the admission queue is on:
+// [Balancer.PickWait] then waits for capacity.
+var ErrSaturated = errors.New("every backend is saturated")
+
+// Request is what the picker needs to know about one request.
+type Request struct {
+	// Model is the model backends are asked for (after model routing).
+	Model string
+	// Prompt is the canonical prompt bytes (prefix package); nil for
+	// requests routed by model and load only.
+	Prompt []byte
+	// Seed seeds the prompt's block hashes: the model and cache_salt.
+	Seed uint64
+	// PromptTokens estimates the prompt's tokens.
+	PromptTokens int
+	// MaxTokens is the output tokens requested; 0 means not said.
+	MaxTokens int
+	// Session is the session-affinity header's value, or "".
+	Session string
+	// Priority orders the admission queue; negative is sheddable.
+	Priority int
+}
+
+// Decision is the outcome of [Balancer.Pick].
+type Decision struct {
+	// Candidates are the backends to try, best first. Never empty when Pick
+	// returns a nil error.
+	Candidates []*Backend
+	// Work is each candidate's estimated cost, for [Guard.Attach].
+	Work [maxCandidates]Work
+	// Reason says why the first candidate was chosen, for the
+	// x-llmlb-reason header: prefix-hit, least-load, lora, affinity,
+	// round-robin, random, consistent-hash, cache-space, stale-metrics,
+	// fallback or saturated.
+	Reason string
+	// Waited is the time spent in the admission queue.
+	Waited time.Duration
+}
+
+// LoRAState is how ready a backend is to run a request's adapter.
+type LoRAState int
+
+const (
+	// LoRANone: the request is for a base model.
+	LoRANone LoRAState = iota
+	// LoRARunning: the adapter is loaded (scraped, or in flight from us).
+	LoRARunning
+	// LoRAFree: a slot is free below max_lora; the adapter must be loaded.
+	LoRAFree
+	// LoRAUnknown: the backend reports no LoRA information.
+	LoRAUnknown
+	// LoRAWaiting: requests already wait for the adapter to get a slot.
+	LoRAWaiting
+	// LoRAFull: every slot holds another adapter.
+	LoRAFull
+)
+
+var loraNames = [...]string{"none", "running", "free-slot", "unknown", "waiting", "no-slot"}
+
+// String returns the state's name as /debug/route shows it.
+func (s LoRAState) String() string { return loraNames[s] }
+
+// MarshalText writes s as its name.
+func (s LoRAState) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// Candidate is one backend as a pick sees it: scraped values corrected by
+// what the balancer sent since the scrape, prefix match and, once scored,
+// the time-to-first-token estimate's parts.
+type Candidate struct {
+	Backend *Backend `json:"-"`
+	// Queued and Running estimate the backend's waiting and running
+	// requests now: the last scrape plus requests sent since, minus those
+	// that started or finished since. Without metrics, our own.
+	Queued  float64 `json:"queued"`
+	Running float64 `json:"running"`
+	// KVUsage estimates KV-cache use now, 0..1.
+	KVUsage  Value `json:"kv_usage"`
+	InFlight int64 `json:"in_flight"`
+	// PendingTokens are prompt tokens we sent that are not prefilled yet.
+	PendingTokens int64 `json:"pending_tokens"`
+	// MatchedBlocks of the request's PromptBlocks the backend is believed
+	// to hold, MatchedTokens their tokens, UncachedTokens the rest.
+	MatchedBlocks  int       `json:"matched_blocks"`
+	MatchedTokens  int       `json:"matched_tokens"`
+	UncachedTokens int       `json:"uncached_tokens"`
+	LoRA           LoRAState `json:"lora"`
+	Saturated      bool      `json:"saturated"`
+	// The ttft policy's estimate in seconds and its parts.
+	TTFT        float64 `json:"ttft_seconds"`
+	Prefill     float64 `json:"prefill_seconds"`
+	QueueWait   float64 `json:"queue_wait_seconds"`
+	KVPenalty   float64 `json:"kv_penalty_seconds"`
+	LoRAPenalty float64 `json:"lora_penalty_seconds"`
+
+	ahead       float64 // prefill tokens ahead
+	queuedAhead float64 // requests ahead
+	adapter     string  // the request's adapter on this backend, or ""
+}
+
+// Pick is one pick in progress, as scorers and pickers see it. Cands are
+// the backends that passed the filters, in snapshot order.
+type Pick struct {
+	Req   *Request
+	Cands []Candidate
+	// PromptBlocks is how many blocks the prompt hashed to.
+	PromptBlocks int
+	// Key is a hash of the prompt's start, the same on every replica.
+	Key uint64
+	// Dry is set for /debug/route: pickers must not change state.
+	Dry bool
+
+	snap   *Snapshot
+	hashes []uint64
+}
+
+// scratch holds one pick's buffers; pooled, so a warm Pick allocates
+// nothing.
+type scratch struct {
+	p       Pick
+	cands   []Candidate
+	scores  []float64
+	total   []float64
+	hashes  []uint64
+	bySlot  []int32
+	stale   []int
+	unknown []int
+}
+
+// Scorer rates every candidate of a pick, writing a value in [0,1] (1 is
+// best) into out, which is indexed like p.Cands. A scorer may also fill in
+// the candidates' estimate fields.
+type Scorer interface {
+	Score(p *Pick, out []float64)
+}
+
+// Picker chooses the primary candidate given the weighted total scores,
+// indexed like p.Cands, and says why.
+type Picker interface {
+	Choose(p *Pick, total []float64) (int, string)
+}
+
+// Pick chooses the backends for req from the current snapshot. Filters
+// first: the backend must serve the model and be ready with fresh metrics;
+// when none is, ready backends with stale metrics are used
+// ("stale-metrics"); when none is ready, those not probed yet
+// ("fallback"). Down and draining backends are never picked. Among the
+// fresh, saturated backends are dropped; if all are saturated, Pick
+// returns [ErrSaturated] when the admission queue is on, and uses them
+// all ("saturated") when it is off. Then session affinity, then the
+// policy's scorers and picker. The decision's Candidates are appended to
+// dst[:0], so a caller that reuses dst does not allocate.
+func (b *Balancer) Pick(req *Request, dst []*Backend) (Decision, error) {
+	return b.pick(req, dst, false, nil)
+}
+
+// PickWait is Pick that waits in the admission queue, in priority order,
+// while every backend is saturated, for at most the admission timeout or
+// until ctx ends. A sheddable request (negative priority) is refused at
+// once with [ErrShed]; a full queue gives [ErrQueueFull]; the timeout
+// [ErrQueueTimeout].
+func (b *Balancer) PickWait(ctx context.Context, req *Request, dst []*Backend) (Decision, error) {
+	dec, err := b.Pick(req, dst)
+	if !errors.Is(err, ErrSaturated) {
+		return dec, err
+	}
+	if req.Priority < 0 {
+		b.adm.refuse("shed")
+		return dec, ErrShed
+	}
+	start := b.now()
+	w, err := b.adm.enter(req.Priority)
+	if err != nil {
+		return dec, err
+	}
+	defer b.adm.leave(w)
+	timer := time.NewTimer(b.cfg.Admission.Timeout)
+	defer timer.Stop()
+	for {
+		select {
+		case <-w.ch:
+		case <-ctx.Done():
+			b.adm.refuse("cancelled")
+			return dec, ctx.Err()
+		case <-timer.C:
+			b.adm.refuse("timeout")
+			return dec, ErrQueueTimeout
+		}
+		if !b.adm.isHead(w) {
+			continue
+		}
+		dec, err = b.Pick(req, dst)
+		if !errors.Is(err, ErrSaturated) {
+			dec.Waited = b.now().Sub(start)
+			b.adm.observeWait(dec.Waited)
+			return dec, err
+		}
+	}
+}
+
+func (b *Balancer) pick(req *Request, dst []*Backend, dry bool, ex *Explanation) (Decision, error) {
+	snap := b.snap.Load()
+	s := b.pool.Get().(*scratch)
+	defer b.pool.Put(s)
+	cands := s.cands[:0]
+	s.stale = s.stale[:0]
+	known, unknownModels := false, false
+	unknownIdx := s.unknown[:0]
+	defer func() { s.unknown = unknownIdx[:0] }()
+	for i, be := range snap.Backends {
+		// A backend that is up, or not probed yet, and whose models are
+		// not known may serve the model; one that is down or draining
+		// cannot serve it now, so it does not turn a 404 into a 503.
+		if !be.ModelsKnown() && (be.State == StateReady || be.State == StateUnknown) {
+			unknownModels = true
+		}
+		if !be.Serves(req.Model) {
+			ex.skip(be, "does not serve the model")
+			continue
+		}
+		known = true
+		switch {
+		case be.State == StateReady && !be.Stale:
+			cands = append(cands, b.candidate(be, req))
+		case be.State == StateReady:
+			s.stale = append(s.stale, i)
+		case be.State == StateUnknown:
+			unknownIdx = append(unknownIdx, i)
+		default:
+			ex.skip(be, be.State.String())
+		}
+	}
+	reason := ""
+	tier := "fresh"
+	if len(cands) == 0 && len(s.stale) > 0 {
+		for _, i := range s.stale {
+			c := b.candidate(snap.Backends[i], req)
+			c.Saturated = false // stale values do not say it is full
+			cands = append(cands, c)
+		}
+		reason, tier = "stale-metrics", "stale"
+	} else {
+		for _, i := range s.stale {
+			ex.skip(snap.Backends[i], "stale metrics")
+		}
+	}
+	if len(cands) == 0 {
+		for _, i := range unknownIdx {
+			cands = append(cands, b.candidate(snap.Backends[i], req))
+		}
+		reason, tier = "fallback", "unknown"
+	} else {
+		for _, i := range unknownIdx {
+			ex.skip(snap.Backends[i], "not probed yet")
+		}
+	}
+	s.cands = cands
+	if ex != nil {
+		ex.Tier = tier
+	}
+	if len(cands) == 0 {
+		if !known && !unknownModels {
+			return Decision{}, errModel(req.Model, ErrUnknownModel)
+		}
+		return Decision{}, errModel(req.Model, ErrNoBackend)
+	}
+
+	// Saturation: keep the backends with room; if none has, queue or, with
+	// the queue off, use them all.
+	free := 0
+	for i := range cands {
+		if !cands[i].Saturated {
+			free++
+		}
+	}
+	if free == 0 && tier != "stale" {
+		if b.cfg.Admission.MaxQueue > 0 && !dry {
+			return Decision{}, ErrSaturated
+		}
+		reason = "saturated"
+	} else if free < len(cands) {
+		for i := range cands {
+			if cands[i].Saturated {
+				ex.add(&cands[i], 0, "saturated")
+			}
+		}
+		cands = slices.DeleteFunc(cands, func(c Candidate) bool { return c.Saturated })
+	}
+
+	p := &s.p
+	*p = Pick{Req: req, Cands: cands, Dry: dry, snap: snap}
+	b.matchPrefix(s, p)
+
+	// Session affinity: stay where the session went unless that backend
+	// is saturated or gone.
+	primary := -1
+	if b.sessions != nil && req.Session != "" {
+		if id, ok := b.sessions.Get(req.Session); ok {
+			for i := range cands {
+				if cands[i].Backend.ID == id && !cands[i].Saturated {
+					primary = i
+					reason = "affinity"
+				}
+			}
+		}
+	}
+
+	total := grow(s.total, len(cands))
+	clear(total)
+	s.total = total
+	if len(b.pol.scorers) == 0 {
+		// Fallback order for pickers that do not score: fewest in flight.
+		for i := range cands {
+			total[i] = -float64(cands[i].InFlight)
+		}
+	} else {
+		scores := grow(s.scores, len(cands))
+		s.scores = scores
+		wsum := 0.0
+		for _, ws := range b.pol.scorers {
+			clear(scores)
+			ws.s.Score(p, scores)
+			for i, v := range scores {
+				if math.IsNaN(v) {
+					v = 0
+				}
+				total[i] += ws.w * min(max(v, 0), 1)
+			}
+			wsum += ws.w
+		}
+		for i := range total {
+			total[i] /= wsum
+		}
+	}
+	if primary < 0 {
+		var why string
+		primary, why = b.pol.picker.Choose(p, total)
+		if reason == "" {
+			reason = why
+		}
+	}
+
+	dec := Decision{Reason: reason}
+	out := append(dst[:0], cands[primary].Backend)
+	dec.Work[0] = b.work(req, &cands[primary])
+	// Fallbacks: the best of the rest by total score.
+	for len(out) < b.cfg.MaxCandidates && len(out) < len(cands) {
+		best := -1
+		for i := range cands {
+			if i == primary || slices.Contains(out, cands[i].Backend) {
+				continue
+			}
+			if best < 0 || total[i] > total[best] {
+				best = i
+			}
+		}
+		dec.Work[len(out)] = b.work(req, &cands[best])
+		out = append(out, cands[best].Backend)
+	}
+	dec.Candidates = out
+	if ex != nil {
+		for i := range cands {
+			ex.add(&cands[i], total[i], "")
+		}
+		ex.Reason = reason
+		for _, be := range out {
+			ex.Chosen = append(ex.Chosen, be.ID)
+		}
+	}
+	if !dry {
+		if b.pol.index != nil && len(p.hashes) > 0 {
+			b.pol.index.Insert(cands[primary].Backend.slot, p.hashes)
+		}
+		if b.sessions != nil && req.Session != "" {
+			b.sessions.Add(req.Session, cands[primary].Backend.ID)
+		}
+	}
+	return dec, nil
+}
+
+func grow[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	return s[:n]
+}
+
+// candidate reads be's scraped values and ledger into a Candidate.
+func (b *Balancer) candidate(be *Backend, req *Request) Candidate {
+	l, m, mk := be.Ledger, &be.Metrics, be.mark
+	inFlight := l.InFlight()
+	pending, pendingTok := l.Pending()
+	c := Candidate{Backend: be, InFlight: inFlight, PendingTokens: pendingTok}
+	scraped := !m.At.IsZero()
+	sinceStarted := float64(l.started.Load() - mk.started)
+	sincePrefilled := float64(l.prefilled.Load() - mk.prefilled)
+	sinceFinished := float64(l.finished.Load() - mk.finished)
+	if scraped && m.Queued.Known {
+		c.Queued = max(0, m.Queued.V+sinceStarted-sincePrefilled)
+	} else {
+		c.Queued = float64(pending)
+	}
+	if scraped && m.Running.Known {
+		c.Running = max(0, m.Running.V+sincePrefilled-sinceFinished)
+	} else {
+		c.Running = float64(inFlight - pending)
+	}
+	if scraped && m.KVUsage.Known {
+		kv := m.KVUsage.V
+		if capTok := m.BlockSize.V * m.NumBlocks.V; m.BlockSize.Known && m.NumBlocks.Known && capTok > 0 {
+			kv += float64(l.openTokens.Load()-mk.openTokens) / capTok
+		}
+		c.KVUsage = Known(min(max(kv, 0), 1))
+	}
+	c.LoRA, c.adapter = loraState(be, req.Model)
+	sat := b.cfg.Saturation
+	c.Saturated = (sat.Queue > 0 && c.Queued >= float64(sat.Queue)) ||
+		(sat.KV > 0 && c.KVUsage.Known && c.KVUsage.V >= sat.KV)
+	c.UncachedTokens = req.PromptTokens
+	return c
+}
+
+// loraState says how ready be is to run model if model is one of its
+// adapters.
+func loraState(be *Backend, model string) (LoRAState, string) {
+	isAdapter := false
+	for _, a := range be.Adapters {
+		if a.Name == model {
+			isAdapter = true
+			break
+		}
+	}
+	if !isAdapter {
+		return LoRANone, ""
+	}
+	if be.Ledger.AdapterInFlight(model) {
+		return LoRARunning, model
+	}
+	info := be.Metrics.LoRA
+	if info == nil {
+		return LoRAUnknown, model
+	}
+	if slices.Contains(info.Running, model) {
+		return LoRARunning, model
+	}
+	if slices.Contains(info.Waiting, model) {
+		return LoRAWaiting, model
+	}
+	used := len(info.Running)
+	for _, a := range be.Ledger.adaptersInFlight(nil) {
+		if !slices.Contains(info.Running, a) {
+			used++
+		}
+	}
+	if info.Max <= 0 || used < info.Max {
+		return LoRAFree, model
+	}
+	return LoRAFull, model
+}
+
+// matchPrefix hashes the prompt and fills in each candidate's match.
+func (b *Balancer) matchPrefix(s *scratch, p *Pick) {
+	req := p.Req
+	if len(req.Prompt) == 0 {
+		return
+	}
+	idx := b.pol.index
+	blockTokens := 16
+	if idx != nil {
+		blockTokens = max(1, idx.BlockTokens())
+		s.hashes = idx.AppendHashes(s.hashes[:0], req.Seed, req.Prompt)
+		p.hashes = s.hashes
+		p.PromptBlocks = len(s.hashes)
+		if len(s.hashes) > 0 {
+			p.Key = s.hashes[0]
+		}
+		if len(s.hashes) > 0 {
+			by := grow(s.bySlot, p.snap.slots)
+			clear(by)
+			s.bySlot = by
+			if idx.Match(s.hashes, by) > 0 {
+				for i := range p.Cands {
+					c := &p.Cands[i]
+					if sl := c.Backend.slot; sl < len(by) {
+						c.MatchedBlocks = int(by[sl])
+					}
+				}
+			}
+		}
+	}
+	if p.Key == 0 {
+		p.Key = keyOf(req.Seed, req.Prompt)
+	}
+	for i := range p.Cands {
+		c := &p.Cands[i]
+		c.MatchedTokens = min(c.MatchedBlocks*blockTokens, req.PromptTokens)
+		if b.pol.oracle != nil {
+			c.MatchedTokens = min(b.pol.oracle.CachedTokens(c.Backend, req), req.PromptTokens)
+		}
+		c.UncachedTokens = req.PromptTokens - c.MatchedTokens
+	}
+}
+
+// work is what req costs candidate c.
+func (b *Balancer) work(req *Request, c *Candidate) Work {
+	decode := req.MaxTokens
+	if decode <= 0 {
+		decode = b.cfg.TTFT.DefaultMaxTokens
+	}
+	return Work{UncachedTokens: c.UncachedTokens, DecodeTokens: decode, Adapter: c.adapter, AheadTokens: c.ahead, QueuedAhead: c.queuedAhead}
+}
+
+// keyOf hashes the start of a prompt too short for one block.
+func keyOf(seed uint64, prompt []byte) uint64 {
+	if len(prompt) > 256 {
+		prompt = prompt[:256]
+	}
+	var d xxhash.Digest
+	d.ResetWithSeed(seed)
+	_, _ = d.Write(prompt)
+	return d.Sum64()
+}

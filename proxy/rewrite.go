@@ -1,0 +1,117 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+)
+
+// setModel returns body with every top-level "model" value replaced by
+// model and every other byte as it was: the request is forwarded as the
+// client wrote it, with only the model name changed (no re-encoding, so
+// field order, number spelling and unknown fields survive).
+func setModel(body []byte, model string) ([]byte, error) {
+	val, _ := json.Marshal(model)
+	d := json.NewDecoder(bytes.NewReader(body))
+	if t, err := d.Token(); err != nil || t != json.Delim('{') {
+		return nil, errors.New("request body is not a JSON object")
+	}
+	type span struct{ start, end int64 }
+	var spans []span
+	for d.More() {
+		t, err := d.Token()
+		if err != nil {
+			return nil, err
+		}
+		var raw json.RawMessage
+		if err := d.Decode(&raw); err != nil {
+			return nil, err
+		}
+		if k, _ := t.(string); k == "model" {
+			end := d.InputOffset()
+			spans = append(spans, span{end - int64(len(raw)), end})
+		}
+	}
+	if len(spans) == 0 {
+		return nil, errors.New("request body has no model")
+	}
+	out := make([]byte, 0, len(body)+len(val))
+	prev := int64(0)
+	for _, s := range spans {
+		out = append(out, body[prev:s.start]...)
+		out = append(out, val...)
+		prev = s.end
+	}
+	return append(out, body[prev:]...), nil
+}
+
+// maxRewriteLine bounds what modelRewriter holds back looking for a line
+// end; a longer line passes through unchanged.
+const maxRewriteLine = 64 << 20
+
+// modelRewriter turns the target model's name back into the name the
+// client asked for in a response body, JSON or SSE, as it streams: it
+// passes on whole lines (an SSE event's data line is one line), holding
+// back only a partial last line, and rewrites `"model":"target"` (with or
+// without a space after the colon) in each.
+type modelRewriter struct {
+	src      io.ReadCloser
+	from, to [2][]byte
+	buf      []byte // read, not yet returned
+	out      []byte // rewritten, not yet returned
+	eof      bool
+}
+
+func newModelRewriter(src io.ReadCloser, target, public string) *modelRewriter {
+	t, _ := json.Marshal(target)
+	p, _ := json.Marshal(public)
+	m := &modelRewriter{src: src}
+	for i, sep := range []string{`"model":`, `"model": `} {
+		m.from[i] = append([]byte(sep), t...)
+		m.to[i] = append([]byte(sep), p...)
+	}
+	return m
+}
+
+func (m *modelRewriter) Read(p []byte) (int, error) {
+	for len(m.out) == 0 {
+		if m.eof {
+			if len(m.buf) == 0 {
+				return 0, io.EOF
+			}
+			m.emit(len(m.buf))
+			break
+		}
+		var chunk [32 << 10]byte
+		n, err := m.src.Read(chunk[:])
+		m.buf = append(m.buf, chunk[:n]...)
+		if err == io.EOF {
+			m.eof = true
+		} else if err != nil {
+			return 0, err
+		}
+		if i := bytes.LastIndexByte(m.buf, '\n'); i >= 0 {
+			m.emit(i + 1)
+		} else if len(m.buf) > maxRewriteLine {
+			m.out, m.buf = append(m.out, m.buf...), m.buf[:0]
+		}
+	}
+	n := copy(p, m.out)
+	m.out = m.out[n:]
+	return n, nil
+}
+
+// emit rewrites buf's first n bytes into out.
+func (m *modelRewriter) emit(n int) {
+	seg := m.buf[:n]
+	for i := range m.from {
+		if bytes.Contains(seg, m.from[i]) {
+			seg = bytes.ReplaceAll(seg, m.from[i], m.to[i])
+		}
+	}
+	m.out = append(m.out[:0], seg...)
+	m.buf = append(m.buf[:0], m.buf[n:]...)
+}
+
+func (m *modelRewriter) Close() error { return m.src.Close() }
