@@ -76,11 +76,11 @@ type Index struct {
 
 	mu       sync.RWMutex
 	lrus     []*simplelru.LRU[uint64, struct{}] // guarded by mu; by slot, nil when unused
-	engBlock []int                               // guarded by mu; by slot, the engine block size reported (tokens)
-	caps     []int                               // guarded by mu; by slot, the LRU's size
-	holders  map[uint64][]int32                  // guarded by mu; block hash → slots holding it
-	entries  int                                 // guarded by mu; sum of LRU lengths
-	resets   int64                               // guarded by mu; times the block size changed
+	engBlock []int                              // guarded by mu; by slot, the engine block size reported (tokens)
+	caps     []int                              // guarded by mu; by slot, the LRU's size
+	holders  map[uint64][]int32                 // guarded by mu; block hash → slots holding it
+	entries  int                                // guarded by mu; sum of LRU lengths
+	resets   int64                              // guarded by mu; times the block size changed
 }
 
 // NewIndex returns an empty index.
