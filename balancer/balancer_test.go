@@ -128,7 +128,7 @@ func TestPickReusesDst(t *testing.T) {
 		d, _ := b.Pick(req, dst)
 		dst = d.Candidates
 	})
-	if allocs != 0 {
+	if allocs != 0 && !raceEnabled {
 		t.Errorf("Pick allocates %.0f times per call", allocs)
 	}
 }
