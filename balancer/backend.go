@@ -115,6 +115,20 @@ func (v Value) MarshalJSON() ([]byte, error) {
 	return strconv.AppendFloat(nil, v.V, 'g', -1, 64), nil
 }
 
+// UnmarshalJSON reads a number as a known value and null as unknown.
+func (v *Value) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		*v = Value{}
+		return nil
+	}
+	f, err := strconv.ParseFloat(string(b), 64)
+	if err != nil {
+		return err
+	}
+	*v = Known(f)
+	return nil
+}
+
 // LoRAInfo is what a server reports of its LoRA adapters: how many it can
 // hold at once, which are loaded and running, and which requests wait for.
 type LoRAInfo struct {

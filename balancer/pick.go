@@ -3,6 +3,7 @@ package balancer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"time"
@@ -78,6 +79,17 @@ func (s LoRAState) String() string { return loraNames[s] }
 
 // MarshalText writes s as its name.
 func (s LoRAState) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// UnmarshalText reads a name MarshalText wrote.
+func (s *LoRAState) UnmarshalText(b []byte) error {
+	for i, n := range loraNames {
+		if n == string(b) {
+			*s = LoRAState(i)
+			return nil
+		}
+	}
+	return fmt.Errorf("unknown LoRA state %q", b)
+}
 
 // Candidate is one backend as a pick sees it: scraped values corrected by
 // what the balancer sent since the scrape, prefix match and, once scored,

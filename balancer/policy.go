@@ -172,10 +172,11 @@ func (s *TTFTScorer) estimate(p *Pick, c *Candidate) {
 }
 
 // TiePicker takes the highest score; candidates within Tolerance of it
-// (score ≥ best/(1+Tolerance)) tie, and the tie goes to the highest
-// rendezvous hash of the prompt's first block and the backend ID. Replicas
-// that do not share state thus send the same conversation to the same
-// backend, and distinct prompts spread evenly.
+// (score ≥ best/(1+Tolerance)) tie. A tie goes to the candidate holding
+// the most of the prompt (the same first token time, less work for the
+// fleet), then to the highest rendezvous hash of the prompt's first block
+// and the backend ID. Replicas that do not share state thus send the same
+// conversation to the same backend, and distinct prompts spread evenly.
 type TiePicker struct{ Tolerance float64 }
 
 var _ Picker = (*TiePicker)(nil)
@@ -189,12 +190,14 @@ func (t *TiePicker) Choose(p *Pick, total []float64) (int, string) {
 		}
 	}
 	floor := total[best] / (1 + t.Tolerance)
-	pick, top := best, uint64(0)
+	pick, top, held := best, uint64(0), -1
 	for i, v := range total {
-		if v >= floor {
-			if h := mix(p.Key ^ p.Cands[i].Backend.idHash); h >= top {
-				pick, top = i, h
-			}
+		if v < floor {
+			continue
+		}
+		m := p.Cands[i].MatchedTokens
+		if h := mix(p.Key ^ p.Cands[i].Backend.idHash); m > held || (m == held && h >= top) {
+			pick, top, held = i, h, m
 		}
 	}
 	return pick, reasonFor(p, pick)

@@ -772,3 +772,62 @@ func newBal(tb testing.TB, policy string, models ...balancer.ModelRoute) *balanc
 	}
 	return bal
 }
+
+// TestSaturationAnswers429And503: with the only backend saturated, one
+// request waits in the admission queue (size 1) and gets 503 when its
+// deadline passes; the next finds the queue full and gets 429 with
+// Retry-After; a sheddable one gets 429 at once. Nothing reaches the
+// backend.
+func TestSaturationAnswers429And503(t *testing.T) {
+	t.Parallel()
+	hits := 0
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hits++ }))
+	defer backend.Close()
+	cfg := balancer.DefaultConfig()
+	cfg.Admission.MaxQueue = 1
+	cfg.Admission.Timeout = 300 * time.Millisecond
+	bal, err := balancer.New(cfg, balancer.Deps{Index: prefix.NewIndex(prefix.DefaultConfig())}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, _ := url.Parse(backend.URL)
+	bal.Update(balancer.Spec{ID: "busy", URL: u, Models: []string{testModel}, State: balancer.StateReady,
+		Metrics: balancer.Metrics{Queued: balancer.Known(40), At: time.Now()}})
+	srv := httptest.NewServer(New(DefaultConfig(), bal, prometheus.NewRegistry(), nil).Handler())
+	defer srv.Close()
+
+	post := func(hdr map[string]string) *http.Response {
+		req, _ := http.NewRequest("POST", srv.URL+"/v1/completions", strings.NewReader(body("completion", "")))
+		req.Header.Set("Content-Type", "application/json")
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp
+	}
+	first := make(chan *http.Response, 1)
+	go func() { first <- post(nil) }()
+	for bal.QueueLen() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	if resp := post(nil); resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
+		t.Errorf("queue full: status %d Retry-After %q, want 429 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+	if resp := post(map[string]string{"X-Llmlb-Priority": "-1"}); resp.StatusCode != http.StatusTooManyRequests {
+		t.Errorf("sheddable: status %d, want 429", resp.StatusCode)
+	}
+	if resp := post(map[string]string{"X-Llmlb-Priority": "high"}); resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("bad priority header: status %d, want 400", resp.StatusCode)
+	}
+	if resp := <-first; resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("deadline: status %d, want 503", resp.StatusCode)
+	}
+	if hits != 0 {
+		t.Errorf("the saturated backend got %d requests", hits)
+	}
+}

@@ -1,0 +1,206 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/llmlb/llmlb/balancer"
+	"github.com/llmlb/llmlb/sim"
+)
+
+// waitFresh polls /debug/backends until every backend has fresh metrics.
+func waitFresh(t *testing.T, adminAddr string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		bs, err := sim.FetchBackends(http.DefaultClient, "http://"+adminAddr)
+		fresh := 0
+		for _, b := range bs {
+			if b.State == "ready" && !b.Stale {
+				fresh++
+			}
+		}
+		if err == nil && fresh == n {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatal("metrics not fresh within 10s")
+}
+
+// fire sends bodies to the balancer with at most conc at once and returns
+// how many each backend answered; every request must succeed.
+func fire(t *testing.T, addr string, bodies []string, conc int) map[string]int {
+	t.Helper()
+	var mu sync.Mutex
+	got := map[string]int{}
+	sem := make(chan struct{}, conc)
+	var wg sync.WaitGroup
+	for _, b := range bodies {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			resp, err := http.Post("http://"+addr+"/v1/completions", "application/json", strings.NewReader(b))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Errorf("status %d", resp.StatusCode)
+				return
+			}
+			mu.Lock()
+			got[resp.Header.Get("X-Llmlb-Backend")]++
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return got
+}
+
+func completion(prompt string, maxTokens int) string {
+	b, _ := json.Marshal(map[string]any{"model": testModel, "prompt": prompt, "max_tokens": maxTokens})
+	return string(b)
+}
+
+// TestBurstDoesNotHerd is the issue's herding test: 200 requests with
+// distinct prompts arrive at once at 4 idle backends whose last scrape is
+// old (scrapes every 10 minutes, trusted for an hour); the in-flight ledger
+// spreads them, so no backend gets more than 35%.
+func TestBurstDoesNotHerd(t *testing.T) {
+	urls := simBackends(t, 4, sim.SteadyConfig{Speed: 10})
+	cfg := testConfig(urls)
+	cfg.Scrape.Interval = 10 * time.Minute
+	cfg.Scrape.StaleAfter = time.Hour
+	inst := startTest(t, cfg, 4)
+	waitFresh(t, inst.adminAddr, 4)
+	var bodies []string
+	for i := range 200 {
+		bodies = append(bodies, completion(fmt.Sprintf("request %d: %s", i, strings.Repeat("distinct words ", 100+i%50)), 4))
+	}
+	got := fire(t, inst.addr, bodies, 200)
+	t.Logf("200 requests at once over 4 backends: %v", got)
+	for id, n := range got {
+		if n > 70 {
+			t.Errorf("%s got %d of 200 (%.0f%%), want at most 35%%", id, n, float64(n)/2)
+		}
+	}
+}
+
+// TestSharedPrefixStaysThenSpills is the issue's affinity test: 50
+// requests sharing a 4,000-token system prompt with distinct questions, 5
+// at a time, against backends that run 2 requests at once and decode slowly. They go to the
+// backend that holds the prefix until its queue makes prefilling the whole
+// prompt elsewhere faster; then a second backend takes the overflow (and
+// the prefix); never all onto one saturated server.
+func TestSharedPrefixStaysThenSpills(t *testing.T) {
+	urls := simBackends(t, 4, sim.SteadyConfig{Speed: 4, MaxRunning: 2, DecodeTokensPerSecond: 30})
+	cfg := testConfig(urls)
+	inst := startTest(t, cfg, 4)
+	waitFresh(t, inst.adminAddr, 4)
+	system := strings.Repeat("You are a careful assistant for the billing team. ", 320) // ~16,000 bytes, ~4,000 tokens
+	var bodies []string
+	for i := range 50 {
+		bodies = append(bodies, completion(fmt.Sprintf("%s\nQuestion %d: what is %d + %d?", system, i, i, i*7), 16))
+	}
+	got := fire(t, inst.addr, bodies, 5)
+	counts := make([]int, 0, len(got))
+	for _, n := range got {
+		counts = append(counts, n)
+	}
+	slices.Sort(counts)
+	slices.Reverse(counts)
+	t.Logf("50 shared-prefix requests: %v", got)
+	if counts[0] <= 25 {
+		t.Errorf("busiest backend got %d of 50, want most (the prefix holder)", counts[0])
+	}
+	if len(counts) < 2 || counts[0] == 50 {
+		t.Errorf("no spill: %v", got)
+	}
+	if len(counts) >= 2 && counts[0]+counts[1] < 45 {
+		t.Errorf("top two backends got %d of 50: the prefix was spread, not kept", counts[0]+counts[1])
+	}
+}
+
+// TestModelAliasRewritesBothWays: a public name routed to the served model
+// reaches the backend as the served name and comes back to the client as
+// its own, streaming and not; /v1/models lists it; /debug/route explains
+// without sending.
+func TestModelAliasRewritesBothWays(t *testing.T) {
+	urls := simBackends(t, 2, sim.SteadyConfig{Speed: 100})
+	cfg := testConfig(urls)
+	cfg.Models = []balancer.ModelRoute{{Name: "house-model", Targets: []balancer.ModelTarget{{Model: testModel, Weight: 1}}}}
+	inst := startTest(t, cfg, 2)
+	for _, stream := range []bool{false, true} {
+		body := fmt.Sprintf(`{"prompt":"hi there","max_tokens":3,"model":"house-model","stream":%v}`, stream)
+		resp, err := http.Post("http://"+inst.addr+"/v1/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("stream=%v: status %d: %s", stream, resp.StatusCode, out)
+		}
+		if strings.Contains(string(out), testModel) || !strings.Contains(string(out), `"house-model"`) {
+			t.Errorf("stream=%v: response names the served model or not the public one:\n%s", stream, out)
+		}
+	}
+	resp, err := http.Get("http://" + inst.addr + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	models, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(models), `"house-model"`) {
+		t.Errorf("/v1/models lacks the alias: %s", models)
+	}
+
+	before := totalRequests(t, inst.adminAddr)
+	resp, err = http.Post("http://"+inst.adminAddr+"/debug/route", "application/json",
+		strings.NewReader(`{"model":"house-model","messages":[{"role":"user","content":"hello"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var route struct {
+		Target      string               `json:"target_model"`
+		Explanation balancer.Explanation `json:"explanation"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&route); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if route.Target != testModel || len(route.Explanation.Backends) != 2 || len(route.Explanation.Chosen) == 0 || route.Explanation.Reason == "" {
+		t.Errorf("/debug/route = %+v", route)
+	}
+	for _, b := range route.Explanation.Backends {
+		if b.Candidate == nil || b.TTFT <= 0 {
+			t.Errorf("backend %s has no breakdown: %+v", b.ID, b)
+		}
+	}
+	if after := totalRequests(t, inst.adminAddr); after != before {
+		t.Errorf("/debug/route sent %d requests", after-before)
+	}
+}
+
+func totalRequests(t *testing.T, adminAddr string) int64 {
+	t.Helper()
+	bs, err := sim.FetchBackends(http.DefaultClient, "http://"+adminAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, b := range bs {
+		n += b.Requests
+	}
+	return n
+}
