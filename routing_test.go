@@ -74,18 +74,21 @@ func completion(prompt string, maxTokens int) string {
 
 // TestBurstDoesNotHerd is the herding test: 200 requests with
 // distinct prompts arrive at once at 4 idle backends whose last scrape is
-// old (scrapes every 10 minutes, trusted for an hour); the in-flight ledger
-// spreads them, so no backend gets more than 35%.
+// old (scrapes every 10 minutes, trusted for an hour). The backends take a
+// second to the first token, so every pick happens before any answer
+// teaches anything, and saturation is off, so nothing but the in-flight
+// ledger spreads them: no backend may get more than 35%.
 func TestBurstDoesNotHerd(t *testing.T) {
-	urls := simBackends(t, 4, sim.SteadyConfig{Speed: 10})
+	urls := simBackends(t, 4, sim.SteadyConfig{Speed: 1, FirstTokenLatency: time.Second, MaxRunning: 256})
 	cfg := testConfig(urls)
 	cfg.Scrape.Interval = 10 * time.Minute
 	cfg.Scrape.StaleAfter = time.Hour
+	cfg.Balancer.Saturation.Queue = 0
 	inst := startTest(t, cfg, 4)
 	waitFresh(t, inst.adminAddr, 4)
 	var bodies []string
 	for i := range 200 {
-		bodies = append(bodies, completion(fmt.Sprintf("request %d: %s", i, strings.Repeat("distinct words ", 100+i%50)), 4))
+		bodies = append(bodies, completion(fmt.Sprintf("request %d: %s", i, strings.Repeat("distinct words ", 100+i%50)), 2))
 	}
 	got := fire(t, inst.addr, bodies, 200)
 	t.Logf("200 requests at once over 4 backends: %v", got)

@@ -383,9 +383,11 @@ func (e *estimator) observe(work, queued, ttft, defInv, defBase float64) {
 	e.sxy = e.sxy*estDecay + work*ttft
 	mx, my := e.sx/e.n, e.sy/e.n
 	varX := e.sxx/e.n - mx*mx
-	if e.n >= 3 && varX > 1e-6*mx*mx+1 {
+	if e.samples.Load() >= 5 && varX > 1e-6*mx*mx+1 {
 		if slope := (e.sxy/e.n - mx*my) / varX; slope > 0 {
-			inv = min(max(slope, 1e-7), 1e-1) // 10 to 10M tokens/s
+			// A rate more than 10x off the configured one is noise (a
+			// burst prefilled in one batch, a stalled sample), not a GPU.
+			inv = min(max(slope, defInv/10), defInv*10)
 		}
 	}
 	base = max(0, my-inv*mx)

@@ -36,6 +36,10 @@ type Request struct {
 	Session string
 	// Priority orders the admission queue; negative is sheddable.
 	Priority int
+	// Guard, when set, is attached to the chosen backend inside the pick,
+	// so that concurrent picks see this request in the ledger at once and
+	// a burst does not all choose the backend that looked idlest.
+	Guard *Guard
 }
 
 // Decision is the outcome of [Balancer.Pick].
@@ -400,6 +404,9 @@ func (b *Balancer) pick(req *Request, dst []*Backend, dry bool, ex *Explanation)
 		}
 		if b.sessions != nil && req.Session != "" {
 			b.sessions.Add(req.Session, cands[primary].Backend.ID)
+		}
+		if req.Guard != nil {
+			req.Guard.Attach(cands[primary].Backend, dec.Work[0], b.now())
 		}
 	}
 	return dec, nil

@@ -73,7 +73,9 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		last := i == len(cands)-1
 		ex.attempts = i + 1
 		out := attemptRequest(req, be, ex.inURL, ex.req.Body)
-		ex.guard.Attach(be, ex.dec.Work[i], time.Now())
+		if i > 0 || ex.guard.Backend() != be { // the pick attached the first
+			ex.guard.Attach(be, ex.dec.Work[i], time.Now())
+		}
 		resp, err := t.base.RoundTrip(out)
 		if err != nil {
 			if ctx.Err() != nil {

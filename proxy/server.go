@@ -131,6 +131,9 @@ func (s *Server) serveModel(k Kind) http.HandlerFunc {
 			return
 		}
 		target := breq.Model
+		guard := s.bal.NewGuard()
+		defer guard.Release()
+		breq.Guard = guard
 		dec, err := s.bal.PickWait(r.Context(), breq, make([]*balancer.Backend, 0, 4))
 		if dec.Waited > 0 {
 			s.metrics.queueWait.Observe(dec.Waited.Seconds())
@@ -165,8 +168,6 @@ func (s *Server) serveModel(k Kind) http.HandlerFunc {
 			}
 			req.Body = body
 		}
-		guard := s.bal.NewGuard()
-		defer guard.Release()
 
 		ex := &exchange{req: req, target: target, guard: guard, dec: dec, clientCtx: r.Context(), inURL: r.URL}
 		ctx := context.WithValue(r.Context(), exchangeKey{}, ex)
