@@ -93,10 +93,6 @@ type Backend struct {
 	mark   mark   // Ledger's counts when Metrics was read
 }
 
-// Slot returns the backend's index slot: a small integer, unique among the
-// backends that exist, reused after one is removed.
-func (b *Backend) Slot() int { return b.slot }
-
 // Value is a scraped reading that may be unknown: a signal the engine does
 // not export, or one not read yet, is unknown, never 0.
 type Value struct {

@@ -65,9 +65,11 @@ type TTFTConfig struct {
 	DefaultMaxTokens int `mapstructure:"default_max_tokens"`
 }
 
-// SaturationConfig says when a backend is saturated: its queue or its KV
-// use is at a threshold, counting what the balancer sent since the last
-// scrape. A backend whose metrics are stale is passed over while any has
+// SaturationConfig says when a backend is saturated: the queue it reports
+// or its KV use is at a threshold, counting what the balancer sent since
+// the last scrape. A backend that reports no queue (no metrics, or an
+// engine without the signal) is not saturated by queue: our own requests
+// pending there may all be prefilling on a server with room. A backend whose metrics are stale is passed over while any has
 // fresh ones; when all are stale they are used on load alone rather than
 // not at all.
 type SaturationConfig struct {

@@ -124,6 +124,7 @@ type Candidate struct {
 	KVPenalty   float64 `json:"kv_penalty_seconds"`
 	LoRAPenalty float64 `json:"lora_penalty_seconds"`
 
+	pending     int64   // our requests there without a first byte
 	ahead       float64 // prefill tokens ahead
 	queuedAhead float64 // requests ahead
 	adapter     string  // the request's adapter on this backend, or ""
@@ -424,7 +425,7 @@ func (b *Balancer) candidate(be *Backend, req *Request) Candidate {
 	l, m, mk := be.Ledger, &be.Metrics, be.mark
 	inFlight := l.InFlight()
 	pending, pendingTok := l.Pending()
-	c := Candidate{Backend: be, InFlight: inFlight, PendingTokens: pendingTok}
+	c := Candidate{Backend: be, InFlight: inFlight, PendingTokens: pendingTok, pending: pending}
 	scraped := !m.At.IsZero()
 	sinceStarted := float64(l.started.Load() - mk.started)
 	sincePrefilled := float64(l.prefilled.Load() - mk.prefilled)
@@ -447,8 +448,10 @@ func (b *Balancer) candidate(be *Backend, req *Request) Candidate {
 		c.KVUsage = Known(min(max(kv, 0), 1))
 	}
 	c.LoRA, c.adapter = loraState(be, req.Model)
+	// Only a queue the server reports saturates it: our own pending
+	// requests alone may all be prefilling on a server with room.
 	sat := b.cfg.Saturation
-	c.Saturated = (sat.Queue > 0 && c.Queued >= float64(sat.Queue)) ||
+	c.Saturated = (sat.Queue > 0 && scraped && m.Queued.Known && c.Queued >= float64(sat.Queue)) ||
 		(sat.KV > 0 && c.KVUsage.Known && c.KVUsage.V >= sat.KV)
 	c.UncachedTokens = req.PromptTokens
 	return c
@@ -507,8 +510,6 @@ func (b *Balancer) matchPrefix(s *scratch, p *Pick) {
 		p.PromptBlocks = len(s.hashes)
 		if len(s.hashes) > 0 {
 			p.Key = s.hashes[0]
-		}
-		if len(s.hashes) > 0 {
 			by := grow(s.bySlot, p.snap.slots)
 			clear(by)
 			s.bySlot = by

@@ -1,6 +1,7 @@
 package balancer
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"slices"
@@ -135,11 +136,10 @@ func (s *TTFTScorer) estimate(p *Pick, c *Candidate) {
 	if est.Samples > 0 && est.Base > 0 {
 		base = est.Base
 	}
-	pending, _ := c.Backend.Ledger.Pending()
-	foreign := max(0, c.Queued-float64(pending))
+	foreign := max(0, c.Queued-float64(c.pending))
 	mean := float64(p.Req.PromptTokens)
-	if pending > 0 {
-		mean = float64(c.PendingTokens) / float64(pending)
+	if c.pending > 0 {
+		mean = float64(c.PendingTokens) / float64(c.pending)
 	}
 	c.ahead = float64(c.PendingTokens) + foreign*mean
 	c.queuedAhead = c.Queued
@@ -407,15 +407,7 @@ func (r *RingPicker) ringFor(snap *Snapshot) *ring {
 			rg.points = append(rg.points, ringPoint{hash: mix(be.idHash + uint64(v)*0x9e3779b97f4a7c15), id: be.idHash})
 		}
 	}
-	slices.SortFunc(rg.points, func(a, b ringPoint) int {
-		switch {
-		case a.hash < b.hash:
-			return -1
-		case a.hash > b.hash:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(rg.points, func(a, b ringPoint) int { return cmp.Compare(a.hash, b.hash) })
 	r.ring.Store(rg)
 	return rg
 }
@@ -433,15 +425,7 @@ func (r *RingPicker) Choose(p *Pick, _ []float64) (int, string) {
 	}
 	bound := int64(math.Ceil(r.cfg.LoadFactor * float64(inFlight+1) / float64(len(p.Cands))))
 	rg := r.ringFor(p.snap)
-	start, _ := slices.BinarySearchFunc(rg.points, h, func(pt ringPoint, h uint64) int {
-		switch {
-		case pt.hash < h:
-			return -1
-		case pt.hash > h:
-			return 1
-		}
-		return 0
-	})
+	start, _ := slices.BinarySearchFunc(rg.points, h, func(pt ringPoint, h uint64) int { return cmp.Compare(pt.hash, h) })
 	for k := range rg.points {
 		pt := rg.points[(start+k)%len(rg.points)]
 		for i := range p.Cands {

@@ -546,3 +546,18 @@ func TestAdmissionRefusals(t *testing.T) {
 		}
 	})
 }
+
+// A backend without a scraped queue is not saturated by our own pending
+// requests alone (they may all be prefilling on a server with room).
+func TestUnscrapedQueueDoesNotSaturate(t *testing.T) {
+	b := newBal(t, "ttft")
+	b.Update(spec("nometrics", StateReady, "m"))
+	for range 40 {
+		g := b.NewGuard()
+		g.Attach(backend(t, b, "nometrics"), Work{}, time.Now())
+		defer g.Release()
+	}
+	if d, err := b.Pick(&Request{Model: "m"}, nil); err != nil || d.Reason == "saturated" {
+		t.Errorf("40 pending on a backend without metrics: %q %v, want it picked unsaturated", d.Reason, err)
+	}
+}

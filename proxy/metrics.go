@@ -83,8 +83,9 @@ func (c *inFlightCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(inFlightDesc, prometheus.GaugeValue, float64(be.Ledger.InFlight()), be.ID)
 	}
 	ch <- prometheus.MustNewConstMetric(queueLenDesc, prometheus.GaugeValue, float64(c.bal.QueueLen()))
+	refused := c.bal.Refusals()
 	for _, reason := range []string{"queue-full", "shed", "timeout", "cancelled"} {
-		ch <- prometheus.MustNewConstMetric(refusedDesc, prometheus.CounterValue, float64(c.bal.Refusals()[reason]), reason)
+		ch <- prometheus.MustNewConstMetric(refusedDesc, prometheus.CounterValue, float64(refused[reason]), reason)
 	}
 }
 

@@ -58,6 +58,7 @@ const maxRewriteLine = 64 << 20
 type modelRewriter struct {
 	src      io.ReadCloser
 	from, to [2][]byte
+	chunk    []byte // read buffer, reused
 	buf      []byte // read, not yet returned
 	out      []byte // rewritten, not yet returned
 	eof      bool
@@ -66,7 +67,7 @@ type modelRewriter struct {
 func newModelRewriter(src io.ReadCloser, target, public string) *modelRewriter {
 	t, _ := json.Marshal(target)
 	p, _ := json.Marshal(public)
-	m := &modelRewriter{src: src}
+	m := &modelRewriter{src: src, chunk: make([]byte, 32<<10)}
 	for i, sep := range []string{`"model":`, `"model": `} {
 		m.from[i] = append([]byte(sep), t...)
 		m.to[i] = append([]byte(sep), p...)
@@ -83,9 +84,8 @@ func (m *modelRewriter) Read(p []byte) (int, error) {
 			m.emit(len(m.buf))
 			break
 		}
-		var chunk [32 << 10]byte
-		n, err := m.src.Read(chunk[:])
-		m.buf = append(m.buf, chunk[:n]...)
+		n, err := m.src.Read(m.chunk)
+		m.buf = append(m.buf, m.chunk[:n]...)
 		if err == io.EOF {
 			m.eof = true
 		} else if err != nil {

@@ -322,15 +322,7 @@ func (s *Server) serveModels(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	byID := func(a, b modelCard) int {
-		switch {
-		case a.ID < b.ID:
-			return -1
-		case a.ID > b.ID:
-			return 1
-		}
-		return 0
-	}
+	byID := func(a, b modelCard) int { return strings.Compare(a.ID, b.ID) }
 	for _, name := range s.bal.PublicModels() {
 		if seen[name] {
 			continue
