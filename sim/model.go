@@ -16,6 +16,11 @@ type Job struct {
 	PromptTokens int
 	MaxTokens    int
 	Adapter      string // LoRA adapter name, or "" for the base model
+	// Prompt is the prompt text as the engine tokenizes it, BytesPerToken
+	// bytes a token; Seed seeds its block hashes (the model or adapter
+	// name), so different adapters never share cached blocks.
+	Prompt []byte
+	Seed   uint64
 }
 
 // Stats is a model's state as its /metrics page shows it.
@@ -27,6 +32,10 @@ type Stats struct {
 	NumBlocks        int     // KV blocks in the cache
 	PromptTokens     int64   // prompt tokens processed, ever
 	GenerationTokens int64   // tokens generated, ever
+	PrefixQueries    int64   // prompt tokens looked up in the prefix cache, ever
+	PrefixHits       int64   // of those, tokens found cached
+	Preemptions      int64   // requests that lost their KV and recomputed, ever
+	CachedBlocks     int     // blocks holding reusable prefix content
 	RunningAdapters  []string
 	WaitingAdapters  []string
 	MaxLoRA          int
@@ -34,10 +43,11 @@ type Stats struct {
 
 // Model decides when an emulated server's tokens come out. Run blocks while
 // the job is queued and generated, calling emit once per output token, in
-// order; it returns early with ctx's error when ctx ends, or with emit's
-// error. Run and Stats may be called concurrently.
+// order, and returns the prompt tokens the prefix cache served; it returns
+// early with ctx's error when ctx ends, or with emit's error. Run and Stats
+// may be called concurrently.
 type Model interface {
-	Run(ctx context.Context, j Job, emit func() error) error
+	Run(ctx context.Context, j Job, emit func() error) (cached int, err error)
 	Stats() Stats
 }
 
@@ -90,11 +100,11 @@ func (c *SteadyConfig) setDefaults() {
 	}
 }
 
-// Steady is the simplest credible model: every request gets a first token
-// after a fixed delay plus its prompt over a prefill rate, then tokens at a
-// steady rate, with at most MaxRunning requests at once. KV use counts the
-// tokens of running requests. It stands in until the engine model with
-// batching and prefix caching replaces it behind [Model].
+// Steady is a fixed-delay model for tests that need exact timings: every
+// request gets a first token after a fixed delay plus its prompt over a
+// prefill rate, then tokens at a steady rate, with at most MaxRunning
+// requests at once. KV use counts the tokens of running requests. It has no
+// batching and no prefix cache; [Live] runs the engine model that has.
 type Steady struct {
 	cfg SteadyConfig
 	sem chan struct{}
@@ -114,7 +124,11 @@ func NewSteady(cfg SteadyConfig) *Steady {
 var _ Model = (*Steady)(nil)
 
 // Run implements [Model].
-func (m *Steady) Run(ctx context.Context, j Job, emit func() error) error {
+func (m *Steady) Run(ctx context.Context, j Job, emit func() error) (int, error) {
+	return 0, m.run(ctx, j, emit)
+}
+
+func (m *Steady) run(ctx context.Context, j Job, emit func() error) error {
 	m.waiting.Add(1)
 	select {
 	case m.sem <- struct{}{}:

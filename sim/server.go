@@ -2,6 +2,7 @@ package sim
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -10,7 +11,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
+	
+	"github.com/cespare/xxhash/v2"
 )
 
 // ServerConfig describes one emulated model server.
@@ -48,6 +50,11 @@ func NewServer(cfg ServerConfig, m Model) (*Server, error) {
 	}
 	if cfg.MaxModelLen <= 0 {
 		cfg.MaxModelLen = 131072
+	}
+	if c, ok := m.(interface{ Capacity() int }); ok {
+		// vLLM refuses to start with a max_model_len its KV cache cannot
+		// hold; the emulation shrinks it instead.
+		cfg.MaxModelLen = min(cfg.MaxModelLen, c.Capacity())
 	}
 	return &Server{cfg: cfg, model: m, created: time.Now().Unix()}, nil
 }
@@ -104,39 +111,62 @@ type chatMessage struct {
 	Content json.RawMessage `json:"content"`
 }
 
-// promptTokens estimates the prompt's length in tokens, about four bytes of
-// text a token, as llmlb itself assumes for English text.
-func (g *genRequest) promptTokens(chat bool) (int, error) {
+// promptText renders the prompt as the engine would see it before
+// tokenizing: a completion prompt as sent (token ids as four bytes each),
+// chat messages through a simple chat template. [BytesPerToken] bytes of it
+// count as one token, and its full blocks are hashed for the prefix cache,
+// so requests that share leading messages share cached blocks.
+func (g *genRequest) promptText(chat bool) ([]byte, error) {
+	var b []byte
 	if chat {
 		if len(g.Messages) == 0 {
-			return 0, fmt.Errorf("messages must not be empty")
+			return nil, fmt.Errorf("messages must not be empty")
 		}
-		n := 0
 		for _, m := range g.Messages {
-			n += 4 + len(m.Content)/4 // the chat template adds a few tokens a message
+			b = append(b, "<|start|>"...)
+			b = append(b, m.Role...)
+			b = append(b, '\n')
+			var text string
+			if json.Unmarshal(m.Content, &text) == nil {
+				b = append(b, text...)
+			} else {
+				var parts []struct {
+					Type string `json:"type"`
+					Text string `json:"text"`
+				}
+				if json.Unmarshal(m.Content, &parts) != nil {
+					return nil, fmt.Errorf("message content must be a string or a list of parts")
+				}
+				for _, p := range parts {
+					b = append(b, p.Text...)
+				}
+			}
+			b = append(b, "<|end|>\n"...)
 		}
-		return n, nil
+		return append(b, "<|start|>assistant\n"...), nil
 	}
 	var s string
 	if json.Unmarshal(g.Prompt, &s) == nil {
 		if s == "" {
-			return 0, fmt.Errorf("prompt must not be empty")
+			return nil, fmt.Errorf("prompt must not be empty")
 		}
-		return max(1, utf8.RuneCountInString(s)/4), nil
+		return []byte(s), nil
 	}
 	var ids []int
 	if json.Unmarshal(g.Prompt, &ids) == nil && len(ids) > 0 {
-		return len(ids), nil
+		for _, id := range ids {
+			b = binary.LittleEndian.AppendUint32(b, uint32(id))
+		}
+		return b, nil
 	}
 	var strs []string
 	if json.Unmarshal(g.Prompt, &strs) == nil && len(strs) > 0 {
-		n := 0
 		for _, s := range strs {
-			n += max(1, len(s)/4)
+			b = append(b, s...)
 		}
-		return n, nil
+		return b, nil
 	}
-	return 0, fmt.Errorf("prompt must be a non-empty string, list of strings or list of token ids")
+	return nil, fmt.Errorf("prompt must be a non-empty string, list of strings or list of token ids")
 }
 
 func (s *Server) serves(model string) (adapter string, ok bool) {
@@ -160,11 +190,12 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		vllmError(w, http.StatusNotFound, "NotFoundError", "model", fmt.Sprintf("The model `%s` does not exist.", g.Model))
 		return
 	}
-	prompt, err := g.promptTokens(chat)
+	text, err := g.promptText(chat)
 	if err != nil {
 		vllmError(w, http.StatusBadRequest, "BadRequestError", "", err.Error())
 		return
 	}
+	prompt := max(1, len(text)/BytesPerToken)
 	maxTokens := 16 // vLLM's completions default
 	if chat {
 		maxTokens = 64
@@ -192,13 +223,17 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		idPrefix, object, chunkObject = "chatcmpl-", "chat.completion", "chat.completion.chunk"
 	}
 	rid := fmt.Sprintf("%s%x%08x", idPrefix, s.created, id)
-	job := Job{PromptTokens: prompt, MaxTokens: maxTokens, Adapter: adapter}
-	usage := map[string]any{"prompt_tokens": prompt, "completion_tokens": maxTokens, "total_tokens": prompt + maxTokens, "prompt_tokens_details": nil}
+	job := Job{PromptTokens: prompt, MaxTokens: maxTokens, Adapter: adapter,
+		Prompt: text, Seed: xxhash.Sum64String(g.Model)}
+	usage := func(cached int) map[string]any {
+		return map[string]any{"prompt_tokens": prompt, "completion_tokens": maxTokens, "total_tokens": prompt + maxTokens,
+			"prompt_tokens_details": map[string]any{"cached_tokens": cached}}
+	}
 
 	if !g.Stream {
 		var text strings.Builder
 		n := 0
-		err := s.model.Run(r.Context(), job, func() error { text.WriteString(word(id, n)); n++; return nil })
+		cached, err := s.model.Run(r.Context(), job, func() error { text.WriteString(word(id, n)); n++; return nil })
 		if err != nil {
 			return // the client left; vLLM aborts the request the same way
 		}
@@ -211,7 +246,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(map[string]any{
 			"id": rid, "object": object, "created": time.Now().Unix(), "model": g.Model,
-			"choices": []any{choice}, "usage": usage,
+			"choices": []any{choice}, "usage": usage(cached),
 		})
 		return
 	}
@@ -246,7 +281,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		return c
 	}
 	n := 0
-	err = s.model.Run(r.Context(), job, func() error {
+	cached, err := s.model.Run(r.Context(), job, func() error {
 		var finish any
 		if n == maxTokens-1 {
 			finish = "length"
@@ -272,7 +307,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	if includeUsage {
 		c := chunk([]any{})
-		c["usage"] = usage
+		c["usage"] = usage(cached)
 		if send(c) != nil {
 			return
 		}

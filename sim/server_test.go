@@ -321,7 +321,7 @@ func TestSteadyTiming(t *testing.T) {
 		m := NewSteady(SteadyConfig{DecodeTokensPerSecond: 10, PrefillTokensPerSecond: 1000, FirstTokenLatency: 50 * time.Millisecond, Speed: 2})
 		start := time.Now()
 		var at []time.Duration
-		err := m.Run(context.Background(), Job{PromptTokens: 2000, MaxTokens: 3}, func() error {
+		_, err := m.Run(context.Background(), Job{PromptTokens: 2000, MaxTokens: 3}, func() error {
 			at = append(at, time.Since(start))
 			return nil
 		})
