@@ -588,19 +588,19 @@ func (e *Engine) Holds(hashes []uint64) int {
 // as vLLM's kv_cache_usage_perc does.
 func (e *Engine) Stats() Stats {
 	st := Stats{
-		Waiting:           len(e.waiting),
-		Running:           len(e.running),
-		KVUsage:           1 - float64(e.nfree)/float64(e.cfg.NumBlocks),
-		BlockSize:         e.cfg.BlockSize,
-		NumBlocks:         e.cfg.NumBlocks,
-		PromptTokens:      e.promptTotal,
-		GenerationTokens:  e.genTotal,
-		PrefixQueries:     e.queries,
-		PrefixHits:        e.hits,
-		Preemptions:       e.preemptions,
-		MaxLoRA:           e.cfg.MaxLoRA,
-		RunningAdapters:   e.runningAdapters(),
-		CachedBlocks:      len(e.cache),
+		Waiting:          len(e.waiting),
+		Running:          len(e.running),
+		KVUsage:          1 - float64(e.nfree)/float64(e.cfg.NumBlocks),
+		BlockSize:        e.cfg.BlockSize,
+		NumBlocks:        e.cfg.NumBlocks,
+		PromptTokens:     e.promptTotal,
+		GenerationTokens: e.genTotal,
+		PrefixQueries:    e.queries,
+		PrefixHits:       e.hits,
+		Preemptions:      e.preemptions,
+		MaxLoRA:          e.cfg.MaxLoRA,
+		RunningAdapters:  e.runningAdapters(),
+		CachedBlocks:     len(e.cache),
 	}
 	for _, s := range e.waiting {
 		if s.Adapter != "" && !slices.Contains(st.WaitingAdapters, s.Adapter) {

@@ -26,7 +26,7 @@ func vrun(t *testing.T, e *Engine, reqs []*vreq) time.Duration {
 	stepEnd := time.Duration(-1) // no step in progress
 	for len(pending) > 0 || e.Busy() {
 		// the next event: an arrival or the end of the step in progress
-		next := time.Duration(1<<62)
+		next := time.Duration(1 << 62)
 		for _, r := range pending {
 			next = min(next, r.at)
 		}

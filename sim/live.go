@@ -15,9 +15,9 @@ type Live struct {
 	blockBytes int
 
 	mu      sync.Mutex
-	eng     *Engine                 // guarded by mu
+	eng     *Engine                // guarded by mu
 	subs    map[*Seq]chan struct{} // guarded by mu; each request's wake-up
-	looping bool                    // guarded by mu; the step goroutine runs
+	looping bool                   // guarded by mu; the step goroutine runs
 }
 
 // NewLive returns a Live engine; speed 10 runs ten times faster than real

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
-	
+
 	"github.com/cespare/xxhash/v2"
 )
 
