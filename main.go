@@ -329,9 +329,7 @@ func newBalancer(cfg Config, reg prometheus.Registerer, logger *slog.Logger) (*b
 	var deps balancer.Deps
 	pcfg := cfg.Prefix
 	if cfg.Balancer.Policy == "epp" {
-		// The endpoint picker's prefix plugin defaults: 64-byte blocks, at
-		// most 256 per prompt, 31,250 entries per server.
-		pcfg = prefix.Config{BlockBytes: 64, MaxBlocks: 256, FallbackEntries: 31250}
+		pcfg = prefix.EPPConfig()
 	}
 	idx := prefix.NewIndex(pcfg)
 	deps.Index = idx

@@ -34,6 +34,13 @@ func DefaultConfig() Config {
 }
 
 // Validate reports every problem in c at once.
+// EPPConfig is the Inference Extension endpoint picker's prefix plugin
+// sizing, which the epp preset uses: 64-byte blocks, at most 256 a prompt,
+// 31,250 entries a server.
+func EPPConfig() Config {
+	return Config{BlockBytes: 64, MaxBlocks: 256, FallbackEntries: 31250}
+}
+
 func (c Config) Validate() error {
 	var errs []error
 	if c.BlockBytes < 0 || (c.BlockBytes > 0 && c.BlockBytes < 16) {

@@ -1,0 +1,132 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"runtime"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/llmlb/llmlb/balancer"
+)
+
+// Options choose what `llmlb bench` runs.
+type Options struct {
+	Workloads []string // default: every built-in workload
+	Policies  []string // default: DefaultPolicies()
+	// Backends is the number of emulated servers (default 8); the last
+	// Slow of them run the a100-8b preset, the rest h100-8b. Slow < 0
+	// means none; 0 means a quarter of them.
+	Backends, Slow int
+	Params   Params
+	Engine   string
+	// Progress, if set, gets a progress line as runs finish.
+	Progress io.Writer
+}
+
+// DefaultPolicies are the rows of a benchmark table: llmlb's default, every
+// other preset, and the oracle.
+func DefaultPolicies() []string {
+	out := []string{"default"}
+	for _, p := range balancer.PolicyNames() {
+		if p != balancer.DefaultConfig().Policy {
+			out = append(out, p)
+		}
+	}
+	return append(out, "oracle")
+}
+
+// Presets returns the engine preset of each of n servers, slow of them
+// a100-8b at the end.
+func Presets(n, slow int) []string {
+	if slow == 0 {
+		slow = n / 4
+	}
+	slow = max(0, min(slow, n))
+	out := make([]string, n)
+	for i := range out {
+		out[i] = "h100-8b"
+		if i >= n-slow {
+			out[i] = "a100-8b"
+		}
+	}
+	return out
+}
+
+// Bench runs every workload through every policy, two runs at a time per
+// CPU, and returns one table per workload, rows in policy order.
+func Bench(ctx context.Context, o Options) (Report, error) {
+	if len(o.Workloads) == 0 {
+		o.Workloads = WorkloadNames()
+	}
+	if len(o.Policies) == 0 {
+		o.Policies = DefaultPolicies()
+	}
+	if o.Backends <= 0 {
+		o.Backends = 8
+	}
+	for _, p := range o.Policies {
+		if p != "default" && p != "oracle" && !slices.Contains(balancer.PolicyNames(), p) {
+			return Report{}, fmt.Errorf("bench: unknown policy %q (have default, oracle, %v)", p, balancer.PolicyNames())
+		}
+	}
+	presets := Presets(o.Backends, o.Slow)
+	var rep Report
+	type job struct{ w, p int }
+	var loads []*Workload
+	for _, name := range o.Workloads {
+		w, err := Build(name, o.Params)
+		if err != nil {
+			return Report{}, err
+		}
+		loads = append(loads, w)
+		t := Table{Name: name, Backends: o.Backends, Requests: len(w.Requests), Rate: w.Rate, Results: make([]Row, len(o.Policies))}
+		rep.Workloads = append(rep.Workloads, t)
+	}
+	jobs := make(chan job)
+	var mu sync.Mutex
+	var firstErr error
+	done, total := 0, len(loads)*len(o.Policies)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range max(1, runtime.GOMAXPROCS(0)) {
+		wg.Go(func() {
+			for j := range jobs {
+				c := Cluster{Presets: presets, Engine: o.Engine, Policy: o.Policies[j.p], Seed: o.Params.Seed}
+				res, err := Run(c, loads[j.w])
+				res.Policy = o.Policies[j.p]
+				mu.Lock()
+				if err != nil && firstErr == nil {
+					firstErr = fmt.Errorf("bench: %s with %s: %w", loads[j.w].Name, o.Policies[j.p], err)
+				}
+				rep.Workloads[j.w].Results[j.p] = Summarize(res)
+				done++
+				if o.Progress != nil {
+					fmt.Fprintf(o.Progress, "\rbench: %d/%d runs (%s, %s) %s   ", done, total, loads[j.w].Name, o.Policies[j.p], time.Since(start).Round(time.Second))
+				}
+				mu.Unlock()
+			}
+		})
+	}
+feed:
+	for wi := range loads {
+		for pi := range o.Policies {
+			select {
+			case jobs <- job{wi, pi}:
+			case <-ctx.Done():
+				break feed
+			}
+		}
+	}
+	close(jobs)
+	wg.Wait()
+	if o.Progress != nil {
+		fmt.Fprintln(o.Progress)
+	}
+	if firstErr == nil {
+		firstErr = ctx.Err()
+	}
+	return rep, firstErr
+}

@@ -1,0 +1,149 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Row is one policy's line of a workload's table, as `--json` writes it.
+// Times are seconds.
+type Row struct {
+	Policy     string  `json:"policy"`
+	TTFTP50    float64 `json:"ttft_p50"`
+	TTFTP90    float64 `json:"ttft_p90"`
+	TTFTP99    float64 `json:"ttft_p99"`
+	E2EP50     float64 `json:"e2e_p50"`
+	E2EP99     float64 `json:"e2e_p99"`
+	Throughput float64 `json:"output_tokens_per_s"`
+	HitRate    float64 `json:"hit_rate"`
+	Imbalance  float64 `json:"imbalance"`
+	Refused    int     `json:"refused"`
+	Failed     int     `json:"failed"`
+}
+
+// Table is one workload's results.
+type Table struct {
+	Name     string  `json:"name"`
+	Backends int     `json:"backends"`
+	Requests int     `json:"requests"`
+	Rate     float64 `json:"rate"`
+	Results  []Row   `json:"results"`
+}
+
+// Report is every workload's table.
+type Report struct {
+	Workloads []Table `json:"workloads"`
+}
+
+// quantile returns the q-quantile of sorted ds (nearest rank), in seconds.
+func quantile(ds []time.Duration, q float64) float64 {
+	if len(ds) == 0 {
+		return math.NaN()
+	}
+	i := int(math.Ceil(q*float64(len(ds)))) - 1
+	return ds[max(0, min(i, len(ds)-1))].Seconds()
+}
+
+// Summarize turns a Result into a Row. Imbalance is the busiest server's
+// requests over the mean (1 is perfectly even).
+func Summarize(r Result) Row {
+	ttft, e2e := slices.Clone(r.TTFT), slices.Clone(r.E2E)
+	slices.Sort(ttft)
+	slices.Sort(e2e)
+	row := Row{
+		Policy: r.Policy, Refused: r.Refused, Failed: r.Failed,
+		TTFTP50: quantile(ttft, .5), TTFTP90: quantile(ttft, .9), TTFTP99: quantile(ttft, .99),
+		E2EP50: quantile(e2e, .5), E2EP99: quantile(e2e, .99),
+	}
+	if r.Duration > 0 {
+		row.Throughput = float64(r.OutputTokens) / r.Duration.Seconds()
+	}
+	if r.PromptTokens > 0 {
+		row.HitRate = float64(r.CachedTokens) / float64(r.PromptTokens)
+	}
+	total, most := 0, 0
+	for _, n := range r.PerBackend {
+		total += n
+		most = max(most, n)
+	}
+	if total > 0 {
+		row.Imbalance = float64(most) / (float64(total) / float64(len(r.PerBackend)))
+	}
+	return row
+}
+
+// WriteTable prints t as an aligned text table.
+func WriteTable(w io.Writer, t Table) {
+	fmt.Fprintf(w, "\n%s: %d requests, %d servers, rate x%g\n", t.Name, t.Requests, t.Backends, t.Rate)
+	head := []string{"policy", "ttft p50", "p90", "p99", "e2e p50", "p99", "out tok/s", "hit rate", "imbalance", "refused", "failed"}
+	rows := [][]string{head}
+	for _, r := range t.Results {
+		rows = append(rows, []string{r.Policy, secs(r.TTFTP50), secs(r.TTFTP90), secs(r.TTFTP99), secs(r.E2EP50), secs(r.E2EP99),
+			fmt.Sprintf("%.0f", r.Throughput), fmt.Sprintf("%.1f%%", 100*r.HitRate), fmt.Sprintf("%.2f", r.Imbalance),
+			fmt.Sprint(r.Refused), fmt.Sprint(r.Failed)})
+	}
+	widths := make([]int, len(head))
+	for _, row := range rows {
+		for i, c := range row {
+			widths[i] = max(widths[i], len(c))
+		}
+	}
+	for _, row := range rows {
+		var b strings.Builder
+		for i, c := range row {
+			if i == 0 {
+				fmt.Fprintf(&b, "%-*s", widths[i], c)
+			} else {
+				fmt.Fprintf(&b, "  %*s", widths[i], c)
+			}
+		}
+		fmt.Fprintln(w, b.String())
+	}
+}
+
+func secs(s float64) string {
+	if math.IsNaN(s) {
+		return "-"
+	}
+	if s < 1 {
+		return fmt.Sprintf("%.0fms", s*1000)
+	}
+	return fmt.Sprintf("%.2fs", s)
+}
+
+// MarshalJSON writes the row with null for a time no request had (NaN).
+func (r Row) MarshalJSON() ([]byte, error) {
+	num := func(v float64) any {
+		if math.IsNaN(v) {
+			return nil
+		}
+		return v
+	}
+	type row struct {
+		Policy     string  `json:"policy"`
+		TTFTP50    any     `json:"ttft_p50"`
+		TTFTP90    any     `json:"ttft_p90"`
+		TTFTP99    any     `json:"ttft_p99"`
+		E2EP50     any     `json:"e2e_p50"`
+		E2EP99     any     `json:"e2e_p99"`
+		Throughput float64 `json:"output_tokens_per_s"`
+		HitRate    float64 `json:"hit_rate"`
+		Imbalance  float64 `json:"imbalance"`
+		Refused    int     `json:"refused"`
+		Failed     int     `json:"failed"`
+	}
+	return json.Marshal(row{r.Policy, num(r.TTFTP50), num(r.TTFTP90), num(r.TTFTP99), num(r.E2EP50), num(r.E2EP99),
+		r.Throughput, r.HitRate, r.Imbalance, r.Refused, r.Failed})
+}
+
+// WriteJSON writes the report as the --json file.
+func WriteJSON(w io.Writer, rep Report) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(rep)
+}

@@ -1,0 +1,326 @@
+// Package bench replays workloads through the real balancer in front of
+// emulated engines, in virtual time, and reports how each routing policy
+// does: the routing benchmark behind `llmlb bench`.
+package bench
+
+import (
+	"bufio"
+	"compress/gzip"
+	"embed"
+	"encoding/json"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"time"
+)
+
+// Part is a run of deterministic prompt text: the same ID always gives the
+// same text, and a shorter Tokens gives a prefix of a longer one; different
+// IDs share no prefix.
+type Part struct {
+	ID     uint64
+	Tokens int
+}
+
+// Request is one arrival of a workload.
+type Request struct {
+	At        time.Duration
+	Parts     []Part
+	MaxTokens int
+	Model     string // the model or LoRA adapter asked for; "" is the base model
+}
+
+// Tokens is the prompt's length in tokens.
+func (r *Request) Tokens() int {
+	n := 0
+	for _, p := range r.Parts {
+		n += p.Tokens
+	}
+	return n
+}
+
+// AppendText appends the prompt text, 4 bytes a token.
+func (r *Request) AppendText(dst []byte) []byte {
+	for _, p := range r.Parts {
+		dst = appendPart(dst, p)
+	}
+	return dst
+}
+
+const letters = "etaoinshrdlucmfwypvbgkjqxz      "
+
+// appendPart writes p's text: words of pseudo-random letters from a
+// generator seeded by the ID alone.
+func appendPart(dst []byte, p Part) []byte {
+	r := rand.NewPCG(p.ID, 0x9e3779b97f4a7c15)
+	n := p.Tokens * 4
+	for n > 0 {
+		v := r.Uint64()
+		for i := 0; i < 8 && n > 0; i++ {
+			dst = append(dst, letters[v&31])
+			v >>= 8
+			n--
+		}
+	}
+	return dst
+}
+
+// Workload is a named list of arrivals, in time order.
+type Workload struct {
+	Name     string
+	Requests []Request
+	// Adapters are LoRA adapters the servers must serve.
+	Adapters []string
+	// Rate is the arrival-rate factor the workload was built with.
+	Rate float64
+}
+
+// Span is the time from the first arrival to the last.
+func (w *Workload) Span() time.Duration {
+	if len(w.Requests) == 0 {
+		return 0
+	}
+	return w.Requests[len(w.Requests)-1].At - w.Requests[0].At
+}
+
+// Names of the built-in workloads, in the order the benchmark runs them.
+var workloadNames = []string{"mooncake-conversation", "mooncake-synthetic", "shared-prefix", "multi-turn", "lora", "burst"}
+
+// WorkloadNames lists the built-in workloads.
+func WorkloadNames() []string { return slices.Clone(workloadNames) }
+
+// Params size a built-in workload. Zero fields take the workload's default.
+type Params struct {
+	// Rate multiplies the arrival rate (and so divides the trace's time).
+	Rate float64
+	// Scale multiplies the number of requests (or groups) a synthetic
+	// workload makes; traces are cut to their first Scale share.
+	Scale float64
+	Seed  uint64
+}
+
+//go:embed traces/*.jsonl.gz
+var traces embed.FS
+
+// Build makes a built-in workload.
+func Build(name string, p Params) (*Workload, error) {
+	if p.Scale <= 0 {
+		p.Scale = 1
+	}
+	rng := rand.New(rand.NewPCG(p.Seed, 0x5eed))
+	var w *Workload
+	var err error
+	switch name {
+	case "mooncake-conversation", "mooncake-synthetic":
+		w, err = mooncake(name, p)
+	case "shared-prefix":
+		w = sharedPrefix(p, rng)
+	case "multi-turn":
+		w = multiTurn(p, rng)
+	case "lora":
+		w = loraMix(p, rng)
+	case "burst":
+		w = burst(p, rng)
+	default:
+		return nil, fmt.Errorf("unknown workload %q (have %v)", name, workloadNames)
+	}
+	if err != nil {
+		return nil, err
+	}
+	w.Name = name
+	sort.SliceStable(w.Requests, func(i, j int) bool { return w.Requests[i].At < w.Requests[j].At })
+	return w, nil
+}
+
+// defaultRate is each workload's arrival-rate factor when none is given,
+// chosen so that eight emulated servers (six h100-8b, two a100-8b) are
+// busy but not drowning under the round-robin baseline.
+var defaultRate = map[string]float64{
+	"mooncake-conversation": 4,
+	"mooncake-synthetic":    2,
+	"shared-prefix":         1,
+	"multi-turn":            1,
+	"lora":                  1,
+	"burst":                 1,
+}
+
+func rate(name string, p Params) float64 {
+	if p.Rate > 0 {
+		return p.Rate
+	}
+	return defaultRate[name]
+}
+
+// traceLine is one request of a Mooncake trace.
+type traceLine struct {
+	Timestamp    int64    `json:"timestamp"` // ms
+	InputLength  int      `json:"input_length"`
+	OutputLength int      `json:"output_length"`
+	HashIDs      []uint64 `json:"hash_ids"`
+}
+
+// mooncake replays a Mooncake trace: each hash id is a 512-token block of
+// text of its own, the last block cut to the input length.
+func mooncake(name string, p Params) (*Workload, error) {
+	file := "traces/mooncake_conversation.jsonl.gz"
+	if name == "mooncake-synthetic" {
+		file = "traces/mooncake_synthetic.jsonl.gz"
+	}
+	f, err := traces.Open(file)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", file, err)
+	}
+	r := rate(name, p)
+	w := &Workload{Rate: r}
+	sc := bufio.NewScanner(zr)
+	sc.Buffer(make([]byte, 1<<20), 1<<24)
+	for line := 1; sc.Scan(); line++ {
+		var t traceLine
+		if err := json.Unmarshal(sc.Bytes(), &t); err != nil {
+			return nil, fmt.Errorf("%s:%d: %w", file, line, err)
+		}
+		if t.InputLength < 1 || len(t.HashIDs) == 0 {
+			return nil, fmt.Errorf("%s:%d: empty request", file, line)
+		}
+		req := Request{At: time.Duration(float64(t.Timestamp) / r * float64(time.Millisecond)), MaxTokens: max(1, t.OutputLength)}
+		left := t.InputLength
+		for _, id := range t.HashIDs {
+			n := min(512, left)
+			if n <= 0 {
+				break
+			}
+			req.Parts = append(req.Parts, Part{ID: id + 1<<40, Tokens: n})
+			left -= n
+		}
+		w.Requests = append(w.Requests, req)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", file, err)
+	}
+	if p.Scale < 1 {
+		w.Requests = w.Requests[:max(1, int(float64(len(w.Requests))*p.Scale))]
+	}
+	return w, nil
+}
+
+// poisson returns n arrival times at rate per second.
+func poisson(rng *rand.Rand, n int, perSecond float64) []time.Duration {
+	out := make([]time.Duration, n)
+	var t float64
+	for i := range out {
+		t += rng.ExpFloat64() / perSecond
+		out[i] = time.Duration(t * float64(time.Second))
+	}
+	return out
+}
+
+// sharedPrefix is shaped like llm-d's "KV-cache wins" benchmark: 150
+// tenant groups, each with a 6,000-token system prompt, 5 users a group,
+// each asking 1,200-token questions; Poisson arrivals over randomly chosen
+// users.
+func sharedPrefix(p Params, rng *rand.Rand) *Workload {
+	groups := max(1, int(150*p.Scale))
+	const users, perUser = 5, 4
+	r := rate("shared-prefix", p)
+	n := groups * users * perUser
+	at := poisson(rng, n, 12*r)
+	w := &Workload{Rate: r}
+	for i := range n {
+		g := uint64(rng.IntN(groups))
+		u := uint64(rng.IntN(users))
+		w.Requests = append(w.Requests, Request{
+			At:        at[i],
+			Parts:     []Part{{ID: 1<<32 + g, Tokens: 6000}, {ID: 2<<32 + g<<8 + u<<4 + uint64(i%16), Tokens: 1200}},
+			MaxTokens: 200,
+		})
+	}
+	return w
+}
+
+// multiTurn: conversations whose every turn resends the whole history (a
+// system prompt, then each user message and answer so far) plus a new
+// question; a user thinks about 20 s between turns.
+func multiTurn(p Params, rng *rand.Rand) *Workload {
+	convs := max(1, int(240*p.Scale))
+	const turns = 8
+	r := rate("multi-turn", p)
+	starts := poisson(rng, convs, 2*r)
+	w := &Workload{Rate: r}
+	for c := range convs {
+		sys := Part{ID: 3<<32 + uint64(rng.IntN(8)), Tokens: 1500} // a few shared system prompts
+		hist := []Part{sys}
+		t := starts[c]
+		for turn := range turns {
+			q := Part{ID: 4<<32 + uint64(c)<<8 + uint64(turn), Tokens: 150 + rng.IntN(300)}
+			out := 100 + rng.IntN(300)
+			hist = append(hist, q)
+			w.Requests = append(w.Requests, Request{At: t, Parts: slices.Clone(hist), MaxTokens: out})
+			hist = append(hist, Part{ID: 5<<32 + uint64(c)<<8 + uint64(turn), Tokens: out})
+			t += time.Duration((10 + rng.ExpFloat64()*10) / r * float64(time.Second))
+		}
+	}
+	return w
+}
+
+// loraMix: 16 adapters with Zipf popularity (s = 1.1), each with its own
+// 2,000-token instructions, 500-token inputs.
+func loraMix(p Params, rng *rand.Rand) *Workload {
+	const adapters = 16
+	r := rate("lora", p)
+	n := max(1, int(3000*p.Scale))
+	w := &Workload{Rate: r}
+	for i := range adapters {
+		w.Adapters = append(w.Adapters, fmt.Sprintf("lora-%02d", i))
+	}
+	// Zipf weights 1/k^1.1
+	cum := make([]float64, adapters)
+	var sum float64
+	for k := range adapters {
+		sum += 1 / math.Pow(float64(k+1), 1.1)
+		cum[k] = sum
+	}
+	at := poisson(rng, n, 25*r)
+	for i := range n {
+		x := rng.Float64() * sum
+		a, _ := slices.BinarySearch(cum, x)
+		a = min(a, adapters-1)
+		w.Requests = append(w.Requests, Request{
+			At:        at[i],
+			Model:     w.Adapters[a],
+			Parts:     []Part{{ID: 6<<32 + uint64(a), Tokens: 2000}, {ID: 7<<32 + uint64(i), Tokens: 500}},
+			MaxTokens: 150,
+		})
+	}
+	return w
+}
+
+// burst: background chat traffic, and three times a burst of 300 requests
+// that share a 4,000-token prefix, all within 100 ms.
+func burst(p Params, rng *rand.Rand) *Workload {
+	r := rate("burst", p)
+	w := &Workload{Rate: r}
+	bg := max(1, int(600*p.Scale))
+	for i, t := range poisson(rng, bg, 10*r) {
+		w.Requests = append(w.Requests, Request{At: t, Parts: []Part{{ID: 8<<32 + uint64(i), Tokens: 1000 + rng.IntN(2000)}}, MaxTokens: 200})
+	}
+	span := w.Requests[len(w.Requests)-1].At
+	per := max(1, int(300*p.Scale))
+	for b := range 3 {
+		start := span * time.Duration(b+1) / 4
+		for i := range per {
+			w.Requests = append(w.Requests, Request{
+				At:        start + time.Duration(rng.Int64N(int64(100*time.Millisecond))),
+				Parts:     []Part{{ID: 9<<32 + uint64(b), Tokens: 4000}, {ID: 10<<32 + uint64(b)<<16 + uint64(i), Tokens: 200}},
+				MaxTokens: 100,
+			})
+		}
+	}
+	return w
+}
