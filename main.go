@@ -58,6 +58,7 @@ Usage:
   llmlb sim [flags]               run emulated model servers
   llmlb probe [flags] URL|FILE    show what the balancer reads from a metrics page
   llmlb demo [flags]              emulated servers, the balancer, traffic and a live view
+  llmlb bench [flags]             replay workloads through every policy in virtual time
 
 Run 'llmlb COMMAND --help' for a command's flags.
 `
@@ -82,6 +83,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return cmdProbe(ctx, args, getenv, stdout, stderr)
 	case "demo":
 		return cmdDemo(ctx, args, stdout, stderr)
+	case "bench":
+		return cmdBench(ctx, args, stdout, stderr)
 	case "help":
 		fmt.Fprint(stdout, usage)
 		return nil
@@ -263,18 +266,24 @@ func ignoreClosed(err error) error {
 }
 
 func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("sim", "llmlb sim [--engine vllm] [--listen ADDR] [--model NAME] [--lora a,b] [--speed X] [--count N]", stderr)
-	engine := fs.String("engine", "vllm", "engine flavour to emulate")
+	fs := newFlagSet("sim", "llmlb sim [--engine vllm] [--preset h100-8b] [--listen ADDR] [--model NAME] [--lora a,b] [--speed X] [--count N]", stderr)
+	engine := fs.String("engine", "vllm", "engine flavour to emulate: vllm, sglang, triton-tensorrt-llm or trtllm-serve")
+	preset := fs.String("preset", "h100-8b", "engine model preset: "+strings.Join(sim.PresetNames(), ", "))
 	listen := fs.String("listen", "127.0.0.1:8001", "address of the first server; --count servers take consecutive ports")
 	model := fs.String("model", "llama-3.1-8b", "base model name served")
 	lora := fs.String("lora", "", "comma-separated LoRA adapter names served on top of the model")
 	speed := fs.Float64("speed", 1, "run this many times faster than real time")
 	count := fs.Int("count", 1, "number of servers to start")
-	tps := fs.Float64("tokens-per-second", 50, "output tokens per second per request")
-	prefill := fs.Float64("prefill-tokens-per-second", 20000, "prompt tokens per second before the first token")
-	maxRunning := fs.Int("max-running", 64, "requests generating at once; more wait")
+	maxLoRA := fs.Int("max-lora", 0, "adapters a batch may use at once (0: the preset's)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	ecfg, err := sim.Preset(*preset)
+	if err != nil {
+		return fmt.Errorf("sim: --preset: %w", err)
+	}
+	if *maxLoRA > 0 {
+		ecfg.MaxLoRA = *maxLoRA
 	}
 	if *count < 1 {
 		return errors.New("sim: --count must be at least 1")
@@ -294,8 +303,7 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	var servers []*http.Server
 	var wg sync.WaitGroup
 	for i := range *count {
-		m := sim.NewSteady(sim.SteadyConfig{DecodeTokensPerSecond: *tps, PrefillTokensPerSecond: *prefill, MaxRunning: *maxRunning, Speed: *speed})
-		s, err := sim.NewServer(sim.ServerConfig{Engine: *engine, Model: *model, Adapters: adapters}, m)
+		s, err := sim.NewServer(sim.ServerConfig{Engine: *engine, Model: *model, Adapters: adapters}, sim.NewLive(ecfg, *speed))
 		if err != nil {
 			return err
 		}
@@ -312,7 +320,7 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 		hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
 		servers = append(servers, hs)
-		fmt.Fprintf(stdout, "sim: %s serving %s at http://%s\n", *engine, *model, ln.Addr())
+		fmt.Fprintf(stdout, "sim: %s (%s, x%g) serving %s at http://%s\n", *engine, *preset, *speed, *model, ln.Addr())
 		wg.Go(func() { _ = hs.Serve(ln) })
 	}
 	<-ctx.Done()

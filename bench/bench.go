@@ -82,7 +82,8 @@ func Bench(ctx context.Context, o Options) (Report, error) {
 			return Report{}, err
 		}
 		loads = append(loads, w)
-		t := Table{Name: name, Backends: o.Backends, Requests: len(w.Requests), Rate: w.Rate, Results: make([]Row, len(o.Policies))}
+		t := Table{Name: name, Backends: o.Backends, Requests: len(w.Requests), Rate: w.Rate,
+			Results: make([]Row, len(o.Policies)), ttfts: make([][]time.Duration, len(o.Policies))}
 		rep.Workloads = append(rep.Workloads, t)
 	}
 	jobs := make(chan job)
@@ -102,6 +103,8 @@ func Bench(ctx context.Context, o Options) (Report, error) {
 					firstErr = fmt.Errorf("bench: %s with %s: %w", loads[j.w].Name, o.Policies[j.p], err)
 				}
 				rep.Workloads[j.w].Results[j.p] = Summarize(res)
+				slices.Sort(res.TTFT)
+				rep.Workloads[j.w].ttfts[j.p] = res.TTFT
 				done++
 				if o.Progress != nil {
 					fmt.Fprintf(o.Progress, "\rbench: %d/%d runs (%s, %s) %s   ", done, total, loads[j.w].Name, o.Policies[j.p], time.Since(start).Round(time.Second))

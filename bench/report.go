@@ -33,6 +33,8 @@ type Table struct {
 	Requests int     `json:"requests"`
 	Rate     float64 `json:"rate"`
 	Results  []Row   `json:"results"`
+
+	ttfts [][]time.Duration // each row's sorted TTFTs, for Plot
 }
 
 // Report is every workload's table.
