@@ -20,7 +20,7 @@ import (
 // does (Ctrl-C).
 func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("demo", "llmlb demo [--backends N] [--duration D] [--concurrency C] [--speed X]", stderr)
-	n := fs.Int("backends", 4, "emulated servers; the last one runs at half speed")
+	n := fs.Int("backends", 4, "emulated servers (h100-8b engine model); the last one is the slower a100-8b")
 	duration := fs.Duration("duration", 20*time.Second, "how long to send traffic")
 	concurrency := fs.Int("concurrency", 24, "concurrent clients")
 	speed := fs.Float64("speed", 1, "run the emulated servers this many times faster than real time")
@@ -47,12 +47,18 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}
 		wg.Wait()
 	}()
+	engines := map[string]*sim.Live{}
 	for i := range *n {
-		sc := sim.SteadyConfig{DecodeTokensPerSecond: 40, PrefillTokensPerSecond: 8000, MaxRunning: 8, Speed: *speed}
+		preset := "h100-8b"
 		if i == *n-1 && *n > 1 {
-			sc.DecodeTokensPerSecond, sc.PrefillTokensPerSecond = 20, 4000 // an older GPU
+			preset = "a100-8b" // an older GPU in the same fleet
 		}
-		s, err := sim.NewServer(sim.ServerConfig{Model: model}, sim.NewSteady(sc))
+		ecfg, err := sim.Preset(preset)
+		if err != nil {
+			return err
+		}
+		live := sim.NewLive(ecfg, *speed)
+		s, err := sim.NewServer(sim.ServerConfig{Model: model}, live)
 		if err != nil {
 			return err
 		}
@@ -63,7 +69,9 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
 		servers = append(servers, hs)
 		wg.Go(func() { _ = hs.Serve(ln) })
-		cfg.Backends = append(cfg.Backends, scrape.BackendConfig{URL: "http://" + ln.Addr().String(), Engine: "vllm"})
+		u := "http://" + ln.Addr().String()
+		engines[u] = live
+		cfg.Backends = append(cfg.Backends, scrape.BackendConfig{URL: u, Engine: "vllm"})
 	}
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("demo config: %w", err)
@@ -83,7 +91,7 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	loadCtx, stopLoad := context.WithTimeout(ctx, *duration)
 	defer stopLoad()
-	load := &sim.Load{URL: "http://" + inst.addr, Model: model, Concurrency: *concurrency, Seed: 1}
+	load := &sim.Load{URL: "http://" + inst.addr, Model: model, Concurrency: *concurrency, Tenants: 12, MaxTokens: 64, Seed: 1}
 	loadDone := make(chan struct{})
 	go func() { load.Run(loadCtx); close(loadDone) }()
 
@@ -104,7 +112,12 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		} else {
 			b.WriteString("\n")
 		}
-		sim.RenderView(&b, time.Since(begin), bs, load.Results())
+		sim.RenderView(&b, time.Since(begin), bs, load.Results(), func(url string) (sim.Stats, bool) {
+			if l := engines[strings.TrimSuffix(url, "/")]; l != nil {
+				return l.Stats(), true
+			}
+			return sim.Stats{}, false
+		})
 		io.WriteString(stdout, b.String())
 	}
 	for running := true; running; {

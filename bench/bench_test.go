@@ -1,20 +1,135 @@
 package bench
 
 import (
+	"bytes"
 	"context"
-	"os"
+	"encoding/json"
 	"testing"
 )
 
-func TestBenchManual(t *testing.T) {
-	if os.Getenv("BENCH_MANUAL") == "" {
-		t.Skip("manual")
+// TestBenchDeterministic: the same seed gives the same table twice, over
+// every workload (cut small) and a spread of policies, and every request is
+// accounted for.
+func TestBenchDeterministic(t *testing.T) {
+	opts := Options{
+		Policies: []string{"default", "epp", "sglang-cache-aware", "oracle"},
+		Backends: 4,
+		Params:   Params{Scale: 0.015, Seed: 7},
 	}
-	rep, err := Bench(context.Background(), Options{Workloads: []string{os.Getenv("BENCH_MANUAL")}, Progress: os.Stderr})
+	a, err := Bench(context.Background(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, tb := range rep.Workloads {
-		WriteTable(os.Stdout, tb)
+	b, err := Bench(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ja, _ := json.Marshal(a)
+	jb, _ := json.Marshal(b)
+	if !bytes.Equal(ja, jb) {
+		t.Fatalf("same seed, different results:\n%s\n%s", ja, jb)
+	}
+	if len(a.Workloads) != len(WorkloadNames()) {
+		t.Fatalf("%d tables for %d workloads", len(a.Workloads), len(WorkloadNames()))
+	}
+	for _, tb := range a.Workloads {
+		for _, r := range tb.Results {
+			if r.Failed != 0 || r.Throughput <= 0 || !(r.TTFTP50 > 0) || r.TTFTP99 < r.TTFTP50 || r.Imbalance < 1 {
+				t.Errorf("%s/%s: %+v", tb.Name, r.Policy, r)
+			}
+		}
+	}
+	var out bytes.Buffer
+	if err := WriteJSON(&out, a); err != nil {
+		t.Fatal(err)
+	}
+	var back struct {
+		Workloads []struct {
+			Name     string           `json:"name"`
+			Backends int              `json:"backends"`
+			Results  []map[string]any `json:"results"`
+		} `json:"workloads"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &back); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"policy", "ttft_p50", "ttft_p90", "ttft_p99", "e2e_p50", "e2e_p99", "output_tokens_per_s", "hit_rate", "imbalance", "refused", "failed"}
+	for _, k := range want {
+		if _, ok := back.Workloads[0].Results[0][k]; !ok {
+			t.Errorf("JSON row lacks %q", k)
+		}
+	}
+	if back.Workloads[0].Results[0]["policy"] != "default" || back.Workloads[0].Backends != 4 {
+		t.Errorf("JSON: %+v", back.Workloads[0])
+	}
+}
+
+// TestRunReleasesEveryRequest: after a replay, no request is left in any
+// backend's ledger, whatever the policy, and every arrival is served,
+// refused or failed.
+func TestRunReleasesEveryRequest(t *testing.T) {
+	w, err := Build("burst", Params{Scale: 0.1, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"default", "least-request", "consistent-hash"} {
+		res, bal, err := runWith(Cluster{Presets: Presets(3, 1), Policy: p, Seed: 1}, w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, be := range bal.Snapshot().Backends {
+			if n := be.Ledger.InFlight(); n != 0 {
+				t.Errorf("%s: %s still has %d in flight", p, be.ID, n)
+			}
+		}
+		if got := len(res.TTFT) + res.Refused + res.Failed; got != len(w.Requests) {
+			t.Errorf("%s: %d served+refused+failed of %d arrivals", p, got, len(w.Requests))
+		}
+	}
+}
+
+// TestSaturationQueuesAndRefuses: a cluster far past capacity queues in the
+// admission queue and refuses what waits past its timeout, as the proxy
+// does, instead of piling onto the engines.
+func TestSaturationQueuesAndRefuses(t *testing.T) {
+	w, err := Build("shared-prefix", Params{Scale: 0.2, Rate: 20, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := Run(Cluster{Presets: Presets(1, -1), Seed: 1}, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Refused == 0 {
+		t.Errorf("no request refused at 20x the rate one server can take: %+v", Summarize(res))
+	}
+	if len(res.TTFT) == 0 {
+		t.Error("nothing served")
+	}
+}
+
+func TestWorkloadsDeterministicText(t *testing.T) {
+	a := Part{ID: 42, Tokens: 600}
+	b := Part{ID: 42, Tokens: 300}
+	ta, tb := appendPart(nil, a), appendPart(nil, b)
+	if !bytes.HasPrefix(ta, tb) || len(ta) != 2400 {
+		t.Fatal("a shorter part is not a prefix of the longer one")
+	}
+	if bytes.Equal(appendPart(nil, Part{ID: 43, Tokens: 300})[:64], tb[:64]) {
+		t.Fatal("different ids share a prefix")
+	}
+	for _, name := range WorkloadNames() {
+		w, err := Build(name, Params{Scale: 0.01, Seed: 3})
+		if err != nil || len(w.Requests) == 0 {
+			t.Fatalf("%s: %v", name, err)
+		}
+		for i := 1; i < len(w.Requests); i++ {
+			if w.Requests[i].At < w.Requests[i-1].At {
+				t.Fatalf("%s: arrivals out of order", name)
+			}
+		}
+	}
+	if _, err := Build("nope", Params{}); err == nil {
+		t.Error("unknown workload accepted")
 	}
 }

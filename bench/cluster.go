@@ -144,19 +144,25 @@ type run struct {
 // Run replays w through the cluster in virtual time and reports what
 // happened. It is deterministic for the cluster's seed.
 func Run(c Cluster, w *Workload) (Result, error) {
+	res, _, err := runWith(c, w)
+	return res, err
+}
+
+// runWith is Run that also returns the balancer, for tests.
+func runWith(c Cluster, w *Workload) (Result, *balancer.Balancer, error) {
 	if len(c.Presets) == 0 {
-		return Result{}, errors.New("bench: a cluster needs at least one server")
+		return Result{}, nil, errors.New("bench: a cluster needs at least one server")
 	}
 	if c.Engine == "" {
 		c.Engine = "vllm"
 	}
 	engines, err := scrape.NewEngineSet(nil)
 	if err != nil {
-		return Result{}, err
+		return Result{}, nil, err
 	}
 	scraper := engines[c.Engine]
 	if scraper == nil {
-		return Result{}, fmt.Errorf("bench: unknown engine %q", c.Engine)
+		return Result{}, nil, fmt.Errorf("bench: unknown engine %q", c.Engine)
 	}
 	r := &run{c: c, w: w, scraper: scraper, byID: map[string]int{}, flights: map[*sim.Seq]*flight{},
 		epoch: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), rng: rand.New(rand.NewPCG(c.Seed, 0xbe7c4))}
@@ -166,10 +172,10 @@ func Run(c Cluster, w *Workload) (Result, error) {
 		r.adapts = append(r.adapts, balancer.Adapter{Name: a, Parent: Model})
 	}
 	if err := r.build(); err != nil {
-		return Result{}, err
+		return Result{}, nil, err
 	}
 	r.loop()
-	return r.res, nil
+	return r.res, r.bal, nil
 }
 
 func (r *run) clock() time.Time { return r.epoch.Add(r.now) }

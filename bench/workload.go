@@ -13,6 +13,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
+	"sync"
 	"time"
 )
 
@@ -161,13 +162,23 @@ type traceLine struct {
 	HashIDs      []uint64 `json:"hash_ids"`
 }
 
-// mooncake replays a Mooncake trace: each hash id is a 512-token block of
-// text of its own, the last block cut to the input length.
-func mooncake(name string, p Params) (*Workload, error) {
-	file := "traces/mooncake_conversation.jsonl.gz"
-	if name == "mooncake-synthetic" {
-		file = "traces/mooncake_synthetic.jsonl.gz"
-	}
+// traceCache holds each embedded trace once parsed.
+var traceCache sync.Map // file name -> *parsedTrace
+
+type parsedTrace struct {
+	once  sync.Once
+	lines []traceLine
+	err   error
+}
+
+func loadTrace(file string) ([]traceLine, error) {
+	v, _ := traceCache.LoadOrStore(file, new(parsedTrace))
+	pt := v.(*parsedTrace)
+	pt.once.Do(func() { pt.lines, pt.err = parseTrace(file) })
+	return pt.lines, pt.err
+}
+
+func parseTrace(file string) ([]traceLine, error) {
 	f, err := traces.Open(file)
 	if err != nil {
 		return nil, err
@@ -177,8 +188,7 @@ func mooncake(name string, p Params) (*Workload, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", file, err)
 	}
-	r := rate(name, p)
-	w := &Workload{Rate: r}
+	var out []traceLine
 	sc := bufio.NewScanner(zr)
 	sc.Buffer(make([]byte, 1<<20), 1<<24)
 	for line := 1; sc.Scan(); line++ {
@@ -189,6 +199,31 @@ func mooncake(name string, p Params) (*Workload, error) {
 		if t.InputLength < 1 || len(t.HashIDs) == 0 {
 			return nil, fmt.Errorf("%s:%d: empty request", file, line)
 		}
+		out = append(out, t)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", file, err)
+	}
+	return out, nil
+}
+
+// mooncake replays a Mooncake trace: each hash id is a 512-token block of
+// text of its own, the last block cut to the input length.
+func mooncake(name string, p Params) (*Workload, error) {
+	file := "traces/mooncake_conversation.jsonl.gz"
+	if name == "mooncake-synthetic" {
+		file = "traces/mooncake_synthetic.jsonl.gz"
+	}
+	lines, err := loadTrace(file)
+	if err != nil {
+		return nil, err
+	}
+	if p.Scale < 1 {
+		lines = lines[:max(1, int(float64(len(lines))*p.Scale))]
+	}
+	r := rate(name, p)
+	w := &Workload{Rate: r}
+	for _, t := range lines {
 		req := Request{At: time.Duration(float64(t.Timestamp) / r * float64(time.Millisecond)), MaxTokens: max(1, t.OutputLength)}
 		left := t.InputLength
 		for _, id := range t.HashIDs {
@@ -200,12 +235,6 @@ func mooncake(name string, p Params) (*Workload, error) {
 			left -= n
 		}
 		w.Requests = append(w.Requests, req)
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("%s: %w", file, err)
-	}
-	if p.Scale < 1 {
-		w.Requests = w.Requests[:max(1, int(float64(len(w.Requests))*p.Scale))]
 	}
 	return w, nil
 }

@@ -90,11 +90,11 @@ func (l *Load) Run(ctx context.Context) {
 	wg.Wait()
 }
 
-// systemPrompt is tenant t's long shared instructions, about 2,000 tokens.
+// systemPrompt is tenant t's long shared instructions, about 4,000 tokens.
 func systemPrompt(t int) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "You are the assistant of tenant %d. ", t)
-	for i := 0; b.Len() < 8000; i++ {
+	for i := 0; b.Len() < 16000; i++ {
 		fmt.Fprintf(&b, "Rule %d of tenant %d: answer briefly, cite sources, and keep to the topic. ", i, t)
 	}
 	return b.String()

@@ -13,6 +13,7 @@ import (
 // view shows.
 type BackendView struct {
 	ID          string   `json:"id"`
+	URL         string   `json:"url"`
 	State       string   `json:"state"`
 	Engine      string   `json:"engine"`
 	Stale       bool     `json:"metrics_stale"`
@@ -43,15 +44,18 @@ func FetchBackends(client *http.Client, adminURL string) ([]BackendView, error) 
 }
 
 // RenderView writes one frame of the live view: a row per backend with its
-// state, requests in flight, requests served and its share, and its
-// smoothed time to first token, then the client-side totals.
-func RenderView(w io.Writer, elapsed time.Duration, backends []BackendView, r LoadResults) {
+// state, requests in flight, requests served and its share, its smoothed
+// time to first token and, when engine knows the server behind a backend
+// URL, the server's own KV use and prefix-cache hit rate (prompt tokens
+// served from cache over prompt tokens looked up); then the client-side
+// totals.
+func RenderView(w io.Writer, elapsed time.Duration, backends []BackendView, r LoadResults, engine func(url string) (Stats, bool)) {
 	var total int64
 	for _, b := range backends {
 		total += b.Requests
 	}
 	fmt.Fprintf(w, "llmlb demo: %s elapsed\n\n", elapsed.Truncate(time.Second))
-	fmt.Fprintf(w, "%-26s %-8s %9s %9s %7s %10s  %s\n", "backend", "state", "in-flight", "requests", "share", "ttft", "load")
+	fmt.Fprintf(w, "%-26s %-8s %9s %9s %7s %10s %6s %6s  %s\n", "backend", "state", "in-flight", "requests", "share", "ttft", "kv", "hits", "load")
 	for _, b := range backends {
 		share := 0.0
 		if total > 0 {
@@ -61,8 +65,17 @@ func RenderView(w io.Writer, elapsed time.Duration, backends []BackendView, r Lo
 		if len(bar) > 30 {
 			bar = bar[:30] + "+"
 		}
-		fmt.Fprintf(w, "%-26s %-8s %9d %9d %6.1f%% %8.0fms  %s\n",
-			b.ID, b.State, b.InFlight, b.Requests, 100*share, 1000*b.TTFBSeconds, bar)
+		kv, hits := "-", "-"
+		if engine != nil {
+			if st, ok := engine(b.URL); ok {
+				kv = fmt.Sprintf("%.0f%%", 100*st.KVUsage)
+				if st.PrefixQueries > 0 {
+					hits = fmt.Sprintf("%.0f%%", 100*float64(st.PrefixHits)/float64(st.PrefixQueries))
+				}
+			}
+		}
+		fmt.Fprintf(w, "%-26s %-8s %9d %9d %6.1f%% %8.0fms %6s %6s  %s\n",
+			b.ID, b.State, b.InFlight, b.Requests, 100*share, 1000*b.TTFBSeconds, kv, hits, bar)
 	}
 	rate := 0.0
 	if elapsed > 0 {
