@@ -123,6 +123,9 @@ type Candidate struct {
 	QueueWait   float64 `json:"queue_wait_seconds"`
 	KVPenalty   float64 `json:"kv_penalty_seconds"`
 	LoRAPenalty float64 `json:"lora_penalty_seconds"`
+	// DecodeSlowdown is what the request's decode loses to the backend's
+	// running batch (TTFTConfig.DecodeCost).
+	DecodeSlowdown float64 `json:"decode_slowdown_seconds"`
 
 	pending     int64   // our requests there without a first byte
 	ahead       float64 // prefill tokens ahead

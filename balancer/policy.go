@@ -168,7 +168,13 @@ func (s *TTFTScorer) estimate(p *Pick, c *Candidate) {
 	default:
 		c.LoRAPenalty = 0
 	}
-	c.TTFT = c.Prefill + c.QueueWait + c.KVPenalty + c.LoRAPenalty
+	out := p.Req.MaxTokens
+	if out <= 0 {
+		out = s.cfg.DefaultMaxTokens
+	}
+	// Queued requests join the batch soon; they slow its steps as much.
+	c.DecodeSlowdown = s.cfg.DecodeCost.Seconds() * (c.Running + c.Queued) * float64(out)
+	c.TTFT = c.Prefill + c.QueueWait + c.KVPenalty + c.LoRAPenalty + c.DecodeSlowdown
 }
 
 // TiePicker takes the highest score; candidates within Tolerance of it

@@ -20,8 +20,8 @@ type Options struct {
 	// Slow of them run the a100-8b preset, the rest h100-8b. Slow < 0
 	// means none; 0 means a quarter of them.
 	Backends, Slow int
-	Params   Params
-	Engine   string
+	Params         Params
+	Engine         string
 	// Progress, if set, gets a progress line as runs finish.
 	Progress io.Writer
 }

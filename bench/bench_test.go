@@ -14,7 +14,7 @@ func TestBenchDeterministic(t *testing.T) {
 	opts := Options{
 		Policies: []string{"default", "epp", "sglang-cache-aware", "oracle"},
 		Backends: 4,
-		Params:   Params{Scale: 0.015, Seed: 7},
+		Params:   Params{Scale: 0.015, Rate: 4, Seed: 7}, // compressed: scrapes cost by the virtual second
 	}
 	a, err := Bench(context.Background(), opts)
 	if err != nil {

@@ -139,8 +139,8 @@ func Build(name string, p Params) (*Workload, error) {
 // chosen so that eight emulated servers (six h100-8b, two a100-8b) are
 // busy but not drowning under the round-robin baseline.
 var defaultRate = map[string]float64{
-	"mooncake-conversation": 4,
-	"mooncake-synthetic":    2,
+	"mooncake-conversation": 1.5,
+	"mooncake-synthetic":    1.5,
 	"shared-prefix":         1,
 	"multi-turn":            1,
 	"lora":                  1,
