@@ -44,8 +44,12 @@ run:
 sim:
 	$(GO) run . sim --count 3 --listen 127.0.0.1:8001
 
+# The micro-benchmarks, then the routing benchmark on its defaults (every
+# workload through every policy in virtual time; results also in
+# bench.json and bench.png).
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./...
+	$(GO) run . bench --json bench.json --plot bench.png
 
 lint:
 	@test -z "$$(gofmt -l .)" || { gofmt -l .; echo "gofmt needed"; exit 1; }

@@ -592,3 +592,43 @@ backends:
 		}
 	}
 }
+
+// TestBenchCommand runs a small `llmlb bench` and checks the table, the
+// JSON file and the plot it writes.
+func TestBenchCommand(t *testing.T) {
+	dir := t.TempDir()
+	var out, errb strings.Builder
+	args := []string{"bench", "--workload", "burst", "--policy", "default,round-robin,oracle", "--backends", "3",
+		"--scale", "0.05", "--quiet", "--json", dir + "/b.json", "--plot", dir + "/b.png"}
+	if err := run(context.Background(), args, func(string) string { return "" }, &out, &errb); err != nil {
+		t.Fatalf("%v\n%s", err, errb.String())
+	}
+	for _, want := range []string{"burst:", "policy", "ttft p50", "default", "round-robin", "oracle", "hit rate"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, out.String())
+		}
+	}
+	b, err := os.ReadFile(dir + "/b.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Workloads []struct {
+			Name    string `json:"name"`
+			Results []struct {
+				Policy  string   `json:"policy"`
+				TTFTP90 *float64 `json:"ttft_p90"`
+			} `json:"results"`
+		} `json:"workloads"`
+	}
+	if err := json.Unmarshal(b, &rep); err != nil || len(rep.Workloads) != 1 || len(rep.Workloads[0].Results) != 3 ||
+		rep.Workloads[0].Results[0].Policy != "default" || rep.Workloads[0].Results[0].TTFTP90 == nil {
+		t.Fatalf("json %s: %v", b, err)
+	}
+	if png, err := os.ReadFile(dir + "/b.png"); err != nil || !bytes.HasPrefix(png, []byte("\x89PNG")) {
+		t.Errorf("plot: %v", err)
+	}
+	if err := run(context.Background(), []string{"bench", "--policy", "fastest"}, func(string) string { return "" }, &out, &errb); err == nil {
+		t.Error("unknown policy accepted")
+	}
+}
