@@ -110,9 +110,10 @@ type Balancer struct {
 	routes   map[string]*route
 	pool     sync.Pool // *scratch
 
-	snap atomic.Pointer[Snapshot]
-	rr   atomic.Uint64 // round-robin position
-	ring atomic.Pointer[ring]
+	snap   atomic.Pointer[Snapshot]
+	pickMu sync.Mutex    // serialises picks that attach a guard
+	rr     atomic.Uint64 // round-robin position
+	ring   atomic.Pointer[ring]
 
 	mu        sync.Mutex          // serialises writers
 	ledgers   map[string]*Ledger  // guarded by mu; by backend ID, kept while the backend exists

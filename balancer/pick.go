@@ -186,6 +186,14 @@ type Picker interface {
 // policy's scorers and picker. The decision's Candidates are appended to
 // dst[:0], so a caller that reuses dst does not allocate.
 func (b *Balancer) Pick(req *Request, dst []*Backend) (Decision, error) {
+	if req.Guard != nil {
+		// Reading the ledgers and attaching the guard is one step for
+		// concurrent picks: otherwise a burst of picks all read the same
+		// idle ledger before any attaches and pile onto one backend. The
+		// lock is held for the pick's microseconds, never across I/O.
+		b.pickMu.Lock()
+		defer b.pickMu.Unlock()
+	}
 	return b.pick(req, dst, false, nil)
 }
 
