@@ -96,7 +96,8 @@ type Snapshot struct {
 
 // Balancer publishes snapshots and picks backends. Pick, PickWait, Explain
 // and Snapshot may be called concurrently from any goroutine; Pick never
-// blocks on I/O or on writers. Update and Remove calls are serialised by an
+// blocks on I/O or on writers (picks that attach a guard take turns for
+// their microseconds, so each sees the ledgers the previous one left). Update and Remove calls are serialised by an
 // internal mutex.
 type Balancer struct {
 	// immutable after New

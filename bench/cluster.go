@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/url"
+	"slices"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -130,9 +131,11 @@ type run struct {
 	flights map[*sim.Seq]*flight
 	waiting []*flight // the admission queue, oldest first
 	text    []byte
-	hashes  []uint64 // scratch for the oracle
-	// oracleReq is the request being picked, whose text is in text.
-	oracleReq *Request
+	// hashes are the engine block hashes of text, for blocks of
+	// hashBlock bytes (0: not computed for this request yet); the oracle
+	// and the chosen server share them.
+	hashes    []uint64
+	hashBlock int
 	dst       []*balancer.Backend
 	out       []sim.Output
 	models    []string
@@ -328,10 +331,9 @@ func (r *run) dispatch(f *flight) bool {
 		model = Model
 	}
 	r.text = req.AppendText(r.text[:0])
-	seed := prefix.Seed(model, "")
+	r.hashBlock = 0
 	guard := r.bal.NewGuard()
-	breq := balancer.Request{Model: model, Prompt: r.text, Seed: seed, PromptTokens: req.Tokens(), MaxTokens: req.MaxTokens, Guard: guard}
-	r.oracleReq = req
+	breq := balancer.Request{Model: model, Prompt: r.text, Seed: prefix.Seed(model, ""), PromptTokens: req.Tokens(), MaxTokens: req.MaxTokens, Guard: guard}
 	dec, err := r.bal.Pick(&breq, r.dst[:0])
 	r.dst = dec.Candidates
 	switch {
@@ -352,7 +354,7 @@ func (r *run) dispatch(f *flight) bool {
 	si := r.byID[dec.Candidates[0].ID]
 	s := r.servers[si]
 	seq := &sim.Seq{
-		Hashes:       sim.BlockHashes(nil, xxhash.Sum64String(model), r.text, s.block),
+		Hashes:       slices.Clone(r.engineHashes(model, s.block)),
 		PromptTokens: req.Tokens(),
 		MaxTokens:    req.MaxTokens,
 	}
@@ -421,17 +423,21 @@ func (r *run) step(i int) {
 // oracle knows what each server's prefix cache really holds.
 type oracle struct{ r *run }
 
-func (o oracle) CachedTokens(be *balancer.Backend, _ *balancer.Request) int {
-	r := o.r
-	i, ok := r.byID[be.ID]
-	if !ok || r.oracleReq == nil {
+func (o oracle) CachedTokens(be *balancer.Backend, req *balancer.Request) int {
+	i, ok := o.r.byID[be.ID]
+	if !ok {
 		return 0
 	}
-	s := r.servers[i]
-	model := r.oracleReq.Model
-	if model == "" {
-		model = Model
+	s := o.r.servers[i]
+	return s.eng.Holds(o.r.engineHashes(req.Model, s.block))
+}
+
+// engineHashes returns the engine block hashes of the request in r.text
+// for blocks of block bytes, hashing once per request and block size.
+func (r *run) engineHashes(model string, block int) []uint64 {
+	if r.hashBlock != block {
+		r.hashes = sim.BlockHashes(r.hashes[:0], xxhash.Sum64String(model), r.text, block)
+		r.hashBlock = block
 	}
-	r.hashes = sim.BlockHashes(r.hashes[:0], xxhash.Sum64String(model), r.text, s.block)
-	return s.eng.Holds(r.hashes)
+	return r.hashes
 }

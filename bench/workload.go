@@ -78,14 +78,6 @@ type Workload struct {
 	Rate float64
 }
 
-// Span is the time from the first arrival to the last.
-func (w *Workload) Span() time.Duration {
-	if len(w.Requests) == 0 {
-		return 0
-	}
-	return w.Requests[len(w.Requests)-1].At - w.Requests[0].At
-}
-
 // Names of the built-in workloads, in the order the benchmark runs them.
 var workloadNames = []string{"mooncake-conversation", "mooncake-synthetic", "shared-prefix", "multi-turn", "lora", "burst"}
 

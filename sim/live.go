@@ -122,7 +122,5 @@ func (l *Live) Stats() Stats {
 
 // Capacity is the most tokens one request may hold: the whole KV cache.
 func (l *Live) Capacity() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.eng.cfg.BlockSize * l.eng.cfg.NumBlocks
+	return l.blockBytes / BytesPerToken * l.eng.cfg.NumBlocks // cfg is immutable
 }
