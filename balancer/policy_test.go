@@ -472,15 +472,18 @@ func TestAdmissionQueueDrainsInPriorityOrder(t *testing.T) {
 		done := make(chan int, 4)
 		for i, prio := range []int{0, 5, 0, 1} {
 			go func() {
-				d, err := b.PickWait(ctx, &Request{Model: "m", Priority: prio}, nil)
+				// The guard is attached inside the pick, as the proxy
+				// does: attaching after PickWait returned let the next
+				// head, woken as this one left the queue, see the slot
+				// still free and overtake in the done channel.
+				g := b.NewGuard()
+				d, err := b.PickWait(ctx, &Request{Model: "m", Priority: prio, Guard: g}, nil)
 				if err != nil {
 					t.Errorf("waiter %d: %v", i, err)
 				}
 				if d.Waited <= 0 {
 					t.Errorf("waiter %d waited %v", i, d.Waited)
 				}
-				g := b.NewGuard()
-				g.Attach(d.Candidates[0], Work{}, time.Now())
 				done <- i
 				// Hold the slot: the test frees capacity by scrapes.
 				<-hold
