@@ -50,17 +50,18 @@ type Request struct {
 // about 4 bytes a token.
 func (r *Request) PromptTokens() int { return (len(r.Canonical) + 3) / 4 }
 
-// wireRequest lists the only fields decoded; the rest of the body is skipped.
+// wireRequest holds the only fields routed on, each found by its exact
+// key: OpenAI-compatible servers (pydantic models) match keys with case, so
+// "Model" or "stream_Options" is not the field; encoding/json would match
+// them without case.
 type wireRequest struct {
-	Model         json.RawMessage `json:"model"`
-	Stream        json.RawMessage `json:"stream"`
-	StreamOptions json.RawMessage `json:"stream_options"`
-	Prompt        json.RawMessage `json:"prompt"`
-	Messages      json.RawMessage `json:"messages"`
-	Tools         json.RawMessage `json:"tools"`
-	MaxTokens     json.RawMessage `json:"max_tokens"`
-	MaxCompletion json.RawMessage `json:"max_completion_tokens"`
-	CacheSalt     json.RawMessage `json:"cache_salt"`
+	Model, Stream, StreamOptions, Prompt, Messages, Tools, MaxTokens, MaxCompletion, CacheSalt json.RawMessage
+}
+
+func (w *wireRequest) from(m map[string]json.RawMessage) {
+	w.Model, w.Stream, w.StreamOptions = m["model"], m["stream"], m["stream_options"]
+	w.Prompt, w.Messages, w.Tools = m["prompt"], m["messages"], m["tools"]
+	w.MaxTokens, w.MaxCompletion, w.CacheSalt = m["max_tokens"], m["max_completion_tokens"], m["cache_salt"]
 }
 
 // checkContentType accepts a missing Content-Type and any JSON media type.
@@ -92,14 +93,16 @@ func ParseRequest(k Kind, body []byte) (*Request, error) {
 	if trimmed[0] != '{' {
 		return nil, badRequest("", "The request body must be a JSON object.")
 	}
-	var w wireRequest
-	if err := json.Unmarshal(body, &w); err != nil {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(body, &fields); err != nil {
 		var se *json.SyntaxError
 		if errors.As(err, &se) {
 			return nil, badRequest("", "The request body is not valid JSON: %s at byte %d.", se.Error(), se.Offset)
 		}
 		return nil, badRequest("", "The request body is not valid JSON: %s.", err.Error())
 	}
+	var w wireRequest
+	w.from(fields)
 	r := &Request{Kind: k, Body: body, Prompt: w.Prompt, Messages: w.Messages}
 
 	if isNull(w.Model) {
@@ -117,13 +120,12 @@ func ParseRequest(k Kind, body []byte) (*Request, error) {
 		}
 	}
 	if !isNull(w.StreamOptions) {
-		var so struct {
-			IncludeUsage *bool `json:"include_usage"`
-		}
-		if err := json.Unmarshal(w.StreamOptions, &so); err != nil {
+		var so map[string]json.RawMessage
+		var include *bool
+		if err := json.Unmarshal(w.StreamOptions, &so); err != nil || (!isNull(so["include_usage"]) && json.Unmarshal(so["include_usage"], &include) != nil) {
 			return nil, badRequest("stream_options", "stream_options must be an object with a boolean include_usage.")
 		}
-		r.IncludeUsage = so.IncludeUsage != nil && *so.IncludeUsage
+		r.IncludeUsage = include != nil && *include
 	}
 	for _, f := range []struct {
 		name string

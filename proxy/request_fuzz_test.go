@@ -49,3 +49,24 @@ func FuzzParseRequest(f *testing.F) {
 		}
 	})
 }
+
+// TestParseRequestKeysMatchWithCase: keys are matched exactly, as the
+// servers behind us match them; encoding/json alone would read "Model" as
+// model and "streAm_options" as stream_options (found by FuzzParseRequest).
+func TestParseRequestKeysMatchWithCase(t *testing.T) {
+	r, err := ParseRequest(KindCompletion, []byte(`{"model":"m","prompt":"p","stream":true,"streAm_options":{"include_usage":true}}`))
+	if err != nil || r.IncludeUsage {
+		t.Errorf("streAm_options read as stream_options: %+v %v", r, err)
+	}
+	r, err = ParseRequest(KindCompletion, []byte(`{"model":"m","prompt":"p","stream":true,"stream_options":{"Include_Usage":true}}`))
+	if err != nil || r.IncludeUsage {
+		t.Errorf("Include_Usage read as include_usage: %+v %v", r, err)
+	}
+	if _, err := ParseRequest(KindCompletion, []byte(`{"Model":"m","prompt":"p"}`)); err == nil {
+		t.Error(`"Model" accepted as the model`)
+	}
+	r, err = ParseRequest(KindCompletion, []byte(`{"model":"m","prompt":"p","stream":true,"stream_options":{"include_usage":true}}`))
+	if err != nil || !r.IncludeUsage {
+		t.Errorf("include_usage not read: %+v %v", r, err)
+	}
+}
