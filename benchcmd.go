@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -11,12 +12,13 @@ import (
 )
 
 // cmdBench replays workloads through every policy on an emulated cluster in
-// virtual time and prints one table per workload.
+// virtual time and prints one table per workload; with --target it replays
+// them in real time over HTTP against a running balancer instead.
 func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("bench", "llmlb bench [--workload W,...] [--policy P,...] [--backends N] [--rate X] [--seed S] [--json FILE] [--plot FILE.png]", stderr)
+	fs := newFlagSet("bench", "llmlb bench [--workload W,...] [--policy P,...] [--backends N] [--rate X] [--seed S] [--json FILE] [--plot FILE.png] [--target URL [--model M] [--label L]]", stderr)
 	workloads := fs.String("workload", strings.Join(bench.WorkloadNames(), ","), "comma-separated workloads")
 	policies := fs.String("policy", strings.Join(bench.DefaultPolicies(), ","), "comma-separated policies; default is llmlb's default, oracle knows every cache")
-	backends := fs.Int("backends", 8, "emulated servers")
+	backends := fs.Int("backends", 8, "emulated servers; with --target, the backends behind it (for imbalance; default: those that answered)")
 	slow := fs.Int("slow", 0, "of those, servers on the slower a100-8b preset (0: a quarter, -1: none)")
 	rate := fs.Float64("rate", 0, "arrival-rate factor (0: each workload's default)")
 	scale := fs.Float64("scale", 1, "share of each workload to run (requests, groups or trace lines)")
@@ -25,8 +27,20 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	jsonFile := fs.String("json", "", "also write the results as JSON to this file")
 	plotFile := fs.String("plot", "", "also draw TTFT distributions per policy to this PNG file")
 	quiet := fs.Bool("quiet", false, "no progress line")
+	target := fs.String("target", "", "replay over HTTP, in real time, against the balancer (or server) at this base URL instead of emulating a cluster; the lora workload needs adapters lora-00..lora-15 there")
+	model := fs.String("model", "", "with --target: the base model to ask for (default: the first base model of the target's /v1/models)")
+	label := fs.String("label", "target", "with --target: the name of the result's row")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *target != "" {
+		n := 0 // backends behind the target: only those that answered, unless --backends says
+		fs.Visit(func(f *flag.Flag) {
+			if f.Name == "backends" {
+				n = *backends
+			}
+		})
+		return benchTarget(ctx, *target, *model, *label, n, split(*workloads), bench.Params{Rate: *rate, Scale: *scale, Seed: *seed}, *quiet, *jsonFile, *plotFile, stdout, stderr)
 	}
 	if *backends < 1 {
 		return fmt.Errorf("bench: --backends must be at least 1")
@@ -47,11 +61,49 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	for _, t := range rep.Workloads {
-		bench.WriteTable(stdout, t)
+	return writeReport(rep, *jsonFile, *plotFile, stdout)
+}
+
+// benchTarget replays each workload against a running balancer.
+func benchTarget(ctx context.Context, url, model, label string, backends int, workloads []string, p bench.Params, quiet bool, jsonFile, plotFile string, stdout, stderr io.Writer) error {
+	if len(workloads) == 0 {
+		workloads = bench.WorkloadNames()
 	}
-	if *jsonFile != "" {
-		f, err := os.Create(*jsonFile)
+	t := &bench.Target{URL: url, Model: model, Label: label}
+	if !quiet {
+		t.Progress = stderr
+	}
+	fmt.Fprintf(stdout, "llmlb bench: target %s, seed %d, real time\n", url, p.Seed)
+	var rep bench.Report
+	for _, name := range workloads {
+		w, err := bench.Build(name, p)
+		if err != nil {
+			return err
+		}
+		res, err := t.Replay(ctx, w)
+		if err != nil {
+			return fmt.Errorf("bench: %s: %w", name, err)
+		}
+		for len(res.PerBackend) < backends {
+			res.PerBackend = append(res.PerBackend, 0)
+		}
+		tab := bench.NewTable(w, len(res.PerBackend), res)
+		bench.WriteTable(stdout, tab)
+		rep.Workloads = append(rep.Workloads, tab)
+	}
+	return writeReport(rep, jsonFile, plotFile, nil)
+}
+
+// writeReport prints every table to stdout (unless nil) and writes the
+// --json and --plot files that were asked for.
+func writeReport(rep bench.Report, jsonFile, plotFile string, stdout io.Writer) error {
+	if stdout != nil {
+		for _, t := range rep.Workloads {
+			bench.WriteTable(stdout, t)
+		}
+	}
+	if jsonFile != "" {
+		f, err := os.Create(jsonFile)
 		if err != nil {
 			return fmt.Errorf("bench: --json: %w", err)
 		}
@@ -63,8 +115,8 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return fmt.Errorf("bench: --json: %w", err)
 		}
 	}
-	if *plotFile != "" {
-		if err := bench.Plot(*plotFile, rep); err != nil {
+	if plotFile != "" {
+		if err := bench.Plot(plotFile, rep); err != nil {
 			return fmt.Errorf("bench: --plot: %w", err)
 		}
 	}

@@ -632,3 +632,60 @@ func TestBenchCommand(t *testing.T) {
 		t.Error("unknown policy accepted")
 	}
 }
+
+// TestBenchTargetCommand replays a workload over HTTP through a running
+// balancer in front of two emulated servers on the engine model: both
+// serve, the table and the JSON are written, nothing fails.
+func TestBenchTargetCommand(t *testing.T) {
+	ecfg, err := sim.Preset("h100-8b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var urls []string
+	for range 2 {
+		s, err := sim.NewServer(sim.ServerConfig{Model: testModel}, sim.NewLive(ecfg, 50))
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(s.Handler())
+		t.Cleanup(srv.Close)
+		urls = append(urls, srv.URL)
+	}
+	inst := startTest(t, testConfig(urls), 2)
+	dir := t.TempDir()
+	args := []string{"bench", "--target", "http://" + inst.addr, "--workload", "burst", "--scale", "0.03", "--rate", "4",
+		"--backends", "3", "--quiet", "--json", dir + "/t.json"}
+	err, out, errb := runCmd(t, noEnv, args...)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, errb)
+	}
+	if !strings.Contains(out, "burst:") || !strings.Contains(out, "target") {
+		t.Errorf("table:\n%s", out)
+	}
+	b, err := os.ReadFile(dir + "/t.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Workloads []struct {
+			Backends int `json:"backends"`
+			Results  []struct {
+				Policy    string  `json:"policy"`
+				Failed    int     `json:"failed"`
+				Refused   int     `json:"refused"`
+				Imbalance float64 `json:"imbalance"`
+				HitRate   float64 `json:"hit_rate"`
+				TTFTP50   float64 `json:"ttft_p50"`
+			} `json:"results"`
+		} `json:"workloads"`
+	}
+	if err := json.Unmarshal(b, &rep); err != nil || len(rep.Workloads) != 1 || len(rep.Workloads[0].Results) != 1 {
+		t.Fatalf("json %s: %v", b, err)
+	}
+	w, r := rep.Workloads[0], rep.Workloads[0].Results[0]
+	// Three backends claimed, two exist: the third's zero counts, so the
+	// busiest is at least 1.5x the mean.
+	if w.Backends != 3 || r.Policy != "target" || r.Failed != 0 || r.Refused != 0 || r.Imbalance < 1.5 || !(r.HitRate > 0) || !(r.TTFTP50 > 0) {
+		t.Errorf("%s", b)
+	}
+}

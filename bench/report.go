@@ -149,3 +149,16 @@ func WriteJSON(w io.Writer, rep Report) error {
 	enc.SetIndent("", "  ")
 	return enc.Encode(rep)
 }
+
+// NewTable is the table of one or more results of workload w, in order, on
+// a cluster of the given number of backends.
+func NewTable(w *Workload, backends int, results ...Result) Table {
+	t := Table{Name: w.Name, Backends: backends, Requests: len(w.Requests), Rate: w.Rate}
+	for _, r := range results {
+		t.Results = append(t.Results, Summarize(r))
+		ttft := slices.Clone(r.TTFT)
+		slices.Sort(ttft)
+		t.ttfts = append(t.ttfts, ttft)
+	}
+	return t
+}
