@@ -64,6 +64,14 @@ type LogConfig struct {
 	Level string `mapstructure:"level"`
 	// Format is text or json. (default text)
 	Format string `mapstructure:"format"`
+	// Access writes one line per client request (health and readiness
+	// probes excepted): request id, model, backend, status, TTFT,
+	// duration, tokens, pick reason. (default true)
+	Access bool `mapstructure:"access"`
+	// Prompts adds the prompt text (its first 2 KiB) to access lines, only
+	// when level is debug too. Prompts are never logged otherwise.
+	// (default false)
+	Prompts bool `mapstructure:"prompts"`
 }
 
 // DefaultConfig returns every default; config.yaml overrides them.
@@ -73,7 +81,7 @@ func DefaultConfig() Config {
 		Admin:         AdminConfig{Listen: "127.0.0.1:9090"},
 		ShutdownGrace: 30 * time.Second,
 		DefaultEngine: "vllm",
-		Log:           LogConfig{Level: "info", Format: "text"},
+		Log:           LogConfig{Level: "info", Format: "text", Access: true},
 		Proxy:         proxy.DefaultConfig(),
 		Scrape:        scrape.DefaultConfig(),
 		Balancer:      balancer.DefaultConfig(),

@@ -79,7 +79,7 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 
 	lbCtx, stopLB := context.WithCancel(context.Background())
 	defer stopLB()
-	inst, err := start(lbCtx, cfg, stderr)
+	inst, err := start(lbCtx, cfg, nil, stderr)
 	if err != nil {
 		return err
 	}

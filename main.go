@@ -136,23 +136,27 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 		fmt.Fprintln(stderr, err)
 		return errReported
 	}
-	return serve(ctx, cfg, stdout, stderr)
+	return serve(ctx, cfg, &configSource{path: *path, getenv: getenv}, stdout, stderr)
 }
 
-func newLogger(c LogConfig, w io.Writer) *slog.Logger {
+// newLogger returns the logger c asks for; its level can be changed
+// while it runs through the returned LevelVar.
+func newLogger(c LogConfig, w io.Writer) (*slog.Logger, *slog.LevelVar) {
 	level, _ := parseLevel(c.Level) // validated
-	opts := &slog.HandlerOptions{Level: level}
+	lv := new(slog.LevelVar)
+	lv.Set(level)
+	opts := &slog.HandlerOptions{Level: lv}
 	if c.Format == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
+		return slog.New(slog.NewJSONHandler(w, opts)), lv
 	}
-	return slog.New(slog.NewTextHandler(w, opts))
+	return slog.New(slog.NewTextHandler(w, opts)), lv
 }
 
 // serve runs the balancer for cfg until ctx ends, then shuts down
 // gracefully: it stops accepting, lets in-flight requests and streams finish
 // within cfg.ShutdownGrace, cuts what remains, and returns nil.
-func serve(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
-	inst, err := start(ctx, cfg, stderr)
+func serve(ctx context.Context, cfg Config, src *configSource, stdout, stderr io.Writer) error {
+	inst, err := start(ctx, cfg, src, stderr)
 	if err != nil {
 		return err
 	}
@@ -170,9 +174,10 @@ type instance struct {
 func (in *instance) wait() error { return <-in.done }
 
 // start brings up the balancer for cfg and returns once it listens. It shuts
-// down gracefully when ctx ends; wait reports the end.
-func start(ctx context.Context, cfg Config, stderr io.Writer) (*instance, error) {
-	logger := newLogger(cfg.Log, stderr)
+// down gracefully when ctx ends; wait reports the end. With a source, it
+// reloads the config from it on SIGHUP and when the file changes.
+func start(ctx context.Context, cfg Config, src *configSource, stderr io.Writer) (*instance, error) {
+	logger, level := newLogger(cfg.Log, stderr)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
@@ -197,6 +202,7 @@ func start(ctx context.Context, cfg Config, stderr io.Writer) (*instance, error)
 		return nil, err
 	}
 	px := proxy.New(cfg.Proxy, bal, reg, logger)
+	px.SetLogging(cfg.Log.Access, cfg.Log.Prompts)
 
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -226,6 +232,11 @@ func start(ctx context.Context, cfg Config, stderr io.Writer) (*instance, error)
 	scrapeCtx, stopScrape := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = mgr.Run(scrapeCtx) })
+	if src != nil {
+		rl := newReloader(*src, cfg, logger, level, mgr, bal, reg)
+		hup, stopHUP := notifyHUP()
+		wg.Go(func() { defer stopHUP(); rl.run(scrapeCtx, hup) })
+	}
 	serveErr := make(chan error, 2)
 	wg.Go(func() { serveErr <- ignoreClosed(front.Serve(ln)) })
 	if admin != nil {

@@ -235,7 +235,7 @@ func testConfig(urls []string) Config {
 // shut down cleanly; it returns once n backends are ready.
 func startTest(t *testing.T, cfg Config, n int) *instance {
 	t.Helper()
-	inst, err := start(t.Context(), cfg, io.Discard)
+	inst, err := start(t.Context(), cfg, nil, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}

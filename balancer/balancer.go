@@ -107,9 +107,9 @@ type Balancer struct {
 	rand     func() uint64
 	pol      *policy
 	adm      *admission
-	sessions *lru.Cache[string, string] // nil when session affinity is off
-	routes   map[string]*route
-	pool     sync.Pool // *scratch
+	sessions *lru.Cache[string, string]        // nil when session affinity is off
+	routes   atomic.Pointer[map[string]*route] // replaced whole by SetModels
+	pool     sync.Pool                         // *scratch
 
 	snap   atomic.Pointer[Snapshot]
 	pickMu sync.Mutex    // serialises picks that attach a guard
@@ -149,8 +149,8 @@ func New(cfg Config, deps Deps, models []ModelRoute, logger *slog.Logger) (*Bala
 		ledgers: make(map[string]*Ledger),
 		current: make(map[string]*Backend),
 		slots:   make(map[string]int),
-		routes:  newRoutes(models),
 	}
+	b.SetModels(models)
 	pol, err := newPolicy(b, cfg, deps)
 	if err != nil {
 		return nil, err
@@ -301,6 +301,13 @@ type route struct {
 	priority int
 }
 
+// SetModels replaces the model aliases and splits, at once for every
+// request routed after it returns. models must have passed ValidateModels.
+func (b *Balancer) SetModels(models []ModelRoute) {
+	r := newRoutes(models)
+	b.routes.Store(&r)
+}
+
 func newRoutes(models []ModelRoute) map[string]*route {
 	m := make(map[string]*route, len(models))
 	for _, r := range models {
@@ -324,7 +331,7 @@ func newRoutes(models []ModelRoute) map[string]*route {
 // choosing among weighted targets at random, and returns the model's
 // default priority. A name with no route is its own target.
 func (b *Balancer) Route(model string) (target string, priority int) {
-	rt := b.routes[model]
+	rt := (*b.routes.Load())[model]
 	if rt == nil {
 		return model, 0
 	}
@@ -342,8 +349,9 @@ func (b *Balancer) Route(model string) (target string, priority int) {
 
 // PublicModels returns the model names routes add, sorted.
 func (b *Balancer) PublicModels() []string {
-	out := make([]string, 0, len(b.routes))
-	for name := range b.routes {
+	routes := *b.routes.Load()
+	out := make([]string, 0, len(routes))
+	for name := range routes {
 		out = append(out, name)
 	}
 	slices.Sort(out)
@@ -352,7 +360,7 @@ func (b *Balancer) PublicModels() []string {
 
 // RouteTargets returns the targets of a public model name, or nil.
 func (b *Balancer) RouteTargets(model string) []string {
-	if rt := b.routes[model]; rt != nil {
+	if rt := (*b.routes.Load())[model]; rt != nil {
 		return slices.Clone(rt.targets)
 	}
 	return nil

@@ -435,7 +435,7 @@ func TestSessionAffinityUnlessSaturated(t *testing.T) {
 
 func TestModelSplitWeights(t *testing.T) {
 	b := newBal(t, "ttft")
-	b.routes = newRoutes([]ModelRoute{{Name: "chat", Targets: []ModelTarget{{Model: "v1", Weight: 90}, {Model: "v2", Weight: 10}}, Priority: 2}})
+	b.SetModels([]ModelRoute{{Name: "chat", Targets: []ModelTarget{{Model: "v1", Weight: 90}, {Model: "v2", Weight: 10}}, Priority: 2}})
 	n := map[string]int{}
 	for range 10000 {
 		m, prio := b.Route("chat")

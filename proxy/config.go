@@ -34,6 +34,11 @@ type Config struct {
 	// client gets 504, or a cut stream if bytes were already sent. 0 means no
 	// limit. (default 30m)
 	RequestTimeout time.Duration `mapstructure:"request_timeout"`
+	// RequestUsage asks backends for the final usage chunk of every stream
+	// (stream_options.include_usage), so token metrics and the access log
+	// cover streams too; when the client did not ask for it, the chunk is
+	// taken out of the client's stream. (default true)
+	RequestUsage bool `mapstructure:"request_usage"`
 	// MaxIdleConnsPerBackend is the pool of idle keep-alive connections kept
 	// per backend. (default 256)
 	MaxIdleConnsPerBackend int `mapstructure:"max_idle_conns_per_backend"`
@@ -50,6 +55,7 @@ func DefaultConfig() Config {
 		ResponseHeaderTimeout:  10 * time.Minute,
 		RequestTimeout:         30 * time.Minute,
 		MaxIdleConnsPerBackend: 256,
+		RequestUsage:           true,
 	}
 }
 

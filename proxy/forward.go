@@ -27,6 +27,11 @@ type exchange struct {
 	clientCtx context.Context // the client's own context, before our timeout
 	inURL     *url.URL        // the path and query the client asked for
 	attempts  int             // backends tried so far
+	sentAt    time.Time       // when the latest attempt was sent
+	// stripUsage: llmlb asked for the stream's usage chunk, the client
+	// did not, so the observer drops it.
+	stripUsage bool
+	obs        *observer // the answering backend's body, once it answered 200
 }
 
 type exchangeKey struct{}
@@ -76,6 +81,7 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if i > 0 || ex.guard.Backend() != be { // the pick attached the first
 			ex.guard.Attach(be, ex.dec.Work[i], time.Now())
 		}
+		ex.sentAt = time.Now()
 		resp, err := t.base.RoundTrip(out)
 		if err != nil {
 			if ctx.Err() != nil {

@@ -11,13 +11,22 @@ import (
 // metrics are the balancer's own request metrics, registered on the admin
 // listener's registry.
 type metrics struct {
-	requests  *prometheus.CounterVec   // model, backend, status
-	ttfb      *prometheus.HistogramVec // backend
-	duration  *prometheus.HistogramVec // backend
-	retries   *prometheus.CounterVec   // backend (the one that failed)
-	picks     *prometheus.CounterVec   // backend, reason
+	requests  *prometheus.CounterVec    // model, target_model, backend, status
+	ttfb      *prometheus.HistogramVec  // backend
+	ttft      *prometheus.HistogramVec  // backend, model
+	itl       *prometheus.HistogramVec  // backend, model
+	duration  *prometheus.HistogramVec  // backend, model
+	tokens    [3]*prometheus.CounterVec // prompt, completion, cached; backend, model
+	predicted *prometheus.CounterVec    // backend
+	reported  *prometheus.CounterVec    // backend
+	retries   *prometheus.CounterVec    // backend (the one that failed)
+	picks     *prometheus.CounterVec    // backend, reason
 	queueWait prometheus.Histogram
 }
+
+// tokenBuckets span a single decode step on a small model (a few ms) to a
+// step stalled behind long prefills.
+var tokenBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5}
 
 // latencyBuckets span a cached short prompt (tens of ms) to a long prefill
 // under load or a long generation (minutes).
@@ -27,8 +36,18 @@ func newMetrics(reg prometheus.Registerer, bal *balancer.Balancer) *metrics {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmlb_requests_total",
-			Help: "Requests answered, by requested model, backend that answered (\"none\" if none did) and HTTP status (499: client went away).",
-		}, []string{"model", "backend", "status"}),
+			Help: "Requests answered, by requested model, the model backends were asked for (after aliases and splits), backend that answered (\"none\" if none did) and HTTP status (499: client went away).",
+		}, []string{"model", "target_model", "backend", "status"}),
+		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "llmlb_time_to_first_token_seconds",
+			Help:    "Streams: time from sending the request to the backend that answered to the first event carrying output, as read by the proxy.",
+			Buckets: latencyBuckets,
+		}, []string{"backend", "model"}),
+		itl: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "llmlb_inter_token_latency_seconds",
+			Help:    "Streams: time between consecutive events carrying output, as read by the proxy.",
+			Buckets: tokenBuckets,
+		}, []string{"backend", "model"}),
 		ttfb: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "llmlb_time_to_first_byte_seconds",
 			Help:    "Time from sending a request to a backend to the first byte of its response body: time to first token for streams.",
@@ -36,8 +55,16 @@ func newMetrics(reg prometheus.Registerer, bal *balancer.Balancer) *metrics {
 		}, []string{"backend"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "llmlb_request_duration_seconds",
-			Help:    "Time from receiving a request to the end of its response, by backend that answered.",
+			Help:    "Time from receiving a request to the end of its response, by backend that answered and requested model.",
 			Buckets: latencyBuckets,
+		}, []string{"backend", "model"}),
+		predicted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmlb_prefix_predicted_tokens_total",
+			Help: "Prompt tokens the balancer expected the chosen backend to hold in its prefix cache, over requests whose backend reported cached tokens; compare with llmlb_prefix_reported_tokens_total.",
+		}, []string{"backend"}),
+		reported: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmlb_prefix_reported_tokens_total",
+			Help: "Prompt tokens the backend reported serving from its prefix cache (usage.prompt_tokens_details.cached_tokens), over the same requests.",
 		}, []string{"backend"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmlb_retries_total",
@@ -53,7 +80,14 @@ func newMetrics(reg prometheus.Registerer, bal *balancer.Balancer) *metrics {
 		Help:    "Time requests waited in the admission queue because every backend was saturated (only requests that waited).",
 		Buckets: latencyBuckets,
 	})
-	reg.MustRegister(m.requests, m.ttfb, m.duration, m.retries, m.picks, m.queueWait, &inFlightCollector{bal: bal})
+	for i, name := range []string{"prompt", "completion", "cached_prompt"} {
+		m.tokens[i] = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmlb_" + name + "_tokens_total",
+			Help: "Tokens the backends reported in usage (" + name + "), by backend and requested model.",
+		}, []string{"backend", "model"})
+		reg.MustRegister(m.tokens[i])
+	}
+	reg.MustRegister(m.requests, m.ttfb, m.ttft, m.itl, m.duration, m.predicted, m.reported, m.retries, m.picks, m.queueWait, &inFlightCollector{bal: bal})
 	return m
 }
 
@@ -63,6 +97,14 @@ var (
 		[]string{"backend"}, nil)
 	queueLenDesc = prometheus.NewDesc("llmlb_admission_queue_length",
 		"Requests waiting in the admission queue.", nil, nil)
+	stateDesc = prometheus.NewDesc("llmlb_backend_state",
+		"1 for the state each backend is in (unknown, ready, down, draining), 0 for the others.",
+		[]string{"backend", "state"}, nil)
+	signalDescs = [3]*prometheus.Desc{
+		prometheus.NewDesc("llmlb_backend_queued_requests", "Requests waiting in each backend's queue, from its last metrics reading; absent while unknown.", []string{"backend"}, nil),
+		prometheus.NewDesc("llmlb_backend_running_requests", "Requests running on each backend, from its last metrics reading; absent while unknown.", []string{"backend"}, nil),
+		prometheus.NewDesc("llmlb_backend_kv_cache_usage_ratio", "Used fraction of each backend's KV cache, from its last metrics reading; absent while unknown.", []string{"backend"}, nil),
+	}
 	refusedDesc = prometheus.NewDesc("llmlb_admission_refused_total",
 		"Requests the admission queue turned away, by reason: queue-full (429), shed (429), timeout (503), cancelled (client left while waiting).",
 		[]string{"reason"}, nil)
@@ -74,6 +116,10 @@ type inFlightCollector struct{ bal *balancer.Balancer }
 
 func (c *inFlightCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- inFlightDesc
+	ch <- stateDesc
+	for _, d := range signalDescs {
+		ch <- d
+	}
 	ch <- queueLenDesc
 	ch <- refusedDesc
 }
@@ -81,6 +127,18 @@ func (c *inFlightCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *inFlightCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, be := range c.bal.Snapshot().Backends {
 		ch <- prometheus.MustNewConstMetric(inFlightDesc, prometheus.GaugeValue, float64(be.Ledger.InFlight()), be.ID)
+		for _, st := range []balancer.State{balancer.StateUnknown, balancer.StateReady, balancer.StateDown, balancer.StateDraining} {
+			v := 0.0
+			if be.State == st {
+				v = 1
+			}
+			ch <- prometheus.MustNewConstMetric(stateDesc, prometheus.GaugeValue, v, be.ID, st.String())
+		}
+		for i, val := range []balancer.Value{be.Metrics.Queued, be.Metrics.Running, be.Metrics.KVUsage} {
+			if val.Known && !be.Metrics.At.IsZero() {
+				ch <- prometheus.MustNewConstMetric(signalDescs[i], prometheus.GaugeValue, val.V, be.ID)
+			}
+		}
 	}
 	ch <- prometheus.MustNewConstMetric(queueLenDesc, prometheus.GaugeValue, float64(c.bal.QueueLen()))
 	refused := c.bal.Refusals()

@@ -13,37 +13,77 @@ import (
 // field order, number spelling and unknown fields survive).
 func setModel(body []byte, model string) ([]byte, error) {
 	val, _ := json.Marshal(model)
+	out, found, err := setField(body, "model", val)
+	if err == nil && !found {
+		err = errors.New("request body has no model")
+	}
+	return out, err
+}
+
+// withUsage returns body asking for the stream's final usage chunk:
+// stream_options.include_usage true, the client's other stream options
+// kept, every other byte as it was.
+func withUsage(body []byte, opts json.RawMessage) ([]byte, error) {
+	m := map[string]json.RawMessage{}
+	if !isNull(opts) {
+		if err := json.Unmarshal(opts, &m); err != nil {
+			return nil, err
+		}
+	}
+	m["include_usage"] = json.RawMessage("true")
+	val, _ := json.Marshal(m)
+	out, _, err := setField(body, "stream_options", val)
+	return out, err
+}
+
+// setField returns body with every top-level value of key replaced by val,
+// or, when key is absent, with key: val added at the end of the object;
+// found tells which.
+func setField(body []byte, key string, val []byte) (out []byte, found bool, err error) {
 	d := json.NewDecoder(bytes.NewReader(body))
 	if t, err := d.Token(); err != nil || t != json.Delim('{') {
-		return nil, errors.New("request body is not a JSON object")
+		return nil, false, errors.New("request body is not a JSON object")
 	}
 	type span struct{ start, end int64 }
 	var spans []span
+	fields := 0
 	for d.More() {
 		t, err := d.Token()
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		var raw json.RawMessage
 		if err := d.Decode(&raw); err != nil {
-			return nil, err
+			return nil, false, err
 		}
-		if k, _ := t.(string); k == "model" {
+		fields++
+		if k, _ := t.(string); k == key {
 			end := d.InputOffset()
 			spans = append(spans, span{end - int64(len(raw)), end})
 		}
 	}
-	if len(spans) == 0 {
-		return nil, errors.New("request body has no model")
+	if _, err := d.Token(); err != nil { // the closing brace
+		return nil, false, err
 	}
-	out := make([]byte, 0, len(body)+len(val))
+	if len(spans) == 0 {
+		closing := d.InputOffset() - 1
+		out = make([]byte, 0, len(body)+len(key)+len(val)+4)
+		out = append(out, body[:closing]...)
+		if fields > 0 {
+			out = append(out, ',')
+		}
+		k, _ := json.Marshal(key)
+		out = append(append(append(out, k...), ':'), val...)
+		return append(out, body[closing:]...), false, nil
+	}
+	out = make([]byte, 0, len(body)+len(val))
 	prev := int64(0)
 	for _, s := range spans {
 		out = append(out, body[prev:s.start]...)
 		out = append(out, val...)
 		prev = s.end
 	}
-	return append(out, body[prev:]...), nil
+	return append(out, body[prev:]...), true, nil
 }
 
 // maxRewriteLine bounds what modelRewriter holds back looking for a line

@@ -42,6 +42,15 @@ type Server struct {
 	metrics *metrics
 	rp      *httputil.ReverseProxy
 	started time.Time
+
+	accessLog, logPrompts bool // set by SetLogging before serving
+}
+
+// SetLogging turns the access log (one line per request, at info) on or
+// off, and with prompts the prompt text on it, at debug level only. Call
+// it before the handlers serve.
+func (s *Server) SetLogging(access, prompts bool) {
+	s.accessLog, s.logPrompts = access, prompts
 }
 
 // New returns a Server forwarding to the backends bal picks. Its metrics are
@@ -79,7 +88,7 @@ func New(cfg Config, bal *balancer.Balancer, reg prometheus.Registerer, logger *
 // Handler returns the client-facing routes.
 func (s *Server) Handler() http.Handler {
 	r := chi.NewRouter()
-	r.Use(s.recoverer)
+	r.Use(s.withAccess, s.recoverer)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &HTTPError{Code: http.StatusNotFound, Type: "invalid_request_error", Msg: "Unknown route " + r.Method + " " + r.URL.Path + "."})
 	})
@@ -101,9 +110,11 @@ func (s *Server) Handler() http.Handler {
 func (s *Server) serveModel(k Kind) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		modelLabel, backendLabel := "", "none"
+		a := accessFrom(r.Context())
+		modelLabel, targetLabel, backendLabel := "", "", "none"
 		rec := &statusRecorder{ResponseWriter: w}
 		completed := false
+		var ex *exchange
 		defer func() {
 			status := rec.status
 			switch {
@@ -112,9 +123,13 @@ func (s *Server) serveModel(k Kind) http.HandlerFunc {
 			case !completed:
 				status = http.StatusBadGateway // the stream was cut by the backend after the header
 			}
-			s.metrics.requests.WithLabelValues(modelLabel, backendLabel, statusLabel(status)).Inc()
+			a.status = status
+			s.metrics.requests.WithLabelValues(modelLabel, targetLabel, backendLabel, statusLabel(status)).Inc()
 			if backendLabel != "none" {
-				s.metrics.duration.WithLabelValues(backendLabel).Observe(time.Since(start).Seconds())
+				s.metrics.duration.WithLabelValues(backendLabel, modelLabel).Observe(time.Since(start).Seconds())
+			}
+			if ex != nil {
+				s.observed(ex, a, backendLabel, modelLabel)
 			}
 		}()
 
@@ -124,6 +139,7 @@ func (s *Server) serveModel(k Kind) http.HandlerFunc {
 			completed = true
 			return
 		}
+		a.stream = req.Stream
 		breq, herr := s.balancerRequest(r, req)
 		if herr != nil {
 			writeError(rec, herr)
@@ -131,16 +147,21 @@ func (s *Server) serveModel(k Kind) http.HandlerFunc {
 			return
 		}
 		target := breq.Model
+		a.model, a.target = req.Model, target
+		if s.logPrompts && s.logger.Enabled(r.Context(), slog.LevelDebug) {
+			a.promptForDebug = req.Canonical[:min(len(req.Canonical), maxLoggedPrompt)]
+		}
 		guard := s.bal.NewGuard()
 		defer guard.Release()
 		breq.Guard = guard
 		dec, err := s.bal.PickWait(r.Context(), breq, make([]*balancer.Backend, 0, 4))
+		a.waited = dec.Waited
 		if dec.Waited > 0 {
 			s.metrics.queueWait.Observe(dec.Waited.Seconds())
 		}
 		if err != nil {
 			if !errors.Is(err, balancer.ErrUnknownModel) {
-				modelLabel = req.Model
+				modelLabel, targetLabel = req.Model, target
 			}
 			he := errorFor(r.Context(), err)
 			switch {
@@ -157,7 +178,7 @@ func (s *Server) serveModel(k Kind) http.HandlerFunc {
 			completed = true
 			return
 		}
-		modelLabel = req.Model
+		modelLabel, targetLabel = req.Model, target
 		s.metrics.picks.WithLabelValues(dec.Candidates[0].ID, dec.Reason).Inc()
 		if target != req.Model {
 			body, err := setModel(req.Body, target)
@@ -168,8 +189,14 @@ func (s *Server) serveModel(k Kind) http.HandlerFunc {
 			}
 			req.Body = body
 		}
+		injected := false
+		if s.cfg.RequestUsage && req.Stream && !req.IncludeUsage && k != KindOther {
+			if body, err := withUsage(req.Body, req.StreamOptions); err == nil {
+				req.Body, injected = body, true
+			}
+		}
 
-		ex := &exchange{req: req, target: target, guard: guard, dec: dec, clientCtx: r.Context(), inURL: r.URL}
+		ex = &exchange{req: req, target: target, guard: guard, dec: dec, clientCtx: r.Context(), inURL: r.URL, stripUsage: injected}
 		ctx := context.WithValue(r.Context(), exchangeKey{}, ex)
 		if s.cfg.RequestTimeout > 0 {
 			var cancel context.CancelFunc
@@ -183,6 +210,45 @@ func (s *Server) serveModel(k Kind) http.HandlerFunc {
 		}()
 		s.rp.ServeHTTP(rec, r.WithContext(ctx))
 		completed = true
+	}
+}
+
+// maxLoggedPrompt bounds the prompt text a debug access line carries.
+const maxLoggedPrompt = 2 << 10
+
+// observed records what the observer saw of the answering backend's
+// response: time to first token, tokens from usage, and the prefix match
+// the balancer predicted against the cache hits the backend reported.
+func (s *Server) observed(ex *exchange, a *access, backend, model string) {
+	if backend == "none" || ex.attempts == 0 {
+		return
+	}
+	a.backend, a.reason, a.attempts = backend, ex.reason(), ex.attempts
+	if ex.obs == nil {
+		return
+	}
+	u := ex.obs.Usage()
+	a.usage = u
+	if !u.FirstToken.IsZero() && ex.req.Stream {
+		a.ttft = u.FirstToken.Sub(ex.sentAt)
+		s.metrics.ttft.WithLabelValues(backend, model).Observe(a.ttft.Seconds())
+	}
+	if !u.Known {
+		return
+	}
+	s.metrics.tokens[0].WithLabelValues(backend, model).Add(float64(u.Prompt))
+	s.metrics.tokens[1].WithLabelValues(backend, model).Add(float64(u.Completion))
+	if !u.CachedKnown {
+		return
+	}
+	s.metrics.tokens[2].WithLabelValues(backend, model).Add(float64(u.Cached))
+	// The balancer counts in its own estimate of tokens (bytes/4); scale its
+	// predicted share of the prompt to the backend's real prompt tokens.
+	if est := ex.req.PromptTokens(); est > 0 && ex.attempts <= len(ex.dec.Work) {
+		w := ex.dec.Work[ex.attempts-1]
+		share := float64(max(0, est-w.UncachedTokens)) / float64(est)
+		s.metrics.predicted.WithLabelValues(backend).Add(share * float64(u.Prompt))
+		s.metrics.reported.WithLabelValues(backend).Add(float64(u.Cached))
 	}
 }
 
@@ -266,6 +332,16 @@ func (s *Server) modifyResponse(resp *http.Response) error {
 		d := ex.guard.FirstByte(time.Now())
 		s.metrics.ttfb.WithLabelValues(be.ID).Observe(d.Seconds())
 	}}
+	if resp.StatusCode == http.StatusOK && ex.req.Kind != KindOther {
+		sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+		itl := s.metrics.itl.WithLabelValues(be.ID, ex.req.Model)
+		ex.obs = newObserver(resp.Body, sse, sse && ex.stripUsage, time.Now, func(d time.Duration) { itl.Observe(d.Seconds()) })
+		resp.Body = ex.obs
+		if ex.stripUsage {
+			resp.ContentLength = -1
+			resp.Header.Del("Content-Length")
+		}
+	}
 	return nil
 }
 

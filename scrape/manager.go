@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"reflect"
 	"slices"
 	"strconv"
 	"sync"
@@ -62,20 +63,24 @@ type deps struct {
 type Manager struct {
 	// immutable after NewManager
 	cfg      Config
-	groups   []group
 	deps     deps
 	resolver Resolver
 
-	mu      sync.Mutex
-	running map[string]*member // guarded by mu; by backend ID
+	mu        sync.Mutex
+	running   map[string]*member // guarded by mu; by backend ID
+	groups    []*group           // guarded by mu; the `backends:` entries in force
+	nextGroup int                // guarded by mu
+	runCtx    context.Context    // guarded by mu; set by Run
+	loops     sync.WaitGroup     // discovery loops
 }
 
 // group is one `backends:` entry.
 type group struct {
-	index  int
+	index  int // unique over the manager's life, so a reload never reuses one
 	bc     BackendConfig
 	engine *Engine
-	static *url.URL // nil for dns and srv entries
+	static *url.URL           // nil for dns and srv entries
+	cancel context.CancelFunc // stops its discovery loop; nil for static
 }
 
 // member is one backend the manager runs, and the group that found it.
@@ -120,49 +125,162 @@ func NewManager(s Setup) (*Manager, error) {
 			now:     s.Now,
 		},
 	}
+	groups, err := m.buildGroups(s.Backends, s.Engines, s.DefaultEngine)
+	if err != nil {
+		return nil, err
+	}
 	var specs []balancer.Spec
-	for i, bc := range s.Backends {
+	for _, g := range groups {
+		g.index = m.nextGroup
+		m.nextGroup++
+		if g.static != nil {
+			t := newTarget(m.cfg, g.bc.URL, g.static, g.bc, g.engine, m.deps)
+			m.running[g.bc.URL] = &member{group: g.index, target: t}
+			specs = append(specs, t.spec)
+		}
+	}
+	m.groups = groups
+	s.Balancer.Update(specs...)
+	return m, nil
+}
+
+// buildGroups checks backends against the engines and returns one group
+// each, without starting anything.
+func (m *Manager) buildGroups(backends []BackendConfig, engines EngineSet, defaultEngine string) ([]*group, error) {
+	var groups []*group
+	for i, bc := range backends {
 		name := bc.Engine
 		if name == "" {
-			name = s.DefaultEngine
+			name = defaultEngine
 		}
-		e := s.Engines[name]
+		e := engines[name]
 		if e == nil {
 			return nil, fmt.Errorf("backends[%d].engine: unknown engine %q", i, name)
 		}
-		g := group{index: i, bc: bc, engine: e}
+		g := &group{bc: bc, engine: e}
 		if bc.URL != "" {
 			u, err := url.Parse(bc.URL)
 			if err != nil {
 				return nil, fmt.Errorf("backends[%d].url: %w", i, err)
 			}
 			g.static = u
-			t := newTarget(m.cfg, bc.URL, u, bc, e, m.deps)
-			m.running[bc.URL] = &member{group: i, target: t}
-			specs = append(specs, t.spec)
 		}
-		m.groups = append(m.groups, g)
+		groups = append(groups, g)
 	}
-	s.Balancer.Update(specs...)
-	return m, nil
+	return groups, nil
+}
+
+// Reload makes backends the `backends:` entries in force, with engines
+// for their rows. Entries that did not change (same settings, same engine
+// row) keep running untouched, their backends and requests in flight
+// with them. Backends of entries that went away are drained: no new
+// requests, removed once their requests in flight finish. New entries
+// start as at startup: static backends are published at once, discovered
+// ones after their first probe. A static backend whose entry changed
+// (say its engine) is restarted under the same ID, keeping its in-flight
+// ledger. An error changes nothing. Reload must follow Run.
+func (m *Manager) Reload(backends []BackendConfig, engines EngineSet, defaultEngine string) error {
+	next, err := m.buildGroups(backends, engines, defaultEngine)
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.runCtx == nil {
+		return errors.New("scrape: Reload before Run")
+	}
+	kept := map[*group]bool{}
+	for i, g := range next {
+		for _, old := range m.groups {
+			if !kept[old] && sameGroup(old, g) {
+				next[i] = old
+				kept[old] = true
+				break
+			}
+		}
+	}
+	live := map[int]bool{}
+	newStatic := map[string]bool{}
+	for _, g := range next {
+		if !kept[g] {
+			g.index = m.nextGroup
+			m.nextGroup++
+			if g.static != nil {
+				newStatic[g.bc.URL] = true
+			}
+		}
+		live[g.index] = true
+	}
+	for _, old := range m.groups {
+		if !kept[old] && old.cancel != nil {
+			old.cancel()
+		}
+	}
+	m.groups = next
+	for id, mb := range m.running {
+		if live[mb.group] || mb.draining {
+			continue
+		}
+		if newStatic[id] { // restarted below under the same ID
+			mb.cancel()
+			<-mb.done
+			delete(m.running, id)
+			continue
+		}
+		m.drainLocked(m.runCtx, id, mb)
+	}
+	for _, g := range next {
+		switch {
+		case kept[g]:
+		case g.static == nil:
+			m.startGroupLocked(g)
+		default:
+			id := g.bc.URL
+			if old := m.running[id]; old != nil {
+				if !old.draining {
+					continue // a kept entry serves it already
+				}
+				old.cancel() // came back while draining: stop the drain
+			}
+			t := newTarget(m.cfg, id, g.static, g.bc, g.engine, m.deps)
+			mb := &member{group: g.index, target: t}
+			m.running[id] = mb
+			m.deps.bal.Update(t.spec)
+			m.startLocked(m.runCtx, mb)
+		}
+	}
+	return nil
+}
+
+// sameGroup reports whether two entries would watch the same backends the
+// same way.
+func sameGroup(a, b *group) bool {
+	return reflect.DeepEqual(a.bc, b.bc) && reflect.DeepEqual(*a.engine, *b.engine)
+}
+
+// startGroupLocked runs g's discovery loop. Caller must hold m.mu.
+func (m *Manager) startGroupLocked(g *group) {
+	ctx, cancel := context.WithCancel(m.runCtx)
+	g.cancel = cancel
+	m.loops.Go(func() { m.discover(ctx, g) })
 }
 
 // Run watches every backend until ctx ends, then waits for every loop to
 // stop. It returns nil.
 func (m *Manager) Run(ctx context.Context) error {
-	var wg sync.WaitGroup
 	m.mu.Lock()
+	m.runCtx = ctx
 	for _, mb := range m.running {
 		m.startLocked(ctx, mb)
 	}
-	m.mu.Unlock()
 	for _, g := range m.groups {
 		if g.static == nil {
-			wg.Go(func() { m.discover(ctx, g) })
+			m.startGroupLocked(g)
 		}
 	}
-	wg.Wait()
+	m.mu.Unlock()
 	<-ctx.Done()
+	m.loops.Wait()
 	m.mu.Lock()
 	dones := make([]chan struct{}, 0, len(m.running))
 	for _, mb := range m.running {
@@ -189,7 +307,7 @@ func (m *Manager) startLocked(ctx context.Context, mb *member) {
 
 // discover resolves g's name now and every refresh interval, keeping the
 // last good answer when a lookup fails.
-func (m *Manager) discover(ctx context.Context, g group) {
+func (m *Manager) discover(ctx context.Context, g *group) {
 	every := g.bc.RefreshInterval
 	if every <= 0 {
 		every = m.cfg.DNSInterval
@@ -230,7 +348,7 @@ func (m *Manager) discover(ctx context.Context, g group) {
 // resolve returns the backend URLs g's DNS name gives now, sorted: for dns,
 // each A and AAAA address on each port; for srv, each target's addresses
 // on its port. active_ports then drops the ports a host does not serve on.
-func (m *Manager) resolve(ctx context.Context, g group) ([]string, error) {
+func (m *Manager) resolve(ctx context.Context, g *group) ([]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.Timeout)
 	defer cancel()
 	type hostPort struct {
@@ -311,9 +429,12 @@ func trimDot(s string) string {
 
 // reconcile makes g's running backends the set urls: new ones are started
 // (and published after their first probe), vanished ones drained.
-func (m *Manager) reconcile(ctx context.Context, g group, urls []string) {
+func (m *Manager) reconcile(ctx context.Context, g *group, urls []string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if ctx.Err() != nil {
+		return // a reload retired g while it looked up its name
+	}
 	for _, id := range urls {
 		mb := m.running[id]
 		if mb != nil && mb.group != g.index {

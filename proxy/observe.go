@@ -1,0 +1,210 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"time"
+)
+
+// Usage is the token counts a backend reported for one request, from the
+// "usage" object of its response or of its stream's final usage chunk.
+type Usage struct {
+	Known                bool // the backend reported usage
+	Prompt, Completion   int
+	CachedKnown          bool // it reported prompt_tokens_details.cached_tokens
+	Cached               int
+	TokenEvents          int // stream events that carried output
+	FirstToken, LastSeen time.Time
+}
+
+// wireUsage is OpenAI's usage object as vLLM, SGLang and trtllm-serve send
+// it; prompt_tokens_details is null unless the server is asked to report
+// it (vLLM: --enable-prompt-tokens-details).
+type wireUsage struct {
+	PromptTokens        int `json:"prompt_tokens"`
+	CompletionTokens    int `json:"completion_tokens"`
+	PromptTokensDetails *struct {
+		CachedTokens *int `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+}
+
+func (u *Usage) set(w *wireUsage) {
+	u.Known, u.Prompt, u.Completion = true, w.PromptTokens, w.CompletionTokens
+	if d := w.PromptTokensDetails; d != nil && d.CachedTokens != nil {
+		u.CachedKnown, u.Cached = true, *d.CachedTokens
+	}
+}
+
+// Bounds on what the observer holds: an SSE event longer than maxEvent
+// passes through unread; a JSON body longer than maxJSONBody is passed on
+// without its usage being read.
+const (
+	maxEvent    = 1 << 20
+	maxJSONBody = 8 << 20
+)
+
+// observer sits between a backend's response body and the client. It times
+// the stream's token events (the first, and the gaps between them, as they
+// reach the proxy), reads the usage the backend reports, and, when llmlb
+// asked for the final usage chunk on the client's behalf, drops that chunk
+// so the client sees the stream it asked for. A JSON body passes through
+// as it is read and its usage is read at the end.
+type observer struct {
+	src   io.ReadCloser
+	sse   bool
+	strip bool
+	now   func() time.Time
+	onGap func(time.Duration) // between token events; may be nil
+
+	u       Usage
+	chunk   []byte
+	pending []byte // SSE: bytes of an event not yet complete; JSON: the body so far
+	out     []byte // SSE: complete events to hand to the client
+	over    bool   // JSON: the body outgrew maxJSONBody
+	eof     bool
+	err     error // from src, after EOF-less end
+}
+
+func newObserver(src io.ReadCloser, sse, strip bool, now func() time.Time, onGap func(time.Duration)) *observer {
+	return &observer{src: src, sse: sse, strip: strip, now: now, onGap: onGap}
+}
+
+// Usage returns what was observed so far; complete once the body is read.
+func (o *observer) Usage() Usage { return o.u }
+
+func (o *observer) Read(p []byte) (int, error) {
+	if !o.sse {
+		n, err := o.src.Read(p)
+		if !o.over {
+			if len(o.pending)+n > maxJSONBody {
+				o.over, o.pending = true, nil
+			} else {
+				o.pending = append(o.pending, p[:n]...)
+			}
+		}
+		if err == io.EOF && !o.over {
+			var body struct {
+				Usage *wireUsage `json:"usage"`
+			}
+			if json.Unmarshal(o.pending, &body) == nil && body.Usage != nil {
+				o.u.set(body.Usage)
+			}
+			o.pending = nil
+		}
+		return n, err
+	}
+	for len(o.out) == 0 {
+		if o.err != nil {
+			return 0, o.err
+		}
+		if o.eof {
+			if len(o.pending) == 0 {
+				return 0, io.EOF
+			}
+			o.event(o.pending) // an event the backend did not terminate
+			o.pending = o.pending[:0]
+			continue
+		}
+		if o.chunk == nil {
+			o.chunk = make([]byte, 32<<10)
+		}
+		n, err := o.src.Read(o.chunk)
+		o.pending = append(o.pending, o.chunk[:n]...)
+		if err == io.EOF {
+			o.eof = true
+		} else if err != nil {
+			o.err = err // returned once the whole events before it are handed over
+		}
+		o.split()
+	}
+	n := copy(p, o.out)
+	o.out = o.out[n:]
+	return n, nil
+}
+
+// split moves every complete event of pending to out.
+func (o *observer) split() {
+	for {
+		end := eventEnd(o.pending)
+		if end < 0 {
+			if len(o.pending) > maxEvent { // not SSE as we know it: pass it on
+				o.out = append(o.out, o.pending...)
+				o.pending = o.pending[:0]
+			}
+			return
+		}
+		o.event(o.pending[:end])
+		o.pending = o.pending[end:]
+	}
+}
+
+// eventEnd returns the length of the first complete event of b, blank line
+// included, or -1.
+func eventEnd(b []byte) int {
+	i := bytes.Index(b, []byte("\n\n"))
+	j := bytes.Index(b, []byte("\r\n\r\n"))
+	switch {
+	case i < 0 && j < 0:
+		return -1
+	case j < 0 || (i >= 0 && i < j):
+		return i + 2
+	default:
+		return j + 4
+	}
+}
+
+// event reads one SSE event and appends it to out unless it is a usage
+// chunk to strip.
+func (o *observer) event(ev []byte) {
+	data := eventData(ev)
+	keep, token := true, false
+	switch {
+	case len(data) == 0, bytes.Equal(data, []byte("[DONE]")):
+	case bytes.Contains(data, []byte(`"usage"`)):
+		var c struct {
+			Choices []json.RawMessage `json:"choices"`
+			Usage   *wireUsage        `json:"usage"`
+		}
+		if json.Unmarshal(data, &c) == nil {
+			if c.Usage != nil {
+				o.u.set(c.Usage)
+			}
+			token = len(c.Choices) > 0
+			keep = !(o.strip && len(c.Choices) == 0 && c.Usage != nil)
+		}
+	case bytes.HasPrefix(data, []byte("{")) && !bytes.HasPrefix(data, []byte(`{"error"`)):
+		token = true
+	}
+	if token {
+		t := o.now()
+		if o.u.FirstToken.IsZero() {
+			o.u.FirstToken = t
+		} else if o.onGap != nil {
+			o.onGap(t.Sub(o.u.LastSeen))
+		}
+		o.u.LastSeen = t
+		o.u.TokenEvents++
+	}
+	if keep {
+		o.out = append(o.out, ev...)
+	}
+}
+
+// eventData returns the payload of an event's first data line.
+func eventData(ev []byte) []byte {
+	for len(ev) > 0 {
+		line := ev
+		if i := bytes.IndexByte(ev, '\n'); i >= 0 {
+			line, ev = ev[:i], ev[i+1:]
+		} else {
+			ev = nil
+		}
+		if d, ok := bytes.CutPrefix(line, []byte("data:")); ok {
+			return bytes.TrimSpace(d)
+		}
+	}
+	return nil
+}
+
+func (o *observer) Close() error { return o.src.Close() }

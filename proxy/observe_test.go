@@ -1,0 +1,162 @@
+package proxy
+
+import (
+	"bytes"
+	"io"
+	"strings"
+	"testing"
+	"testing/iotest"
+	"time"
+)
+
+const vllmStream = `data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"Hel","logprobs":null,"finish_reason":null}],"usage":null}
+
+data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"lo","logprobs":null,"finish_reason":"length"}],"usage":null}
+
+data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":12,"total_tokens":14,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":8}}}
+
+data: [DONE]
+
+`
+
+// fakeClock ticks a millisecond per call.
+func fakeClock() func() time.Time {
+	t := time.Unix(0, 0)
+	return func() time.Time { t = t.Add(time.Millisecond); return t }
+}
+
+func readObserved(t *testing.T, r io.Reader) string {
+	t.Helper()
+	b, err := io.ReadAll(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// TestObserverStripsInjectedUsage: the usage chunk llmlb asked for is read
+// and taken out of the stream; everything else reaches the client as the
+// backend sent it, however the reads are split.
+func TestObserverStripsInjectedUsage(t *testing.T) {
+	for _, split := range []bool{false, true} {
+		var src io.Reader = strings.NewReader(vllmStream)
+		if split {
+			src = iotest.OneByteReader(src)
+		}
+		var gaps []time.Duration
+		o := newObserver(io.NopCloser(src), true, true, fakeClock(), func(d time.Duration) { gaps = append(gaps, d) })
+		got := readObserved(t, o)
+		want := strings.Replace(vllmStream, vllmStream[strings.Index(vllmStream, `data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[],`):strings.Index(vllmStream, "data: [DONE]")], "", 1)
+		if got != want {
+			t.Errorf("split %v: client got\n%s\nwant\n%s", split, got, want)
+		}
+		u := o.Usage()
+		if !u.Known || u.Prompt != 12 || u.Completion != 2 || !u.CachedKnown || u.Cached != 8 || u.TokenEvents != 2 || u.FirstToken.IsZero() {
+			t.Errorf("usage %+v", u)
+		}
+		if len(gaps) != 1 || gaps[0] != time.Millisecond {
+			t.Errorf("gaps %v", gaps)
+		}
+	}
+}
+
+// TestObserverPassesClientUsage: when the client asked for usage itself,
+// the stream is unchanged, CRLF event ends included, and still read.
+func TestObserverPassesClientUsage(t *testing.T) {
+	crlf := strings.ReplaceAll(vllmStream, "\n", "\r\n")
+	for _, in := range []string{vllmStream, crlf} {
+		o := newObserver(io.NopCloser(iotest.HalfReader(strings.NewReader(in))), true, false, fakeClock(), nil)
+		if got := readObserved(t, o); got != in {
+			t.Errorf("stream changed:\n%q\n%q", got, in)
+		}
+		if u := o.Usage(); !u.Known || u.Cached != 8 || u.TokenEvents != 2 {
+			t.Errorf("usage %+v", u)
+		}
+	}
+}
+
+// TestObserverJSONBody reads usage from a whole JSON answer, without
+// prompt_tokens_details (SGLang, vLLM without --enable-prompt-tokens-details).
+func TestObserverJSONBody(t *testing.T) {
+	body := `{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":30,"completion_tokens":3,"total_tokens":33,"prompt_tokens_details":null}}`
+	o := newObserver(io.NopCloser(iotest.OneByteReader(strings.NewReader(body))), false, false, fakeClock(), nil)
+	if got := readObserved(t, o); got != body {
+		t.Fatalf("body changed: %s", got)
+	}
+	if u := o.Usage(); !u.Known || u.Prompt != 30 || u.Completion != 3 || u.CachedKnown {
+		t.Errorf("usage %+v", u)
+	}
+	o = newObserver(io.NopCloser(strings.NewReader(`{"oops"`)), false, false, fakeClock(), nil)
+	readObserved(t, o)
+	if o.Usage().Known {
+		t.Error("usage from a broken body")
+	}
+}
+
+// TestObserverErrorsAndCuts: an error event is no token; a stream cut
+// mid-event hands over the whole events and then the error.
+func TestObserverErrorsAndCuts(t *testing.T) {
+	in := "data: {\"error\":{\"message\":\"boom\"}}\n\ndata: {\"choices\":[{\"te"
+	o := newObserver(io.NopCloser(iotest.TimeoutReader(strings.NewReader(in))), true, true, fakeClock(), nil)
+	b := make([]byte, 4096)
+	n, err := o.Read(b)
+	if err != nil || !bytes.HasPrefix(b[:n], []byte(`data: {"error"`)) {
+		t.Fatalf("first read %q %v", b[:n], err)
+	}
+	for err == nil {
+		_, err = o.Read(b)
+	}
+	if err != iotest.ErrTimeout {
+		t.Errorf("error %v, want the source's", err)
+	}
+	if u := o.Usage(); u.TokenEvents != 0 {
+		t.Errorf("token events %d", u.TokenEvents)
+	}
+}
+
+// FuzzObserver: without stripping, the client gets exactly the backend's
+// bytes, whatever they are; with it, never more, and nothing panics.
+func FuzzObserver(f *testing.F) {
+	f.Add([]byte(vllmStream), true)
+	f.Add([]byte(strings.ReplaceAll(vllmStream, "\n", "\r\n")), false)
+	f.Add([]byte(`{"usage":{"prompt_tokens":1}}`), false)
+	f.Add([]byte("data: {\"usage\":{}}\n\n\n\ndata:\n\n"), true)
+	f.Fuzz(func(t *testing.T, in []byte, sse bool) {
+		o := newObserver(io.NopCloser(iotest.HalfReader(bytes.NewReader(in))), sse, false, fakeClock(), func(time.Duration) {})
+		got, err := io.ReadAll(o)
+		if err != nil || !bytes.Equal(got, in) {
+			t.Fatalf("passthrough changed the bytes (%v):\n%q\n%q", err, got, in)
+		}
+		o = newObserver(io.NopCloser(bytes.NewReader(in)), sse, true, fakeClock(), nil)
+		got, err = io.ReadAll(o)
+		if err != nil || len(got) > len(in) {
+			t.Fatalf("strip grew the stream (%v): %d > %d", err, len(got), len(in))
+		}
+	})
+}
+
+// TestWithUsage asks for the usage chunk and keeps every other byte and
+// every other stream option.
+func TestWithUsage(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{`{"model":"m","stream":true}`, `{"model":"m","stream":true,"stream_options":{"include_usage":true}}`},
+		{`{"model":"m", "stream":true }`, `{"model":"m", "stream":true ,"stream_options":{"include_usage":true}}`},
+		{`{"model":"m","stream_options":{"include_usage":false,"continuous_usage_stats":true},"stream":true}`,
+			`{"model":"m","stream_options":{"continuous_usage_stats":true,"include_usage":true},"stream":true}`},
+		{`{"stream_options":null,"model":"m"}`, `{"stream_options":{"include_usage":true},"model":"m"}`},
+		{`{}`, `{"stream_options":{"include_usage":true}}`},
+	} {
+		req, err := ParseRequest(KindOther, []byte(c.in))
+		var opts []byte
+		if err == nil {
+			opts = req.StreamOptions
+		}
+		got, err := withUsage([]byte(c.in), opts)
+		if err != nil || string(got) != c.want {
+			t.Errorf("%s: got %s (%v), want %s", c.in, got, err, c.want)
+		}
+	}
+	if _, err := withUsage([]byte(`[1]`), nil); err == nil {
+		t.Error("a JSON array accepted")
+	}
+}

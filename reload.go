@@ -1,0 +1,167 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"log/slog"
+	"os"
+	"os/signal"
+	"reflect"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/llmlb/llmlb/balancer"
+	"github.com/llmlb/llmlb/scrape"
+)
+
+// configSource is where a running balancer rereads its config from.
+type configSource struct {
+	path   string
+	getenv func(string) string
+	// poll is how often the file is checked for a change. (default 1s)
+	poll time.Duration
+}
+
+// reloader applies a changed config file to a running balancer, on SIGHUP
+// and when the file's content changes. The new file is loaded and
+// validated in full first; a file with any problem is refused and logged
+// with every problem, and the running config keeps serving.
+//
+// Applied at once: backends (and discovery entries), engines,
+// default_engine, models and log.level; unchanged backends, requests in
+// flight and streams are untouched, backends that left are drained. Every
+// other setting (listeners, proxy, scrape, balancer, prefix, log format)
+// is logged as needing a restart.
+type reloader struct {
+	src    configSource
+	logger *slog.Logger
+	level  *slog.LevelVar
+	mgr    *scrape.Manager
+	bal    *balancer.Balancer
+	result *prometheus.CounterVec // result
+	last   prometheus.Gauge
+
+	mu   sync.Mutex // serialises reloads
+	cur  Config     // guarded by mu
+	hash [32]byte   // guarded by mu; of the file cur came from
+}
+
+func newReloader(src configSource, cfg Config, logger *slog.Logger, level *slog.LevelVar, mgr *scrape.Manager, bal *balancer.Balancer, reg prometheus.Registerer) *reloader {
+	if src.poll <= 0 {
+		src.poll = time.Second
+	}
+	r := &reloader{src: src, logger: logger, level: level, mgr: mgr, bal: bal, cur: cfg,
+		result: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmlb_config_reloads_total",
+			Help: "Config reloads, by result: success, or error (the file was refused and the running config kept).",
+		}, []string{"result"}),
+		last: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "llmlb_config_last_reload_success_timestamp_seconds",
+			Help: "When the running config was loaded, at start or by the last successful reload.",
+		}),
+	}
+	r.result.WithLabelValues("success")
+	r.result.WithLabelValues("error")
+	r.last.SetToCurrentTime()
+	reg.MustRegister(r.result, r.last)
+	if b, err := os.ReadFile(src.path); err == nil {
+		r.hash = sha256.Sum256(b)
+	}
+	return r
+}
+
+// run reloads on SIGHUP and on every change of the file's content until
+// ctx ends. The signal handler is in place when run is called.
+func (r *reloader) run(ctx context.Context, hup <-chan os.Signal) {
+	tick := time.NewTicker(r.src.poll)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+			r.reload("signal")
+		case <-tick.C:
+			b, err := os.ReadFile(r.src.path)
+			if err != nil {
+				continue // mid-replace, or gone: the next change will tell
+			}
+			r.mu.Lock()
+			changed := sha256.Sum256(b) != r.hash
+			r.mu.Unlock()
+			if changed {
+				r.reload("file change")
+			}
+		}
+	}
+}
+
+// notifyHUP starts delivering SIGHUP to the returned channel; stop ends it.
+func notifyHUP() (ch chan os.Signal, stop func()) {
+	ch = make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGHUP)
+	return ch, func() { signal.Stop(ch) }
+}
+
+// reload loads, validates and applies the file. It reports whether the
+// new config is in force.
+func (r *reloader) reload(trigger string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b, err := os.ReadFile(r.src.path)
+	if err == nil {
+		r.hash = sha256.Sum256(b) // a refused file is not retried until it changes again
+	}
+	cfg, err := loadConfig(r.src.path, r.src.getenv) // validated in full, every problem named
+	if err == nil {
+		var engines scrape.EngineSet
+		if engines, err = scrape.NewEngineSet(cfg.Engines); err == nil {
+			err = r.mgr.Reload(cfg.Backends, engines, cfg.DefaultEngine)
+		}
+	}
+	if err != nil {
+		r.result.WithLabelValues("error").Inc()
+		r.logger.Error("config reload refused; the running config keeps serving", "file", r.src.path, "trigger", trigger, "err", err.Error())
+		return false
+	}
+	r.bal.SetModels(cfg.Models)
+	level, _ := parseLevel(cfg.Log.Level) // validated
+	r.level.Set(level)
+	if later := restartOnly(r.cur, cfg); len(later) > 0 {
+		r.logger.Warn("config reload: these settings take effect only after a restart", "settings", later)
+	}
+	r.cur = cfg
+	r.result.WithLabelValues("success").Inc()
+	r.last.SetToCurrentTime()
+	r.logger.Info("config reloaded", "file", r.src.path, "trigger", trigger, "backends", len(cfg.Backends), "models", len(cfg.Models))
+	return true
+}
+
+// restartOnly names the settings that differ between old and new and that
+// a reload does not apply.
+func restartOnly(old, new Config) []string {
+	var out []string
+	for _, c := range []struct {
+		name string
+		a, b any
+	}{
+		{"listen", old.Listen, new.Listen},
+		{"admin", old.Admin, new.Admin},
+		{"shutdown_grace", old.ShutdownGrace, new.ShutdownGrace},
+		{"log.format", old.Log.Format, new.Log.Format},
+		{"log.access", old.Log.Access, new.Log.Access},
+		{"log.prompts", old.Log.Prompts, new.Log.Prompts},
+		{"proxy", old.Proxy, new.Proxy},
+		{"scrape", old.Scrape, new.Scrape},
+		{"balancer", old.Balancer, new.Balancer},
+		{"prefix", old.Prefix, new.Prefix},
+	} {
+		if !reflect.DeepEqual(c.a, c.b) {
+			out = append(out, c.name)
+		}
+	}
+	return out
+}
