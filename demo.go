@@ -83,7 +83,7 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "llmlb demo: %d emulated vLLM servers behind http://%s (admin http://%s), %d clients for %s; Ctrl-C stops\n",
+	fmt.Fprintf(stdout, "llmlb demo: %d emulated vLLM servers behind http://%s (status page http://%s/), %d clients for %s; Ctrl-C stops\n",
 		*n, inst.addr, inst.adminAddr, *concurrency, *duration)
 
 	if err := waitReady(ctx, "http://"+inst.addr+"/ready", 10*time.Second); err != nil {

@@ -62,10 +62,11 @@ func metricsOrNil(m balancer.Metrics) *balancer.Metrics {
 	return &m
 }
 
-// AdminHandler returns the admin routes: /metrics from g, /debug/backends and
-// pprof. It belongs on a listener operators reach, not clients.
+// AdminHandler returns the admin routes: the status page at /, /metrics
+// from g, /debug/backends, /debug/route and pprof. It belongs on a listener operators reach, not clients.
 func (s *Server) AdminHandler(g prometheus.Gatherer) http.Handler {
 	r := chi.NewRouter()
+	r.Get("/", s.serveStatus)
 	r.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorLog: nil}))
 	r.Get("/debug/backends", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"backends": Statuses(s.bal.Snapshot())})

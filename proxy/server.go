@@ -42,6 +42,7 @@ type Server struct {
 	metrics *metrics
 	rp      *httputil.ReverseProxy
 	started time.Time
+	picks   *pickLog
 
 	accessLog, logPrompts bool // set by SetLogging before serving
 }
@@ -59,7 +60,7 @@ func New(cfg Config, bal *balancer.Balancer, reg prometheus.Registerer, logger *
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, bal: bal, logger: logger, started: time.Now()}
+	s := &Server{cfg: cfg, bal: bal, logger: logger, started: time.Now(), picks: newPickLog()}
 	s.metrics = newMetrics(reg, bal)
 	dialer := &net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second}
 	base := &http.Transport{
@@ -224,15 +225,16 @@ func (s *Server) observed(ex *exchange, a *access, backend, model string) {
 		return
 	}
 	a.backend, a.reason, a.attempts = backend, ex.reason(), ex.attempts
-	if ex.obs == nil {
-		return
+	var u Usage
+	if ex.obs != nil {
+		u = ex.obs.Usage()
 	}
-	u := ex.obs.Usage()
 	a.usage = u
 	if !u.FirstToken.IsZero() && ex.req.Stream {
 		a.ttft = u.FirstToken.Sub(ex.sentAt)
 		s.metrics.ttft.WithLabelValues(backend, model).Observe(a.ttft.Seconds())
 	}
+	s.picks.add(pickEntry{At: time.Now(), ID: a.id, Model: model, Backend: backend, Reason: a.reason, Status: a.status, TTFT: a.ttft}, u)
 	if !u.Known {
 		return
 	}

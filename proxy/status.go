@@ -1,0 +1,199 @@
+package proxy
+
+import (
+	"fmt"
+	"html/template"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/llmlb/llmlb/balancer"
+)
+
+// recentPicks is how many picks the status page lists.
+const recentPicks = 30
+
+// pickLog remembers the latest picks and, per backend, the prompt tokens
+// and cached tokens its answers reported, for the status page.
+type pickLog struct {
+	mu      sync.Mutex
+	ring    [recentPicks]pickEntry // guarded by mu
+	next    int                    // guarded by mu
+	n       int                    // guarded by mu
+	reasons map[string]int64       // guarded by mu; picks by reason since start
+	tokens  map[string][2]int64    // guarded by mu; backend -> prompt, cached
+}
+
+type pickEntry struct {
+	At      time.Time
+	ID      string
+	Model   string
+	Backend string
+	Reason  string
+	Status  int
+	TTFT    time.Duration
+}
+
+func newPickLog() *pickLog {
+	return &pickLog{reasons: map[string]int64{}, tokens: map[string][2]int64{}}
+}
+
+// add records a finished request that a backend answered.
+func (p *pickLog) add(e pickEntry, u Usage) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.ring[p.next] = e
+	p.next = (p.next + 1) % recentPicks
+	p.n = min(p.n+1, recentPicks)
+	p.reasons[e.Reason]++
+	if u.Known && u.CachedKnown {
+		t := p.tokens[e.Backend]
+		t[0] += int64(u.Prompt)
+		t[1] += int64(u.Cached)
+		p.tokens[e.Backend] = t
+	}
+}
+
+// view returns the picks newest first, the counts by reason and each
+// backend's reported hit rate.
+func (p *pickLog) view() (recent []pickEntry, reasons []reasonCount, hit map[string]float64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i := range p.n {
+		recent = append(recent, p.ring[(p.next-1-i+recentPicks)%recentPicks])
+	}
+	for r, n := range p.reasons {
+		reasons = append(reasons, reasonCount{r, n})
+	}
+	slices.SortFunc(reasons, func(a, b reasonCount) int { return strings.Compare(a.Reason, b.Reason) })
+	hit = map[string]float64{}
+	for be, t := range p.tokens {
+		if t[0] > 0 {
+			hit[be] = float64(t[1]) / float64(t[0])
+		}
+	}
+	return recent, reasons, hit
+}
+
+type reasonCount struct {
+	Reason string
+	N      int64
+}
+
+// statusRow is one backend's line on the status page.
+type statusRow struct {
+	ID, Engine, State, Reason string
+	Queued, Running, KV       string
+	InFlight, Requests        int64
+	TTFT, HitRate             string
+	Models, LoRA              string
+	Stale                     bool
+}
+
+var statusPage = template.Must(template.New("status").Funcs(template.FuncMap{"ms": fmtMS}).Parse(`<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="refresh" content="2">
+<title>llmlb status</title>
+<style>
+body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
+h1{font-size:1.3em;margin:0 0 .2em} h2{font-size:1.05em;margin:1.4em 0 .4em}
+.sub{color:#666}
+table{border-collapse:collapse} th,td{padding:.25em .7em;border-bottom:1px solid #ddd;text-align:right;white-space:nowrap}
+th{background:#f4f4f4} td.l,th.l{text-align:left}
+.ready{color:#08702a;font-weight:600} .down{color:#b00020;font-weight:600} .draining{color:#a65e00;font-weight:600} .unknown{color:#666}
+.stale{color:#a65e00}
+</style></head><body>
+<h1>llmlb</h1>
+<div class="sub">policy <b>{{.Policy}}</b> · {{len .Rows}} backends, {{.Ready}} ready · admission queue {{.Queue}} · up {{.Uptime}} · {{.Now}}</div>
+<h2>Backends</h2>
+<table id="backends">
+<tr><th class="l">backend</th><th class="l">engine</th><th class="l">health</th><th>queued</th><th>running</th><th>KV use</th><th>in flight</th><th>requests</th><th>TTFT</th><th>prefix hits</th><th class="l">models</th><th class="l">LoRA (running / waiting / max)</th></tr>
+{{range .Rows}}<tr class="backend">
+<td class="l">{{.ID}}</td><td class="l">{{.Engine}}</td>
+<td class="l"><span class="{{.State}}">{{.State}}</span>{{if .Reason}} <span class="sub">({{.Reason}})</span>{{end}}</td>
+<td>{{.Queued}}</td><td>{{.Running}}</td><td>{{.KV}}{{if .Stale}} <span class="stale" title="metrics stale">stale</span>{{end}}</td>
+<td>{{.InFlight}}</td><td>{{.Requests}}</td><td>{{.TTFT}}</td><td>{{.HitRate}}</td>
+<td class="l">{{.Models}}</td><td class="l">{{.LoRA}}</td></tr>
+{{else}}<tr><td class="l" colspan="12">no backends</td></tr>{{end}}
+</table>
+<h2>Picks by reason</h2>
+<table id="reasons"><tr><th class="l">reason</th><th>picks</th></tr>
+{{range .Reasons}}<tr><td class="l">{{.Reason}}</td><td>{{.N}}</td></tr>{{else}}<tr><td class="l" colspan="2">none yet</td></tr>{{end}}
+</table>
+<h2>Recent requests</h2>
+<table id="recent"><tr><th class="l">time</th><th class="l">request id</th><th class="l">model</th><th class="l">backend</th><th class="l">reason</th><th>status</th><th>TTFT</th></tr>
+{{range .Recent}}<tr><td class="l">{{.At.Format "15:04:05.000"}}</td><td class="l">{{.ID}}</td><td class="l">{{.Model}}</td><td class="l">{{.Backend}}</td><td class="l">{{.Reason}}</td><td>{{.Status}}</td><td>{{if .TTFT}}{{ms .TTFT}}{{else}}-{{end}}</td></tr>
+{{else}}<tr><td class="l" colspan="7">none yet</td></tr>{{end}}
+</table>
+<p class="sub">JSON: <a href="/debug/backends">/debug/backends</a> · metrics: <a href="/metrics">/metrics</a></p>
+</body></html>
+`))
+
+func fmtMS(d time.Duration) string {
+	if d >= 10*time.Second {
+		return fmt.Sprintf("%.1fs", d.Seconds())
+	}
+	return fmt.Sprintf("%.0fms", float64(d)/float64(time.Millisecond))
+}
+
+// serveStatus renders the admin status page.
+func (s *Server) serveStatus(w http.ResponseWriter, r *http.Request) {
+	snap := s.bal.Snapshot()
+	recent, reasons, hit := s.picks.view()
+	data := struct {
+		Policy, Uptime, Now string
+		Ready, Queue        int
+		Rows                []statusRow
+		Reasons             []reasonCount
+		Recent              []pickEntry
+	}{Policy: s.bal.Policy(), Uptime: time.Since(s.started).Round(time.Second).String(),
+		Now: time.Now().Format(time.DateTime), Queue: s.bal.QueueLen(), Reasons: reasons, Recent: recent}
+	for _, be := range snap.Backends {
+		if be.State == balancer.StateReady {
+			data.Ready++
+		}
+		row := statusRow{ID: be.ID, Engine: be.Engine, State: be.State.String(), Reason: be.Reason, Stale: be.Stale,
+			InFlight: be.Ledger.InFlight(), Requests: be.Ledger.Total(), Queued: "-", Running: "-", KV: "-", TTFT: "-", HitRate: "-", LoRA: "-"}
+		m := be.Metrics
+		if !m.At.IsZero() {
+			if m.Queued.Known {
+				row.Queued = fmt.Sprint(m.Queued.V)
+			}
+			if m.Running.Known {
+				row.Running = fmt.Sprint(m.Running.V)
+			}
+			if m.KVUsage.Known {
+				row.KV = fmt.Sprintf("%.0f%%", 100*m.KVUsage.V)
+			}
+			if l := m.LoRA; l != nil {
+				row.LoRA = fmt.Sprintf("%s / %s / %d", listOrDash(l.Running), listOrDash(l.Waiting), l.Max)
+			}
+		}
+		if d := be.Ledger.TTFB(); d > 0 {
+			row.TTFT = fmtMS(d)
+		}
+		if h, ok := hit[be.ID]; ok {
+			row.HitRate = fmt.Sprintf("%.0f%%", 100*h)
+		}
+		names := slices.Clone(be.Models)
+		for _, a := range be.Adapters {
+			names = append(names, a.Name)
+		}
+		row.Models = listOrDash(names)
+		data.Rows = append(data.Rows, row)
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	if err := statusPage.Execute(w, data); err != nil {
+		s.logger.Warn("status page", "err", err)
+	}
+}
+
+func listOrDash(names []string) string {
+	if len(names) == 0 {
+		return "-"
+	}
+	return strings.Join(names, ", ")
+}
