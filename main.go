@@ -232,8 +232,12 @@ func start(ctx context.Context, cfg Config, src *configSource, stderr io.Writer)
 	scrapeCtx, stopScrape := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = mgr.Run(scrapeCtx) })
+	var cs configSource
 	if src != nil {
-		rl := newReloader(*src, cfg, logger, level, mgr, bal, reg)
+		cs = *src
+	}
+	rl := newReloader(cs, cfg, logger, level, mgr, bal, reg)
+	if src != nil {
 		hup, stopHUP := notifyHUP()
 		wg.Go(func() { defer stopHUP(); rl.run(scrapeCtx, hup) })
 	}

@@ -67,6 +67,9 @@ func newReloader(src configSource, cfg Config, logger *slog.Logger, level *slog.
 	r.result.WithLabelValues("error")
 	r.last.SetToCurrentTime()
 	reg.MustRegister(r.result, r.last)
+	if src.path == "" {
+		return r // metrics only: nothing to reload from
+	}
 	if b, err := os.ReadFile(src.path); err == nil {
 		r.hash = sha256.Sum256(b)
 	}

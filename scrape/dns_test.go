@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/net/dns/dnsmessage"
 
 	"github.com/llmlb/llmlb/balancer"
@@ -207,9 +209,18 @@ func dnsConfig() Config {
 
 func runManager(t *testing.T, cfg Config, bcs []BackendConfig, r Resolver) (*balancer.Balancer, *syncLog) {
 	t.Helper()
+	bal, logs, _ := runManagerReg(t, cfg, bcs, r)
+	return bal, logs
+}
+
+// runManagerReg is runManager that also returns the registry holding the
+// manager's metrics.
+func runManagerReg(t *testing.T, cfg Config, bcs []BackendConfig, r Resolver) (*balancer.Balancer, *syncLog, *prometheus.Registry) {
+	t.Helper()
 	bal := testBalancer(t)
 	logs := new(syncLog)
-	m, err := NewManager(Setup{Config: cfg, Backends: bcs, DefaultEngine: "vllm", Balancer: bal, Resolver: r, Logger: logs.logger()})
+	reg := prometheus.NewRegistry()
+	m, err := NewManager(Setup{Config: cfg, Backends: bcs, DefaultEngine: "vllm", Balancer: bal, Resolver: r, Logger: logs.logger(), Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,7 +228,7 @@ func runManager(t *testing.T, cfg Config, bcs []BackendConfig, r Resolver) (*bal
 	done := make(chan struct{})
 	go func() { defer close(done); _ = m.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
-	return bal, logs
+	return bal, logs, reg
 }
 
 // TestDNSDiscoveryAddsAndDrains drives discovery of one name through a real
@@ -316,7 +327,7 @@ func TestSRVDiscovery(t *testing.T) {
 // logged, counted, and leaves no backends, and nothing panics.
 func TestDNSNameThatDoesNotResolve(t *testing.T) {
 	d := newDNSServer(t)
-	bal, logs := runManager(t, dnsConfig(), []BackendConfig{{DNS: "nowhere.test", Ports: []int{8000}}}, d.resolver())
+	bal, logs, reg := runManagerReg(t, dnsConfig(), []BackendConfig{{DNS: "nowhere.test", Ports: []int{8000}}}, d.resolver())
 	waitFor(t, "empty answer logged", func() bool { return strings.Contains(logs.String(), "resolves to no backends") })
 	if n := len(bal.Snapshot().Backends); n != 0 {
 		t.Errorf("%d backends from a name that does not resolve", n)
@@ -327,4 +338,8 @@ func TestDNSNameThatDoesNotResolve(t *testing.T) {
 	}
 	d.setFail(true)
 	waitFor(t, "server failure logged", func() bool { return strings.Contains(logs.String(), "discovery lookup failing") })
+	// The failures are counted, and the empty answer set the gauge to 0.
+	if n, err := testutil.GatherAndCount(reg, "llmlb_discovery_dns_errors_total", "llmlb_discovery_dns_backends"); err != nil || n != 2 {
+		t.Errorf("DNS metrics: %d series (%v), want the error counter and the backends gauge", n, err)
+	}
 }
