@@ -147,7 +147,7 @@ func TestOperationsMixedRun(t *testing.T) {
 
 	cfg := testConfig([]string{g1, g2, bad.URL, dead})
 	cfg.Backends = append(cfg.Backends, scrape.BackendConfig{DNS: "localhost", Ports: []int{port}}) // 127.0.0.1 is g2 again
-	cfg.Balancer.Policy = "round-robin"                                                               // every backend is first in turn
+	cfg.Balancer.Policy = "round-robin"                                                             // every backend is first in turn
 	cfg.Models = []balancer.ModelRoute{{Name: "chat-alias", Targets: []balancer.ModelTarget{{Model: testModel}}}}
 	cfg.Log.Level, cfg.Log.Format = "info", "json"
 	logs := &lockedBuffer{}

@@ -489,6 +489,7 @@ func TestBadInputIsRefusedBeforeAnyBackend(t *testing.T) {
 func TestLedgerReturnsToZeroOnEveryPath(t *testing.T) {
 	t.Parallel()
 	release := make(chan struct{})
+	hung := make(chan struct{}, 16) // a "hang" request reached the backend
 	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var req struct {
 			Prompt string `json:"prompt"`
@@ -499,6 +500,7 @@ func TestLedgerReturnsToZeroOnEveryPath(t *testing.T) {
 		case "error":
 			http.Error(w, `{"error":{"message":"bad","type":"BadRequestError","param":null,"code":400}}`, http.StatusBadRequest)
 		case "hang":
+			hung <- struct{}{}
 			<-r.Context().Done()
 		case "unavailable":
 			http.Error(w, "loading", http.StatusServiceUnavailable)
@@ -554,8 +556,14 @@ func TestLedgerReturnsToZeroOnEveryPath(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
+			for len(hung) > 0 {
+				<-hung
+			}
 			if tc.cancelEarly {
-				time.AfterFunc(50*time.Millisecond, cancel)
+				// Cancel once the request is at the backend: a fixed delay
+				// could cancel before the proxy's handler ever ran (seen
+				// in CI under load), and then no handler would return.
+				go func() { <-hung; cancel() }()
 			}
 			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, f.URL+"/v1/completions", strings.NewReader(tc.body))
 			resp, err := http.DefaultClient.Do(req)
