@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"sync"
 	"time"
 )
 
@@ -58,10 +59,10 @@ type observer struct {
 	onGap func(time.Duration) // between token events; may be nil
 
 	u       Usage
-	chunk   []byte
-	pending []byte // SSE: bytes of an event not yet complete; JSON: the body so far
-	out     []byte // SSE: complete events to hand to the client
-	over    bool   // JSON: the body outgrew maxJSONBody
+	chunk   *[]byte // read buffer, from chunkPool until Close
+	pending []byte  // SSE: bytes of an event not yet complete; JSON: the body so far
+	out     []byte  // SSE: complete events to hand to the client
+	over    bool    // JSON: the body outgrew maxJSONBody
 	eof     bool
 	err     error // from src, after EOF-less end
 }
@@ -107,10 +108,10 @@ func (o *observer) Read(p []byte) (int, error) {
 			continue
 		}
 		if o.chunk == nil {
-			o.chunk = make([]byte, 32<<10)
+			o.chunk = chunkPool.Get().(*[]byte)
 		}
-		n, err := o.src.Read(o.chunk)
-		o.pending = append(o.pending, o.chunk[:n]...)
+		n, err := o.src.Read(*o.chunk)
+		o.pending = append(o.pending, (*o.chunk)[:n]...)
 		if err == io.EOF {
 			o.eof = true
 		} else if err != nil {
@@ -207,4 +208,13 @@ func eventData(ev []byte) []byte {
 	return nil
 }
 
-func (o *observer) Close() error { return o.src.Close() }
+// chunkPool lends observers their read buffers.
+var chunkPool = sync.Pool{New: func() any { b := make([]byte, 16<<10); return &b }}
+
+func (o *observer) Close() error {
+	if o.chunk != nil {
+		chunkPool.Put(o.chunk)
+		o.chunk = nil
+	}
+	return o.src.Close()
+}

@@ -32,7 +32,8 @@ type Request struct {
 	// IncludeUsage reports whether the client asked for the final usage chunk
 	// (stream_options.include_usage).
 	IncludeUsage bool
-	// StreamOptions is the raw "stream_options" value; it aliases Body.
+	// StreamOptions is the raw "stream_options" value (null included), nil
+	// when the body has no such key; it aliases Body.
 	StreamOptions json.RawMessage
 	// Prompt is the raw "prompt" value (completions) and Messages the raw
 	// "messages" value (chat); both alias Body.
@@ -128,8 +129,8 @@ func ParseRequest(k Kind, body []byte) (*Request, error) {
 			return nil, badRequest("stream_options", "stream_options must be an object with a boolean include_usage.")
 		}
 		r.IncludeUsage = include != nil && *include
-		r.StreamOptions = w.StreamOptions
 	}
+	r.StreamOptions = w.StreamOptions
 	for _, f := range []struct {
 		name string
 		raw  json.RawMessage

@@ -22,8 +22,24 @@ func setModel(body []byte, model string) ([]byte, error) {
 
 // withUsage returns body asking for the stream's final usage chunk:
 // stream_options.include_usage true, the client's other stream options
-// kept, every other byte as it was.
+// kept, every other byte as it was. opts is the body's stream_options
+// value, nil when it has none; body must be a JSON object (ParseRequest
+// checked it).
 func withUsage(body []byte, opts json.RawMessage) ([]byte, error) {
+	if opts == nil { // no stream_options: append it without walking the body
+		end := bytes.LastIndexByte(body, '}')
+		if end < 0 || !bytes.HasPrefix(bytes.TrimLeft(body, " \t\r\n"), []byte("{")) {
+			return nil, errors.New("request body is not a JSON object")
+		}
+		const add = `"stream_options":{"include_usage":true}`
+		out := make([]byte, 0, len(body)+len(add)+1)
+		out = append(out, body[:end]...)
+		if bytes.IndexByte(bytes.TrimSpace(body[:end]), ':') >= 0 { // the object has fields
+			out = append(out, ',')
+		}
+		out = append(out, add...)
+		return append(out, body[end:]...), nil
+	}
 	m := map[string]json.RawMessage{}
 	if !isNull(opts) {
 		if err := json.Unmarshal(opts, &m); err != nil {
