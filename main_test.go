@@ -235,7 +235,13 @@ func testConfig(urls []string) Config {
 // shut down cleanly; it returns once n backends are ready.
 func startTest(t *testing.T, cfg Config, n int) *instance {
 	t.Helper()
-	inst, err := start(t.Context(), cfg, nil, io.Discard)
+	return startSource(t, cfg, nil, n)
+}
+
+// startSource is startTest with a config source to reload from.
+func startSource(t *testing.T, cfg Config, src *configSource, n int) *instance {
+	t.Helper()
+	inst, err := start(t.Context(), cfg, src, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}

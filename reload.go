@@ -77,8 +77,15 @@ func newReloader(src configSource, cfg Config, logger *slog.Logger, level *slog.
 }
 
 // run reloads on SIGHUP and on every change of the file's content until
-// ctx ends. The signal handler is in place when run is called.
+// ctx ends. The signal handler is in place when run is called; a SIGHUP
+// that comes before the scrape manager runs waits for it instead of being
+// refused.
 func (r *reloader) run(ctx context.Context, hup <-chan os.Signal) {
+	select {
+	case <-r.mgr.Started():
+	case <-ctx.Done():
+		return
+	}
 	tick := time.NewTicker(r.src.poll)
 	defer tick.Stop()
 	for {

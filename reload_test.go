@@ -6,8 +6,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"regexp"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -36,34 +34,23 @@ func startFromFile(t *testing.T, path string, poll time.Duration, n int) *instan
 	if err != nil {
 		t.Fatal(err)
 	}
-	inst, err := start(t.Context(), cfg, &configSource{path: path, getenv: noEnv, poll: poll}, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := inst.wait(); err != nil {
-			t.Errorf("shutdown: %v", err)
-		}
-	})
-	waitBackends(t, inst.adminAddr, n)
-	return inst
+	return startSource(t, cfg, &configSource{path: path, getenv: noEnv, poll: poll}, n)
 }
 
-// metricValue reads one sample from the admin /metrics page; -1 if absent.
+// metricValue reads one sample, `name{labels}` as the page writes it,
+// from the admin /metrics page; -1 if absent.
 func metricValue(t *testing.T, adminAddr, sample string) float64 {
 	t.Helper()
-	resp, err := http.Get("http://" + adminAddr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
+	name, labels, _ := strings.Cut(sample, "{")
+	if labels != "" {
+		labels = "{" + labels
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(sample) + ` (\S+)$`).FindSubmatch(b)
-	if m == nil {
-		return -1
+	for _, s := range scrapeAdmin(t, adminAddr)[name] {
+		if s.labels == labels {
+			return s.value
+		}
 	}
-	v, _ := strconv.ParseFloat(string(m[1]), 64)
-	return v
+	return -1
 }
 
 func waitMetric(t *testing.T, adminAddr, sample string, want float64) {

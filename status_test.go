@@ -61,8 +61,11 @@ func TestStatusPageInChromium(t *testing.T) {
 	bin := chromium(t)
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
+	// The demo runs until the test has its pages (a fixed duration could end
+	// it between the DOM dump and the screenshot on a loaded machine).
+	ctx, stop := context.WithCancel(t.Context())
 	go func() {
-		err := run(t.Context(), []string{"demo", "--duration", "6s", "--speed", "4", "--concurrency", "8"}, noEnv, pw, io.Discard)
+		err := run(ctx, []string{"demo", "--duration", "2m", "--speed", "4", "--concurrency", "8"}, noEnv, pw, io.Discard)
 		pw.CloseWithError(err)
 		done <- err
 	}()
@@ -79,6 +82,7 @@ func TestStatusPageInChromium(t *testing.T) {
 	}
 	go io.Copy(io.Discard, pr) // the demo's live view
 	t.Cleanup(func() {
+		stop()
 		if err := <-done; err != nil {
 			t.Errorf("demo: %v", err)
 		}

@@ -68,9 +68,11 @@ func (t *Target) Replay(ctx context.Context, w *Workload) (Result, error) {
 		lastEnd  time.Time
 		errFirst error
 	)
-	type served struct{ ttft, e2e time.Duration }
+	type served struct {
+		ttft, e2e time.Duration
+		ok        bool
+	}
 	outs := make([]served, len(w.Requests))
-	ok := make([]bool, len(w.Requests))
 	start := time.Now()
 	progress := func() {
 		if t.Progress == nil {
@@ -128,7 +130,7 @@ send:
 					errFirst = fmt.Errorf("request %d: %w", i, o.err)
 				}
 			default:
-				outs[i], ok[i] = served{o.ttft, end.Sub(sent)}, true
+				outs[i] = served{o.ttft, end.Sub(sent), true}
 				res.OutputTokens += int64(o.completion)
 				res.PromptTokens += int64(o.prompt)
 				res.CachedTokens += int64(o.cached)
@@ -146,10 +148,10 @@ send:
 	if t.Progress != nil {
 		fmt.Fprintln(t.Progress)
 	}
-	for i := range outs {
-		if ok[i] {
-			res.TTFT = append(res.TTFT, outs[i].ttft)
-			res.E2E = append(res.E2E, outs[i].e2e)
+	for _, o := range outs {
+		if o.ok {
+			res.TTFT = append(res.TTFT, o.ttft)
+			res.E2E = append(res.E2E, o.e2e)
 		}
 	}
 	if !lastEnd.IsZero() {

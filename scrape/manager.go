@@ -71,6 +71,7 @@ type Manager struct {
 	groups    []*group           // guarded by mu; the `backends:` entries in force
 	nextGroup int                // guarded by mu
 	runCtx    context.Context    // guarded by mu; set by Run
+	started   chan struct{}      // closed once Run has set runCtx
 	loops     sync.WaitGroup     // discovery loops
 }
 
@@ -117,6 +118,7 @@ func NewManager(s Setup) (*Manager, error) {
 		cfg:      s.Config,
 		resolver: s.Resolver,
 		running:  map[string]*member{},
+		started:  make(chan struct{}),
 		deps: deps{
 			client:  s.Client,
 			bal:     s.Balancer,
@@ -252,6 +254,9 @@ func (m *Manager) Reload(backends []BackendConfig, engines EngineSet, defaultEng
 	return nil
 }
 
+// Started is closed once Run is under way and Reload may be called.
+func (m *Manager) Started() <-chan struct{} { return m.started }
+
 // sameGroup reports whether two entries would watch the same backends the
 // same way.
 func sameGroup(a, b *group) bool {
@@ -270,6 +275,7 @@ func (m *Manager) startGroupLocked(g *group) {
 func (m *Manager) Run(ctx context.Context) error {
 	m.mu.Lock()
 	m.runCtx = ctx
+	close(m.started)
 	for _, mb := range m.running {
 		m.startLocked(ctx, mb)
 	}
