@@ -23,6 +23,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	rate := fs.Float64("rate", 0, "arrival-rate factor (0: each workload's default)")
 	scale := fs.Float64("scale", 1, "share of each workload to run (requests, groups or trace lines)")
 	seed := fs.Uint64("seed", 1, "seed for workloads, scrape jitter and random policies")
+	clients := fs.Int("clients", -1, "also run each workload closed-loop with this many clients and report its output tokens/s as saturated tok/s (default 32 a server; 0 skips it)")
 	engine := fs.String("engine", "vllm", "metrics flavour the emulated servers render and llmlb scrapes")
 	jsonFile := fs.String("json", "", "also write the results as JSON to this file")
 	plotFile := fs.String("plot", "", "also draw TTFT distributions per policy to this PNG file")
@@ -45,6 +46,9 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *backends < 1 {
 		return fmt.Errorf("bench: --backends must be at least 1")
 	}
+	if *clients < 0 {
+		*clients = 32 * *backends
+	}
 	opts := bench.Options{
 		Workloads: split(*workloads),
 		Policies:  split(*policies),
@@ -52,6 +56,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		Slow:      *slow,
 		Params:    bench.Params{Rate: *rate, Scale: *scale, Seed: *seed},
 		Engine:    *engine,
+		Clients:   *clients,
 	}
 	if !*quiet {
 		opts.Progress = stderr

@@ -609,7 +609,7 @@ func TestBenchCommand(t *testing.T) {
 	if err := run(context.Background(), args, func(string) string { return "" }, &out, &errb); err != nil {
 		t.Fatalf("%v\n%s", err, errb.String())
 	}
-	for _, want := range []string{"burst:", "policy", "ttft p50", "default", "round-robin", "oracle", "hit rate"} {
+	for _, want := range []string{"burst:", "policy", "ttft p50", "default", "round-robin", "oracle", "hit rate", "saturated: 96 clients", "saturated tok/s"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, out.String())
 		}
@@ -622,13 +622,14 @@ func TestBenchCommand(t *testing.T) {
 		Workloads []struct {
 			Name    string `json:"name"`
 			Results []struct {
-				Policy  string   `json:"policy"`
-				TTFTP90 *float64 `json:"ttft_p90"`
+				Policy    string   `json:"policy"`
+				TTFTP90   *float64 `json:"ttft_p90"`
+				Saturated float64  `json:"saturated_output_tokens_per_s"`
 			} `json:"results"`
 		} `json:"workloads"`
 	}
 	if err := json.Unmarshal(b, &rep); err != nil || len(rep.Workloads) != 1 || len(rep.Workloads[0].Results) != 3 ||
-		rep.Workloads[0].Results[0].Policy != "default" || rep.Workloads[0].Results[0].TTFTP90 == nil {
+		rep.Workloads[0].Results[0].Policy != "default" || rep.Workloads[0].Results[0].TTFTP90 == nil || rep.Workloads[0].Results[0].Saturated <= 0 {
 		t.Fatalf("json %s: %v", b, err)
 	}
 	if png, err := os.ReadFile(dir + "/b.png"); err != nil || !bytes.HasPrefix(png, []byte("\x89PNG")) {

@@ -52,10 +52,16 @@ type TTFTConfig struct {
 	// request's tokens do not fit in what is free (it would wait or preempt
 	// others). (default 1s)
 	KVPenalty time.Duration `mapstructure:"kv_penalty"`
-	// LoRALoadDelay is the time to load an adapter into a free slot. An
-	// adapter that must wait for a slot costs twice that, one with no free
-	// slot four times. (default 250ms)
+	// LoRALoadDelay is the time to load an adapter into a free slot: a
+	// copy from host memory, tens of milliseconds for a rank-16 adapter of
+	// an 8B model. (default 25ms)
 	LoRALoadDelay time.Duration `mapstructure:"lora_load_delay"`
+	// LoRASlotWait is the time a request waits for an adapter slot on a
+	// backend where requests for its adapter already wait; twice that
+	// where every slot holds another adapter. A slot frees only when the
+	// requests of the adapter in it have all finished, so this is of the
+	// order of a request's decode, not of a load. (default 500ms)
+	LoRASlotWait time.Duration `mapstructure:"lora_slot_wait"`
 	// TieTolerance makes estimates within this fraction of the best a tie,
 	// broken by a hash of the prompt's first block and the backend, so that
 	// balancer replicas that do not share state choose alike. (default 0.05)
@@ -179,7 +185,8 @@ func DefaultConfig() Config {
 			BaseLatency:      20 * time.Millisecond,
 			KVSoft:           0.8,
 			KVPenalty:        time.Second,
-			LoRALoadDelay:    250 * time.Millisecond,
+			LoRALoadDelay:    25 * time.Millisecond,
+			LoRASlotWait:     500 * time.Millisecond,
 			TieTolerance:     0.05,
 			DefaultMaxTokens: 256,
 			DecodeCost:       50 * time.Microsecond,
@@ -219,6 +226,9 @@ func (c Config) Validate() error {
 	}
 	if t.LoRALoadDelay < 0 {
 		bad("ttft.lora_load_delay", "must not be negative, got %s", t.LoRALoadDelay)
+	}
+	if t.LoRASlotWait < 0 {
+		bad("ttft.lora_slot_wait", "must not be negative, got %s", t.LoRASlotWait)
 	}
 	if t.TieTolerance < 0 || t.TieTolerance >= 1 {
 		bad("ttft.tie_tolerance", "must be in [0, 1), got %g", t.TieTolerance)

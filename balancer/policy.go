@@ -103,8 +103,9 @@ func reasonFor(p *Pick, i int) string {
 // measured times to first byte ([Ledger.Estimate]; config defaults until
 // then), kv is a penalty rising from KVSoft to KVPenalty at a full cache
 // plus KVPenalty again when the request would not fit, and lora is 0 for a
-// loaded adapter, LoRALoadDelay for a free slot or unknown state, twice
-// that when requests already wait for it and four times with no free slot.
+// loaded adapter, LoRALoadDelay for a free slot or unknown state,
+// LoRASlotWait when requests already wait for it and twice that with no
+// free slot.
 type TTFTScorer struct{ cfg TTFTConfig }
 
 var _ Scorer = (*TTFTScorer)(nil)
@@ -157,14 +158,14 @@ func (s *TTFTScorer) estimate(p *Pick, c *Candidate) {
 			}
 		}
 	}
-	d := s.cfg.LoRALoadDelay.Seconds()
+	d, w := s.cfg.LoRALoadDelay.Seconds(), s.cfg.LoRASlotWait.Seconds()
 	switch c.LoRA {
 	case LoRAFree, LoRAUnknown:
 		c.LoRAPenalty = d
 	case LoRAWaiting:
-		c.LoRAPenalty = 2 * d
+		c.LoRAPenalty = w
 	case LoRAFull:
-		c.LoRAPenalty = 4 * d
+		c.LoRAPenalty = 2 * w
 	default:
 		c.LoRAPenalty = 0
 	}

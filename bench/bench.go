@@ -22,6 +22,10 @@ type Options struct {
 	Backends, Slow int
 	Params         Params
 	Engine         string
+	// Clients, when positive, also runs each workload closed-loop with
+	// that many clients ([Cluster.Clients]) and reports its output tokens
+	// per second as the row's Saturated throughput.
+	Clients int
 	// Progress, if set, gets a progress line as runs finish.
 	Progress io.Writer
 }
@@ -74,7 +78,10 @@ func Bench(ctx context.Context, o Options) (Report, error) {
 	}
 	presets := Presets(o.Backends, o.Slow)
 	var rep Report
-	type job struct{ w, p int }
+	type job struct {
+		w, p   int
+		closed bool
+	}
 	var loads []*Workload
 	for _, name := range o.Workloads {
 		w, err := Build(name, o.Params)
@@ -82,29 +89,43 @@ func Bench(ctx context.Context, o Options) (Report, error) {
 			return Report{}, err
 		}
 		loads = append(loads, w)
-		t := Table{Name: name, Backends: o.Backends, Requests: len(w.Requests), Rate: w.Rate,
+		t := Table{Name: name, Backends: o.Backends, Requests: len(w.Requests), Rate: w.Rate, Clients: max(0, o.Clients),
 			Results: make([]Row, len(o.Policies)), ttfts: make([][]time.Duration, len(o.Policies))}
 		rep.Workloads = append(rep.Workloads, t)
 	}
 	jobs := make(chan job)
 	var mu sync.Mutex
 	var firstErr error
-	done, total := 0, len(loads)*len(o.Policies)
+	passes := 1
+	if o.Clients > 0 {
+		passes = 2
+	}
+	done, total := 0, passes*len(loads)*len(o.Policies)
 	start := time.Now()
 	var wg sync.WaitGroup
 	for range max(1, runtime.GOMAXPROCS(0)) {
 		wg.Go(func() {
 			for j := range jobs {
 				c := Cluster{Presets: presets, Engine: o.Engine, Policy: o.Policies[j.p], Seed: o.Params.Seed}
+				if j.closed {
+					c.Clients = o.Clients
+				}
 				res, err := Run(c, loads[j.w])
 				res.Policy = o.Policies[j.p]
 				mu.Lock()
 				if err != nil && firstErr == nil {
 					firstErr = fmt.Errorf("bench: %s with %s: %w", loads[j.w].Name, o.Policies[j.p], err)
 				}
-				rep.Workloads[j.w].Results[j.p] = Summarize(res)
-				slices.Sort(res.TTFT)
-				rep.Workloads[j.w].ttfts[j.p] = res.TTFT
+				row := &rep.Workloads[j.w].Results[j.p]
+				if j.closed {
+					row.Saturated = Summarize(res).Throughput
+				} else {
+					sat := row.Saturated // the closed-loop run may have ended first
+					*row = Summarize(res)
+					row.Saturated = sat
+					slices.Sort(res.TTFT)
+					rep.Workloads[j.w].ttfts[j.p] = res.TTFT
+				}
 				done++
 				if o.Progress != nil {
 					fmt.Fprintf(o.Progress, "\rbench: %d/%d runs (%s, %s) %s   ", done, total, loads[j.w].Name, o.Policies[j.p], time.Since(start).Round(time.Second))
@@ -114,12 +135,14 @@ func Bench(ctx context.Context, o Options) (Report, error) {
 		})
 	}
 feed:
-	for wi := range loads {
-		for pi := range o.Policies {
-			select {
-			case jobs <- job{wi, pi}:
-			case <-ctx.Done():
-				break feed
+	for pass := range passes {
+		for wi := range loads {
+			for pi := range o.Policies {
+				select {
+				case jobs <- job{wi, pi, pass == 1}:
+				case <-ctx.Done():
+					break feed
+				}
 			}
 		}
 	}

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
+	"time"
 )
 
 // TestBenchDeterministic: the same seed gives the same table twice, over
@@ -72,20 +74,71 @@ func TestRunReleasesEveryRequest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range []string{"default", "least-request", "consistent-hash"} {
-		res, bal, err := runWith(Cluster{Presets: Presets(3, 1), Policy: p, Seed: 1}, w)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, be := range bal.Snapshot().Backends {
-			if n := be.Ledger.InFlight(); n != 0 {
-				t.Errorf("%s: %s still has %d in flight", p, be.ID, n)
+	for _, clients := range []int{0, 16} {
+		for _, p := range []string{"default", "least-request", "consistent-hash"} {
+			res, bal, err := runWith(Cluster{Presets: Presets(3, 1), Policy: p, Seed: 1, Clients: clients}, w)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, be := range bal.Snapshot().Backends {
+				if n := be.Ledger.InFlight(); n != 0 {
+					t.Errorf("%s, %d clients: %s still has %d in flight", p, clients, be.ID, n)
+				}
+			}
+			if got := len(res.TTFT) + res.Refused + res.Failed; got != len(w.Requests) {
+				t.Errorf("%s, %d clients: %d served+refused+failed of %d arrivals", p, clients, got, len(w.Requests))
 			}
 		}
-		if got := len(res.TTFT) + res.Refused + res.Failed; got != len(w.Requests) {
-			t.Errorf("%s: %d served+refused+failed of %d arrivals", p, got, len(w.Requests))
+	}
+}
+
+// TestClosedLoop: one client sends each request when the last is answered,
+// so the run lasts exactly the sum of the requests' times; more clients
+// keep the servers busier and get more tokens out per second; the bench
+// reports that throughput in its own column.
+func TestClosedLoop(t *testing.T) {
+	w, err := Build("shared-prefix", Params{Scale: 0.05, Seed: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	one, err := Run(Cluster{Presets: Presets(2, -1), Seed: 1, Clients: 1}, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum time.Duration
+	for _, d := range one.E2E {
+		sum += d
+	}
+	if len(one.E2E) != len(w.Requests) || sum != one.Duration {
+		t.Errorf("one client: %d of %d served, requests took %s in all, the run %s", len(one.E2E), len(w.Requests), sum, one.Duration)
+	}
+	many, err := Run(Cluster{Presets: Presets(2, -1), Seed: 1, Clients: 32}, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, b := Summarize(one).Throughput, Summarize(many).Throughput; !(b > 4*a) {
+		t.Errorf("32 clients got %.0f output tokens/s, one client %.0f", b, a)
+	}
+	rep, err := Bench(context.Background(), Options{Workloads: []string{"shared-prefix"}, Policies: []string{"default", "round-robin"},
+		Backends: 4, Clients: 64, Params: Params{Scale: 0.1, Seed: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tab := rep.Workloads[0]
+	if tab.Clients != 64 {
+		t.Errorf("table clients %d", tab.Clients)
+	}
+	for _, r := range tab.Results {
+		if !(r.Saturated > r.Throughput) {
+			t.Errorf("%s: saturated %.0f tokens/s, open loop %.0f", r.Policy, r.Saturated, r.Throughput)
 		}
 	}
+	var out bytes.Buffer
+	WriteTable(&out, tab)
+	if !strings.Contains(out.String(), "saturated tok/s") || !strings.Contains(out.String(), "64 clients") {
+		t.Errorf("table:\n%s", out.String())
+	}
+	t.Logf("\n%s", out.String())
 }
 
 // TestSaturationQueuesAndRefuses: a cluster far past capacity queues in the

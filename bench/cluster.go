@@ -41,6 +41,13 @@ type Cluster struct {
 	ScrapeInterval time.Duration
 	// Seed seeds the scrape jitter and the policies' randomness.
 	Seed uint64
+	// Clients, when positive, runs the workload closed-loop instead of at
+	// its arrival times: that many clients each send the next request (in
+	// arrival order, timestamps ignored) as soon as their previous one is
+	// answered, refused or failed, as a benchmark client with a
+	// concurrency limit does. The cluster then runs as fast as it can, so
+	// the output tokens per second measure what routing lets it serve.
+	Clients int
 }
 
 // Result is what one policy did with one workload.
@@ -49,7 +56,8 @@ type Result struct {
 	TTFT         []time.Duration // per served request, in arrival order
 	E2E          []time.Duration
 	OutputTokens int64
-	// Duration is from the first arrival to the last completion.
+	// Duration is from the first arrival (the start of a closed-loop
+	// run) to the last completion.
 	Duration     time.Duration
 	PromptTokens int64 // of served requests
 	CachedTokens int64 // of those, served from the engines' prefix caches
@@ -142,6 +150,7 @@ type run struct {
 	adapts    []balancer.Adapter
 	scrape    time.Duration
 	last      time.Duration
+	next      int // closed loop: the next request to send
 }
 
 // Run replays w through the cluster in virtual time and reports what
@@ -240,8 +249,15 @@ func (r *run) build() error {
 		r.scrapeServer(i)
 		r.push(r.jitter(), evScrape, i)
 	}
-	for i := range r.w.Requests {
-		r.push(r.w.Requests[i].At, evArrival, i)
+	if r.c.Clients > 0 {
+		r.next = min(r.c.Clients, len(r.w.Requests))
+		for i := range r.next {
+			r.push(0, evArrival, i)
+		}
+	} else {
+		for i := range r.w.Requests {
+			r.push(r.w.Requests[i].At, evArrival, i)
+		}
 	}
 	r.ttft = make([]time.Duration, len(r.w.Requests))
 	r.e2e = make([]time.Duration, len(r.w.Requests))
@@ -294,7 +310,10 @@ func (r *run) loop() {
 		}
 	}
 	if len(r.w.Requests) > 0 {
-		r.res.Duration = r.last - r.w.Requests[0].At
+		r.res.Duration = r.last
+		if r.c.Clients <= 0 {
+			r.res.Duration -= r.w.Requests[0].At
+		}
 	}
 	for i, s := range r.servers {
 		r.res.PerBackend[i] = s.served
@@ -341,6 +360,7 @@ func (r *run) dispatch(f *flight) bool {
 		if !f.queued { // first try: join the queue
 			if len(r.waiting) >= r.bal.Config().Admission.MaxQueue {
 				r.res.Refused++
+				r.ended()
 				return true
 			}
 			f.queued = true
@@ -349,6 +369,7 @@ func (r *run) dispatch(f *flight) bool {
 		return false
 	case err != nil:
 		r.res.Failed++
+		r.ended()
 		return true
 	}
 	si := r.byID[dec.Candidates[0].ID]
@@ -364,6 +385,7 @@ func (r *run) dispatch(f *flight) bool {
 	if err := s.eng.Add(seq); err != nil {
 		guard.Release()
 		r.res.Failed++
+		r.ended()
 		return true
 	}
 	f.guard, f.srv = guard, si
@@ -384,12 +406,22 @@ func (r *run) admit() {
 		if r.now-f.arrived > timeout {
 			r.res.Refused++
 			r.waiting = r.waiting[1:]
+			r.ended()
 			continue
 		}
 		if !r.dispatch(f) {
 			return
 		}
 		r.waiting = r.waiting[1:]
+	}
+}
+
+// ended is called as each request leaves the cluster; in a closed-loop run
+// its client sends the next request now.
+func (r *run) ended() {
+	if r.c.Clients > 0 && r.next < len(r.w.Requests) {
+		r.push(r.now, evArrival, r.next)
+		r.next++
 	}
 }
 
@@ -412,6 +444,7 @@ func (r *run) step(i int) {
 			r.res.OutputTokens += int64(o.Seq.Generated)
 			r.last = max(r.last, r.now)
 			delete(r.flights, o.Seq)
+			r.ended()
 		}
 	}
 	s.busy = d > 0

@@ -24,6 +24,9 @@ type Row struct {
 	Imbalance  float64 `json:"imbalance"`
 	Refused    int     `json:"refused"`
 	Failed     int     `json:"failed"`
+	// Saturated is the output tokens per second of the closed-loop run
+	// (Options.Clients); 0 when there was none.
+	Saturated float64 `json:"saturated_output_tokens_per_s,omitempty"`
 }
 
 // Table is one workload's results.
@@ -32,7 +35,10 @@ type Table struct {
 	Backends int     `json:"backends"`
 	Requests int     `json:"requests"`
 	Rate     float64 `json:"rate"`
-	Results  []Row   `json:"results"`
+	// Clients is the closed-loop clients of the Saturated column; 0 when
+	// it was not run.
+	Clients int   `json:"clients,omitempty"`
+	Results []Row `json:"results"`
 
 	ttfts [][]time.Duration // each row's sorted TTFTs, for Plot
 }
@@ -81,13 +87,24 @@ func Summarize(r Result) Row {
 
 // WriteTable prints t as an aligned text table.
 func WriteTable(w io.Writer, t Table) {
-	fmt.Fprintf(w, "\n%s: %d requests, %d servers, rate x%g\n", t.Name, t.Requests, t.Backends, t.Rate)
+	fmt.Fprintf(w, "\n%s: %d requests, %d servers, rate x%g", t.Name, t.Requests, t.Backends, t.Rate)
+	if t.Clients > 0 {
+		fmt.Fprintf(w, "; saturated: %d clients, closed loop", t.Clients)
+	}
+	fmt.Fprintln(w)
 	head := []string{"policy", "ttft p50", "p90", "p99", "e2e p50", "p99", "out tok/s", "hit rate", "imbalance", "refused", "failed"}
+	if t.Clients > 0 {
+		head = append(head, "saturated tok/s")
+	}
 	rows := [][]string{head}
 	for _, r := range t.Results {
-		rows = append(rows, []string{r.Policy, secs(r.TTFTP50), secs(r.TTFTP90), secs(r.TTFTP99), secs(r.E2EP50), secs(r.E2EP99),
+		row := []string{r.Policy, secs(r.TTFTP50), secs(r.TTFTP90), secs(r.TTFTP99), secs(r.E2EP50), secs(r.E2EP99),
 			fmt.Sprintf("%.0f", r.Throughput), fmt.Sprintf("%.1f%%", 100*r.HitRate), fmt.Sprintf("%.2f", r.Imbalance),
-			fmt.Sprint(r.Refused), fmt.Sprint(r.Failed)})
+			fmt.Sprint(r.Refused), fmt.Sprint(r.Failed)}
+		if t.Clients > 0 {
+			row = append(row, fmt.Sprintf("%.0f", r.Saturated))
+		}
+		rows = append(rows, row)
 	}
 	widths := make([]int, len(head))
 	for _, row := range rows {
@@ -138,9 +155,10 @@ func (r Row) MarshalJSON() ([]byte, error) {
 		Imbalance  float64 `json:"imbalance"`
 		Refused    int     `json:"refused"`
 		Failed     int     `json:"failed"`
+		Saturated  float64 `json:"saturated_output_tokens_per_s,omitempty"`
 	}
 	return json.Marshal(row{r.Policy, num(r.TTFTP50), num(r.TTFTP90), num(r.TTFTP99), num(r.E2EP50), num(r.E2EP99),
-		r.Throughput, r.HitRate, r.Imbalance, r.Refused, r.Failed})
+		r.Throughput, r.HitRate, r.Imbalance, r.Refused, r.Failed, r.Saturated})
 }
 
 // WriteJSON writes the report as the --json file.
