@@ -50,6 +50,7 @@ sim:
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./...
 	$(GO) run . bench --json bench.json --plot bench.png
+	$(GO) run . overhead --json overhead.json
 
 lint:
 	@test -z "$$(gofmt -l .)" || { gofmt -l .; echo "gofmt needed"; exit 1; }

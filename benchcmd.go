@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/llmlb/llmlb/bench"
 )
@@ -150,4 +152,50 @@ func compact(names []string) []string {
 		i = j
 	}
 	return out
+}
+
+// cmdOverhead measures what llmlb adds to a request against a direct
+// connection, HAProxy and nginx, in front of one fast emulated backend.
+func cmdOverhead(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("overhead", "llmlb overhead [--proxy direct,llmlb,haproxy,nginx] [--duration D] [--scale F] [--json FILE]", stderr)
+	proxies := fs.String("proxy", "direct,llmlb,haproxy,nginx", "comma-separated rows: direct, llmlb (this executable), haproxy, nginx (from PATH or /usr/sbin)")
+	duration := fs.Duration("duration", 5*time.Second, "how long each scenario runs against each proxy")
+	scale := fs.Float64("scale", 1, "share of the clients of the concurrent scenarios (64 requests, 8 long prompts, 256 streams)")
+	require := fs.Bool("require", false, "fail when a proxy is not installed instead of skipping its row")
+	jsonFile := fs.String("json", "", "also write the results as JSON to this file")
+	quiet := fs.Bool("quiet", false, "no progress lines")
+	self := fs.String("llmlb", "", "llmlb executable to measure (default: this one)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *duration <= 0 || *scale <= 0 {
+		return fmt.Errorf("overhead: --duration and --scale must be positive")
+	}
+	if *self == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("overhead: %w", err)
+		}
+		*self = exe
+	}
+	o := bench.OverheadOptions{LLMLB: *self, Proxies: split(*proxies), Duration: *duration, Scale: *scale,
+		Require: *require || getenv("LLMLB_REQUIRE_PROXIES") == "1"}
+	if !*quiet {
+		o.Progress = stderr
+	}
+	rep, err := bench.Overhead(ctx, o)
+	if err != nil {
+		return err
+	}
+	bench.WriteOverhead(stdout, rep)
+	if *jsonFile != "" {
+		b, err := json.MarshalIndent(rep, "", "  ")
+		if err == nil {
+			err = os.WriteFile(*jsonFile, append(b, '\n'), 0o644)
+		}
+		if err != nil {
+			return fmt.Errorf("overhead: --json: %w", err)
+		}
+	}
+	return nil
 }

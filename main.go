@@ -6,6 +6,8 @@
 //	llmlb sim [flags]                      run emulated model servers
 //	llmlb probe [flags] URL|FILE           show what the balancer reads from a metrics page
 //	llmlb demo [flags]                     emulated servers + balancer + traffic, live view
+//	llmlb bench [flags]                    routing benchmark in virtual time
+//	llmlb overhead [flags]                 proxy overhead against HAProxy and nginx
 package main
 
 import (
@@ -59,6 +61,7 @@ Usage:
   llmlb probe [flags] URL|FILE    show what the balancer reads from a metrics page
   llmlb demo [flags]              emulated servers, the balancer, traffic and a live view
   llmlb bench [flags]             replay workloads through every policy in virtual time
+  llmlb overhead [flags]          llmlb, HAProxy and nginx in front of one fast backend, live
 
 Run 'llmlb COMMAND --help' for a command's flags.
 `
@@ -85,6 +88,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return cmdDemo(ctx, args, stdout, stderr)
 	case "bench":
 		return cmdBench(ctx, args, stdout, stderr)
+	case "overhead":
+		return cmdOverhead(ctx, args, getenv, stdout, stderr)
 	case "help":
 		fmt.Fprint(stdout, usage)
 		return nil

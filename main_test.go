@@ -22,6 +22,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/llmlb/llmlb/bench"
 	"github.com/llmlb/llmlb/scrape"
 	"github.com/llmlb/llmlb/sim"
 )
@@ -694,5 +695,69 @@ func TestBenchTargetCommand(t *testing.T) {
 	// busiest is at least 1.5x the mean.
 	if w.Backends != 3 || r.Policy != "target" || r.Failed != 0 || r.Refused != 0 || r.Imbalance < 1.5 || !(r.HitRate > 0) || !(r.TTFTP50 > 0) {
 		t.Errorf("%s", b)
+	}
+}
+
+// TestMain lets a test run this test binary as llmlb itself
+// (LLMLB_TEST_RUN_MAIN=1), as `llmlb overhead` runs its own executable.
+func TestMain(m *testing.M) {
+	if os.Getenv("LLMLB_TEST_RUN_MAIN") == "1" {
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// TestOverheadCommand runs a short `llmlb overhead`: every scenario
+// through a direct connection and through llmlb (this binary, run as
+// `llmlb serve`) answers without errors; HAProxy and nginx rows run too
+// where they are installed, and must (LLMLB_REQUIRE_PROXIES=1, as CI
+// sets) where the test is told they are.
+func TestOverheadCommand(t *testing.T) {
+	t.Setenv("LLMLB_TEST_RUN_MAIN", "1")
+	dir := t.TempDir()
+	var out, errb strings.Builder
+	args := []string{"overhead", "--duration", "300ms", "--scale", "0.05", "--quiet", "--llmlb", os.Args[0], "--json", dir + "/o.json"}
+	if err := run(context.Background(), args, os.Getenv, &out, &errb); err != nil {
+		t.Fatalf("%v\n%s", err, errb.String())
+	}
+	t.Log("\n" + out.String())
+	b, err := os.ReadFile(dir + "/o.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep bench.OverheadReport
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	ran := map[string]bool{}
+	for _, r := range rep.Rows {
+		if r.Skipped != "" {
+			t.Logf("%s skipped: %s", r.Proxy, r.Skipped)
+			continue
+		}
+		ran[r.Proxy] = true
+		if len(r.Cells) != 4 {
+			t.Errorf("%s: %d cells", r.Proxy, len(r.Cells))
+		}
+		for _, c := range r.Cells {
+			if c.Requests == 0 || c.Errors != 0 || !(c.P50 > 0) {
+				t.Errorf("%s %s: %+v", r.Proxy, c.Scenario, c)
+			}
+			if c.Scenario == "streams" && !(c.EventsPerS > 0 && c.TTFTP50 > 0) {
+				t.Errorf("%s streams: %+v", r.Proxy, c)
+			}
+		}
+	}
+	if !ran["direct"] || !ran["llmlb"] {
+		t.Errorf("rows run: %v", ran)
+	}
+	if os.Getenv("LLMLB_REQUIRE_PROXIES") == "1" && (!ran["haproxy"] || !ran["nginx"]) {
+		t.Errorf("LLMLB_REQUIRE_PROXIES=1 but rows run: %v", ran)
+	}
+	for _, want := range []string{"proxy", "added p50", "streams ttft p50", "direct", "llmlb"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("table lacks %q", want)
+		}
 	}
 }

@@ -1,0 +1,491 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/llmlb/llmlb/sim"
+)
+
+// OverheadOptions choose what `llmlb overhead` runs.
+type OverheadOptions struct {
+	// LLMLB is the llmlb executable to run as a proxy (`serve`); "" skips
+	// it.
+	LLMLB string
+	// Proxies are the rows: "direct", "llmlb", "haproxy", "nginx".
+	Proxies []string
+	// Duration is how long each scenario runs against each proxy.
+	Duration time.Duration
+	// Scale divides the clients of the high-concurrency scenarios (for a
+	// smoke run); 1 is the full benchmark.
+	Scale float64
+	// Require makes a proxy that is not installed an error instead of a
+	// skipped row.
+	Require bool
+	// Progress, if set, gets a line as each cell finishes.
+	Progress io.Writer
+}
+
+// Scenario is one column group of the overhead table.
+type Scenario struct {
+	Name    string
+	Clients int
+	Body    []byte
+	Stream  bool
+}
+
+// OverheadScenarios are the scenarios of DESIGN.md's overhead benchmark:
+// added latency at low concurrency, throughput at high concurrency, long
+// prompts, and many concurrent streams. The backend answers one token at
+// once; streams ask for 50, which it paces 10ms apart, as a busy server
+// does.
+func OverheadScenarios(scale float64) []Scenario {
+	clients := func(n int) int { return max(1, int(float64(n)*scale)) }
+	small := completionBody(1024, false)
+	return []Scenario{
+		{Name: "latency", Clients: 1, Body: small},
+		{Name: "throughput", Clients: clients(64), Body: small},
+		{Name: "long-prompt", Clients: clients(8), Body: completionBody(256<<10, false)},
+		{Name: "streams", Clients: clients(256), Body: completionBody(1024, true), Stream: true},
+	}
+}
+
+// completionBody is a /v1/completions request with a prompt of n bytes.
+func completionBody(n int, stream bool) []byte {
+	prompt := appendPart(nil, Part{ID: 77, Tokens: n / 4})
+	req := map[string]any{"model": Model, "prompt": string(prompt), "max_tokens": 1}
+	if stream {
+		req["stream"] = true
+		req["max_tokens"] = 50
+	}
+	b, _ := json.Marshal(req)
+	return b
+}
+
+// OverheadCell is one scenario against one proxy. Times are seconds.
+type OverheadCell struct {
+	Scenario   string  `json:"scenario"`
+	Clients    int     `json:"clients"`
+	Requests   int     `json:"requests"`
+	Errors     int     `json:"errors"`
+	PerSecond  float64 `json:"requests_per_s"`
+	P50        float64 `json:"latency_p50"`
+	P99        float64 `json:"latency_p99"`
+	TTFTP50    float64 `json:"ttft_p50,omitempty"`
+	TTFTP99    float64 `json:"ttft_p99,omitempty"`
+	GapP99     float64 `json:"gap_p99,omitempty"`
+	EventsPerS float64 `json:"events_per_s,omitempty"`
+	FirstError string  `json:"first_error,omitempty"`
+}
+
+// OverheadRow is one proxy's results.
+type OverheadRow struct {
+	Proxy   string         `json:"proxy"`
+	Version string         `json:"version"`
+	Skipped string         `json:"skipped,omitempty"` // why there are no cells
+	Cells   []OverheadCell `json:"cells"`
+}
+
+// OverheadReport is the whole run.
+type OverheadReport struct {
+	Duration float64       `json:"seconds_per_cell"`
+	Rows     []OverheadRow `json:"rows"`
+}
+
+// Overhead starts a fast emulated backend, puts each proxy in front of it
+// and runs every scenario through each, one at a time.
+func Overhead(ctx context.Context, o OverheadOptions) (OverheadReport, error) {
+	if o.Duration <= 0 {
+		o.Duration = 5 * time.Second
+	}
+	if o.Scale <= 0 {
+		o.Scale = 1
+	}
+	if len(o.Proxies) == 0 {
+		o.Proxies = []string{"direct", "llmlb", "haproxy", "nginx"}
+	}
+	rep := OverheadReport{Duration: o.Duration.Seconds()}
+	dir, err := os.MkdirTemp("", "llmlb-overhead-")
+	if err != nil {
+		return rep, err
+	}
+	defer os.RemoveAll(dir)
+
+	backend, stopBackend, err := fastBackend()
+	if err != nil {
+		return rep, err
+	}
+	defer stopBackend()
+
+	scenarios := OverheadScenarios(o.Scale)
+	for _, name := range o.Proxies {
+		row := OverheadRow{Proxy: name}
+		url, version, stop, err := startProxy(ctx, name, o.LLMLB, backend, dir)
+		var missing errMissing
+		switch {
+		case errors.As(err, &missing) && !o.Require:
+			row.Skipped = err.Error()
+			rep.Rows = append(rep.Rows, row)
+			continue
+		case err != nil:
+			return rep, fmt.Errorf("overhead: %s: %w", name, err)
+		}
+		row.Version = version
+		for _, sc := range scenarios {
+			res := Load{URL: url + "/v1/completions", Body: sc.Body, Stream: sc.Stream, Clients: sc.Clients, Duration: o.Duration}.Run(ctx)
+			cell := OverheadCell{Scenario: sc.Name, Clients: sc.Clients, Requests: res.Requests, Errors: res.Errors, FirstError: res.FirstErr,
+				PerSecond: float64(res.Requests) / res.Elapsed.Seconds(), P50: quantile(res.Latency, .5), P99: quantile(res.Latency, .99)}
+			if sc.Stream {
+				cell.TTFTP50, cell.TTFTP99 = quantile(res.TTFT, .5), quantile(res.TTFT, .99)
+				cell.GapP99 = quantile(res.Gaps, .99)
+				cell.EventsPerS = float64(res.Events) / res.Elapsed.Seconds()
+			}
+			row.Cells = append(row.Cells, cell)
+			if o.Progress != nil {
+				fmt.Fprintf(o.Progress, "overhead: %s %s: %d requests, %d errors\n", name, sc.Name, res.Requests, res.Errors)
+			}
+			if ctx.Err() != nil {
+				break
+			}
+		}
+		stop()
+		rep.Rows = append(rep.Rows, row)
+		if ctx.Err() != nil {
+			return rep, ctx.Err()
+		}
+	}
+	return rep, nil
+}
+
+// fastBackend serves the OpenAI API on a loopback port from an emulated
+// vLLM server whose first token comes at once and each next one 10ms
+// later, and returns its base URL.
+func fastBackend() (string, func(), error) {
+	model := sim.NewSteady(sim.SteadyConfig{DecodeTokensPerSecond: 100, PrefillTokensPerSecond: 1e12,
+		FirstTokenLatency: time.Nanosecond, MaxRunning: 1 << 16})
+	srv, err := sim.NewServer(sim.ServerConfig{Model: Model}, model)
+	if err != nil {
+		return "", nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = hs.Serve(ln) }()
+	return "http://" + ln.Addr().String(), func() { hs.Close() }, nil
+}
+
+// errMissing is a proxy that is not installed.
+type errMissing struct{ name string }
+
+func (e errMissing) Error() string { return e.name + " is not installed" }
+
+// startProxy starts the named proxy in front of backend and returns its
+// base URL, its version and how to stop it.
+func startProxy(ctx context.Context, name, llmlb, backend, dir string) (url, version string, stop func(), err error) {
+	host := strings.TrimPrefix(backend, "http://")
+	switch name {
+	case "direct":
+		return backend, "-", func() {}, nil
+	case "llmlb":
+		if llmlb == "" {
+			return "", "", nil, errMissing{"llmlb"}
+		}
+		cfg := fmt.Sprintf("listen: 127.0.0.1:0\nadmin:\n  listen: \"\"\nlog:\n  level: warn\n  access: false\nbackends:\n  - url: %s\n", backend)
+		path := filepath.Join(dir, "llmlb.yaml")
+		if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
+			return "", "", nil, err
+		}
+		return startProcess(ctx, llmlb, []string{"serve", "--config", path}, "", "llmlb")
+	case "haproxy":
+		bin, err := exec.LookPath("haproxy")
+		if err != nil {
+			return "", "", nil, errMissing{"haproxy"}
+		}
+		port, err := freePort()
+		if err != nil {
+			return "", "", nil, err
+		}
+		cfg := fmt.Sprintf(`global
+    maxconn 4096
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 120s
+    timeout server 120s
+    option http-keep-alive
+    option http-no-delay
+frontend fe
+    bind 127.0.0.1:%d
+    default_backend be
+backend be
+    balance leastconn
+    http-reuse safe
+    server s1 %s maxconn 4096
+`, port, host)
+		path := filepath.Join(dir, "haproxy.cfg")
+		if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
+			return "", "", nil, err
+		}
+		return startProcess(ctx, bin, []string{"-db", "-f", path}, fmt.Sprintf("127.0.0.1:%d", port), "haproxy")
+	case "nginx":
+		bin, err := exec.LookPath("nginx")
+		if err != nil {
+			if _, serr := os.Stat("/usr/sbin/nginx"); serr != nil {
+				return "", "", nil, errMissing{"nginx"}
+			}
+			bin = "/usr/sbin/nginx"
+		}
+		port, err := freePort()
+		if err != nil {
+			return "", "", nil, err
+		}
+		ndir := filepath.Join(dir, "nginx")
+		if err := os.MkdirAll(ndir, 0o755); err != nil {
+			return "", "", nil, err
+		}
+		// Streams need proxy_buffering off; request bodies up to 1 MiB
+		// stay in memory, as llmlb and HAProxy keep them.
+		cfg := fmt.Sprintf(`worker_processes auto;
+pid %[1]s/nginx.pid;
+error_log %[1]s/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path %[1]s/body;
+    proxy_temp_path %[1]s/proxy;
+    fastcgi_temp_path %[1]s/fastcgi;
+    uwsgi_temp_path %[1]s/uwsgi;
+    scgi_temp_path %[1]s/scgi;
+    client_max_body_size 32m;
+    client_body_buffer_size 1m;
+    keepalive_requests 100000;
+    upstream be {
+        least_conn;
+        server %[2]s;
+        keepalive 512;
+    }
+    server {
+        listen 127.0.0.1:%[3]d;
+        location / {
+            proxy_pass http://be;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_read_timeout 120s;
+        }
+    }
+}
+`, ndir, host, port)
+		path := filepath.Join(ndir, "nginx.conf")
+		if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
+			return "", "", nil, err
+		}
+		return startProcess(ctx, bin, []string{"-p", ndir, "-c", path, "-e", filepath.Join(ndir, "error.log"), "-g", "daemon off;"}, fmt.Sprintf("127.0.0.1:%d", port), "nginx")
+	}
+	return "", "", nil, fmt.Errorf("unknown proxy %q (have direct, llmlb, haproxy, nginx)", name)
+}
+
+// startProcess runs bin with args until stop, and waits until it answers a
+// completion. With addr "" the address is read from the process's
+// "serving on http://ADDR" line (llmlb picks its own port).
+func startProcess(ctx context.Context, bin string, args []string, addr, name string) (string, string, func(), error) {
+	version := versionOf(bin, name)
+	cmd := exec.Command(bin, args...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return "", "", nil, err
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &limitedWriter{b: &stderr, n: 4096}
+	if err := cmd.Start(); err != nil {
+		return "", "", nil, err
+	}
+	exited := make(chan struct{})
+	found := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if _, rest, ok := strings.Cut(sc.Text(), "serving on http://"); ok {
+				a, _, _ := strings.Cut(rest, " ")
+				select {
+				case found <- a:
+				default:
+				}
+			}
+		}
+	}()
+	go func() { _ = cmd.Wait(); close(exited) }()
+	stop := func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-exited:
+		case <-time.After(5 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+	}
+	fail := func(err error) (string, string, func(), error) {
+		stop()
+		return "", "", nil, fmt.Errorf("%w: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	deadline := time.After(15 * time.Second)
+	if addr == "" {
+		select {
+		case addr = <-found:
+		case <-exited:
+			return fail(errors.New("exited before serving"))
+		case <-deadline:
+			return fail(errors.New("did not say where it serves within 15s"))
+		case <-ctx.Done():
+			return fail(ctx.Err())
+		}
+	}
+	url := "http://" + addr
+	body := completionBody(64, false)
+	for {
+		resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(string(body)))
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return url, version, stop, nil
+			}
+		}
+		select {
+		case <-exited:
+			return fail(errors.New("exited"))
+		case <-deadline:
+			return fail(fmt.Errorf("no answer within 15s (last: %v)", err))
+		case <-ctx.Done():
+			return fail(ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// versionOf returns the first line a proxy prints of its version.
+func versionOf(bin, name string) string {
+	var args []string
+	switch name {
+	case "haproxy", "nginx":
+		args = []string{"-v"}
+	default:
+		return "this build"
+	}
+	out, _ := exec.Command(bin, args...).CombinedOutput()
+	line, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
+	return strings.TrimSpace(line)
+}
+
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+type limitedWriter struct {
+	b *strings.Builder
+	n int
+}
+
+func (w *limitedWriter) Write(p []byte) (int, error) {
+	if room := w.n - w.b.Len(); room > 0 {
+		w.b.Write(p[:min(len(p), room)])
+	}
+	return len(p), nil
+}
+
+// WriteOverhead prints the report as a table: one row a proxy, latency at
+// one client, requests per second at high concurrency and with long
+// prompts, and first-token and inter-token times of concurrent streams.
+func WriteOverhead(w io.Writer, rep OverheadReport) {
+	ms := func(s float64) string {
+		if math.IsNaN(s) {
+			return "-"
+		}
+		return fmt.Sprintf("%.2fms", s*1000)
+	}
+	head := []string{"proxy", "lat p50", "p99", "added p50", "rps", "p99", "256KB rps", "p50", "streams ttft p50", "p99", "gap p99", "events/s", "errors"}
+	if len(rep.Rows) > 0 {
+		for _, c := range rep.Rows[0].Cells {
+			if c.Scenario == "throughput" {
+				head[4] = fmt.Sprintf("rps@%d", c.Clients)
+			}
+			if c.Scenario == "streams" {
+				head[8] = fmt.Sprintf("%d streams ttft p50", c.Clients)
+			}
+		}
+	}
+	var direct float64 = math.NaN()
+	rows := [][]string{head}
+	for _, r := range rep.Rows {
+		if r.Skipped != "" {
+			rows = append(rows, []string{r.Proxy, "skipped: " + r.Skipped})
+			continue
+		}
+		by := map[string]OverheadCell{}
+		errs := 0
+		for _, c := range r.Cells {
+			by[c.Scenario] = c
+			errs += c.Errors
+		}
+		lat, thr, long, st := by["latency"], by["throughput"], by["long-prompt"], by["streams"]
+		if r.Proxy == "direct" {
+			direct = lat.P50
+		}
+		added := "-"
+		if !math.IsNaN(direct) && r.Proxy != "direct" {
+			added = fmt.Sprintf("%+.2fms", (lat.P50-direct)*1000)
+		}
+		rows = append(rows, []string{r.Proxy, ms(lat.P50), ms(lat.P99), added, fmt.Sprintf("%.0f", thr.PerSecond), ms(thr.P99),
+			fmt.Sprintf("%.0f", long.PerSecond), ms(long.P50), ms(st.TTFTP50), ms(st.TTFTP99), ms(st.GapP99), fmt.Sprintf("%.0f", st.EventsPerS), fmt.Sprint(errs)})
+	}
+	widths := make([]int, len(head))
+	for _, row := range rows {
+		if len(row) != len(head) {
+			continue
+		}
+		for i, c := range row {
+			widths[i] = max(widths[i], len(c))
+		}
+	}
+	fmt.Fprintf(w, "\noverhead: one fast emulated vLLM backend on loopback, %gs a cell\n", rep.Duration)
+	for _, row := range rows {
+		var b strings.Builder
+		for i, c := range row {
+			if i == 0 || len(row) != len(head) {
+				fmt.Fprintf(&b, "%-*s", widths[0], c)
+				if i == 0 {
+					continue
+				}
+			} else {
+				fmt.Fprintf(&b, "  %*s", widths[i], c)
+			}
+		}
+		fmt.Fprintln(w, strings.TrimRight(b.String(), " "))
+	}
+	for _, r := range rep.Rows {
+		for _, c := range r.Cells {
+			if c.FirstError != "" {
+				fmt.Fprintf(w, "%s %s: first error: %s\n", r.Proxy, c.Scenario, c.FirstError)
+			}
+		}
+	}
+}
