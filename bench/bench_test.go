@@ -116,6 +116,13 @@ func TestClosedLoop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	again, err := Run(Cluster{Presets: Presets(2, -1), Seed: 1, Clients: 32}, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, b := Summarize(many), Summarize(again); a != b {
+		t.Errorf("same seed, different closed-loop runs:\n%+v\n%+v", a, b)
+	}
 	if a, b := Summarize(one).Throughput, Summarize(many).Throughput; !(b > 4*a) {
 		t.Errorf("32 clients got %.0f output tokens/s, one client %.0f", b, a)
 	}

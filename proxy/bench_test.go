@@ -6,6 +6,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -56,20 +58,28 @@ func BenchmarkProxy(b *testing.B) {
 	bal := newTestBalancer(b, backend.URL)
 	front := httptest.NewServer(New(DefaultConfig(), bal, prometheus.NewRegistry(), nil).Handler())
 	defer front.Close()
+	// The baseline: Go's reverse proxy alone, with no parsing, routing or
+	// observing, in front of the same backend.
+	bu, _ := url.Parse(backend.URL)
+	bare := httptest.NewServer(&httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(bu) },
+		Transport: &http.Transport{MaxIdleConnsPerHost: 64}})
+	defer bare.Close()
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 
+	completion := fmt.Appendf(nil, `{"model":%q,"prompt":"hello","max_tokens":1}`, testModel)
 	for _, tc := range []struct {
-		name, path string
-		body       []byte
+		name, front, path string
+		body              []byte
 	}{
-		{"completion", "/v1/completions", fmt.Appendf(nil, `{"model":%q,"prompt":"hello","max_tokens":1}`, testModel)},
-		{"chat-stream-16-events-4k-prompt", "/v1/chat/completions", chatBody(4 << 10)},
+		{"completion", front.URL, "/v1/completions", completion},
+		{"completion-bare-httputil-reverseproxy", bare.URL, "/v1/completions", completion},
+		{"chat-stream-16-events-4k-prompt", front.URL, "/v1/chat/completions", chatBody(4 << 10)},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
-					req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, front.URL+tc.path, strings.NewReader(string(tc.body)))
+					req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, tc.front+tc.path, strings.NewReader(string(tc.body)))
 					req.Header.Set("Content-Type", "application/json")
 					resp, err := client.Do(req)
 					if err != nil {
