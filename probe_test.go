@@ -35,6 +35,7 @@ func TestProbeSavedPages(t *testing.T) {
 		want         string // JSON of the signal fields
 	}{
 		{"vllm-v1-dp2-lora.txt", "vllm", `{"queued":11,"running":13,"kv_usage":0.675,"block_size":16,"num_blocks":29670,"lora":{"max":2,"running":["sql-lora","chat-lora"],"waiting":["tool-lora"]},"missing":[]}`},
+		{"vllm-0.22-excerpt.txt", "vllm", `{"queued":0,"running":0,"kv_usage":0,"block_size":null,"num_blocks":null,"lora":null,"missing":["block_size","lora","num_blocks"]}`},
 		{"vllm-0.7-aibrix.txt", "vllm", `{"queued":0,"running":0,"kv_usage":0,"block_size":16,"num_blocks":81767,"lora":{"max":0,"running":[],"waiting":[]},"missing":[]}`},
 		{"sglang-docs.txt", "sglang", `{"queued":2826,"running":162,"kv_usage":0.28,"block_size":null,"num_blocks":null,"lora":null,"missing":["block_size","num_blocks"]}`},
 		{"triton-trtllm.txt", "triton-tensorrt-llm", `{"queued":1,"running":1,"kv_usage":0.4875,"block_size":64,"num_blocks":6239,"lora":null,"missing":[]}`},

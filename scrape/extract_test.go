@@ -50,6 +50,14 @@ func TestExtractRealPages(t *testing.T) {
 			wantUsed: map[string]string{SignalKVUsage: "vllm:kv_cache_usage_perc"},
 		},
 		{
+			file: "vllm-0.22-excerpt.txt", engine: "vllm",
+			// A current release, idle, as its author kept it: no
+			// cache_config_info (unknown, not 0) and no LoRA info.
+			want:        balancer.Metrics{Queued: v(0), Running: v(0), KVUsage: v(0)},
+			wantMissing: []string{SignalBlockSize, SignalLoRA, SignalNumBlocks},
+			wantUsed:    map[string]string{SignalKVUsage: "vllm:kv_cache_usage_perc"},
+		},
+		{
 			file: "vllm-0.7-aibrix.txt", engine: "vllm",
 			// The older engine: gpu_cache_usage_perc is read because
 			// kv_cache_usage_perc is absent.
