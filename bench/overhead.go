@@ -211,9 +211,9 @@ func startProxy(ctx context.Context, name, llmlb, backend, dir string) (url, ver
 		}
 		return startProcess(ctx, llmlb, []string{"serve", "--config", path}, "", "llmlb")
 	case "haproxy":
-		bin, err := exec.LookPath("haproxy")
+		bin, err := findBinary("haproxy")
 		if err != nil {
-			return "", "", nil, errMissing{"haproxy"}
+			return "", "", nil, err
 		}
 		port, err := freePort()
 		if err != nil {
@@ -242,12 +242,9 @@ backend be
 		}
 		return startProcess(ctx, bin, []string{"-db", "-f", path}, fmt.Sprintf("127.0.0.1:%d", port), "haproxy")
 	case "nginx":
-		bin, err := exec.LookPath("nginx")
+		bin, err := findBinary("nginx")
 		if err != nil {
-			if _, serr := os.Stat("/usr/sbin/nginx"); serr != nil {
-				return "", "", nil, errMissing{"nginx"}
-			}
-			bin = "/usr/sbin/nginx"
+			return "", "", nil, err
 		}
 		port, err := freePort()
 		if err != nil {
@@ -297,6 +294,19 @@ http {
 		return startProcess(ctx, bin, []string{"-p", ndir, "-c", path, "-e", filepath.Join(ndir, "error.log"), "-g", "daemon off;"}, fmt.Sprintf("127.0.0.1:%d", port), "nginx")
 	}
 	return "", "", nil, fmt.Errorf("unknown proxy %q (have direct, llmlb, haproxy, nginx)", name)
+}
+
+// findBinary looks for a proxy in PATH, then in /usr/sbin, where Debian
+// installs both and where a user's PATH often does not reach.
+func findBinary(name string) (string, error) {
+	if bin, err := exec.LookPath(name); err == nil {
+		return bin, nil
+	}
+	bin := filepath.Join("/usr/sbin", name)
+	if fi, err := os.Stat(bin); err == nil && !fi.IsDir() {
+		return bin, nil
+	}
+	return "", errMissing{name}
 }
 
 // startProcess runs bin with args until stop, and waits until it answers a
