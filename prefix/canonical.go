@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"unicode/utf8"
 )
 
 // FormatError is a prompt or message list that cannot be a valid request.
@@ -55,6 +56,12 @@ func AppendCompletion(dst []byte, prompt json.RawMessage) ([]byte, error) {
 	}
 	switch prompt[0] {
 	case '"':
+		if p, ok := plainString(prompt); ok {
+			if len(p) == 0 {
+				return dst, formatErr("prompt", "prompt must not be empty.")
+			}
+			return append(dst, p...), nil
+		}
 		var s string
 		if err := json.Unmarshal(prompt, &s); err != nil {
 			return dst, formatErr("prompt", "prompt must be a string, a list of strings or a list of token ids.")
@@ -204,8 +211,28 @@ func AppendChat(dst []byte, messages, tools json.RawMessage) ([]byte, error) {
 	return dst, nil
 }
 
+// plainString returns the text of the JSON string raw when it needs no
+// decoding: no escapes, no control characters, valid UTF-8. encoding/json
+// would return the same bytes; most prompts are such strings, and this
+// reads them in one quick pass instead of a validating and a decoding one.
+func plainString(raw []byte) ([]byte, bool) {
+	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
+		return nil, false
+	}
+	in := raw[1 : len(raw)-1]
+	for _, c := range in {
+		if c == '"' || c == '\\' || c < 0x20 {
+			return nil, false
+		}
+	}
+	if !utf8.Valid(in) {
+		return nil, false
+	}
+	return in, true
+}
+
 // appendField writes s with its length first, then a unit separator.
-func appendField(dst []byte, s string) []byte {
+func appendField[S ~string | ~[]byte](dst []byte, s S) []byte {
 	dst = binary.AppendUvarint(dst, uint64(len(s)))
 	dst = append(dst, s...)
 	return append(dst, unitSep)
@@ -219,6 +246,9 @@ func appendContent(dst []byte, raw json.RawMessage) ([]byte, error) {
 	case len(raw) == 0 || string(raw) == "null":
 		return append(dst, 'n', unitSep), nil
 	case raw[0] == '"':
+		if p, ok := plainString(raw); ok {
+			return appendField(append(dst, 's'), p), nil
+		}
 		var s string
 		if err := json.Unmarshal(raw, &s); err != nil {
 			return dst, formatErr("messages", "message content must be a string or a list of content parts.")

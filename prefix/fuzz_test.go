@@ -60,3 +60,21 @@ func abs(n int) int {
 	}
 	return n
 }
+
+// FuzzPlainString: where plainString reads a JSON string without decoding
+// it, encoding/json decodes it to the same text.
+func FuzzPlainString(f *testing.F) {
+	for _, s := range []string{`"hello"`, `""`, `"a\"b"`, `"tab	"`, "\"\xff\"", `"é"`, `"unterminated`, `x`, `"a"b"`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		p, ok := plainString(raw)
+		if !ok {
+			return
+		}
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil || s != string(p) {
+			t.Fatalf("plainString(%q) = %q, encoding/json %q (%v)", raw, p, s, err)
+		}
+	})
+}

@@ -61,10 +61,29 @@ type wireRequest struct {
 	Model, Stream, StreamOptions, Prompt, Messages, Tools, MaxTokens, MaxCompletion, CacheSalt json.RawMessage
 }
 
-func (w *wireRequest) from(m map[string]json.RawMessage) {
-	w.Model, w.Stream, w.StreamOptions = m["model"], m["stream"], m["stream_options"]
-	w.Prompt, w.Messages, w.Tools = m["prompt"], m["messages"], m["tools"]
-	w.MaxTokens, w.MaxCompletion, w.CacheSalt = m["max_tokens"], m["max_completion_tokens"], m["cache_salt"]
+// set keeps val if key is one of the fields; a later duplicate key wins,
+// as it does in encoding/json and in the servers behind us.
+func (w *wireRequest) set(key string, val []byte) {
+	switch key {
+	case "model":
+		w.Model = val
+	case "stream":
+		w.Stream = val
+	case "stream_options":
+		w.StreamOptions = val
+	case "prompt":
+		w.Prompt = val
+	case "messages":
+		w.Messages = val
+	case "tools":
+		w.Tools = val
+	case "max_tokens":
+		w.MaxTokens = val
+	case "max_completion_tokens":
+		w.MaxCompletion = val
+	case "cache_salt":
+		w.CacheSalt = val
+	}
 }
 
 // checkContentType accepts a missing Content-Type and any JSON media type.
@@ -96,16 +115,23 @@ func ParseRequest(k Kind, body []byte) (*Request, error) {
 	if trimmed[0] != '{' {
 		return nil, badRequest("", "The request body must be a JSON object.")
 	}
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(body, &fields); err != nil {
-		var se *json.SyntaxError
-		if errors.As(err, &se) {
-			return nil, badRequest("", "The request body is not valid JSON: %s at byte %d.", se.Error(), se.Offset)
-		}
-		return nil, badRequest("", "The request body is not valid JSON: %s.", err.Error())
-	}
 	var w wireRequest
-	w.from(fields)
+	if !splitObject(body, w.set) {
+		// Not valid, or not sure: encoding/json decides and words the
+		// error.
+		var fields map[string]json.RawMessage
+		if err := json.Unmarshal(body, &fields); err != nil {
+			var se *json.SyntaxError
+			if errors.As(err, &se) {
+				return nil, badRequest("", "The request body is not valid JSON: %s at byte %d.", se.Error(), se.Offset)
+			}
+			return nil, badRequest("", "The request body is not valid JSON: %s.", err.Error())
+		}
+		w = wireRequest{}
+		for k, v := range fields {
+			w.set(k, v)
+		}
+	}
 	r := &Request{Kind: k, Body: body, Prompt: w.Prompt, Messages: w.Messages}
 
 	if isNull(w.Model) {
