@@ -23,23 +23,15 @@ func splitObject(body []byte, set func(key string, val []byte)) bool {
 	if !s.eat('{') {
 		return false
 	}
-	s.ws()
-	if s.eat('}') {
-		s.ws()
-		return s.i == len(s.b)
-	}
-	for {
-		s.ws()
+	ok := s.list('}', func() bool {
 		ks := s.i
 		escaped, ok := s.str()
 		if !ok {
 			return false
 		}
 		key := string(s.b[ks+1 : s.i-1])
-		if escaped {
-			if json.Unmarshal(s.b[ks:s.i], &key) != nil {
-				return false
-			}
+		if escaped && json.Unmarshal(s.b[ks:s.i], &key) != nil {
+			return false
 		}
 		s.ws()
 		if !s.eat(':') {
@@ -51,16 +43,10 @@ func splitObject(body []byte, set func(key string, val []byte)) bool {
 			return false
 		}
 		set(key, s.b[vs:s.i])
-		s.ws()
-		if s.eat(',') {
-			continue
-		}
-		if !s.eat('}') {
-			return false
-		}
-		s.ws()
-		return s.i == len(s.b)
-	}
+		return true
+	})
+	s.ws()
+	return ok && s.i == len(s.b)
 }
 
 type scanner struct {
@@ -144,12 +130,7 @@ func (s *scanner) value(depth int) bool {
 		return ok
 	case c == '{':
 		s.i++
-		s.ws()
-		if s.eat('}') {
-			return true
-		}
-		for {
-			s.ws()
+		return s.list('}', func() bool {
 			if _, ok := s.str(); !ok {
 				return false
 			}
@@ -158,32 +139,11 @@ func (s *scanner) value(depth int) bool {
 				return false
 			}
 			s.ws()
-			if !s.value(depth + 1) {
-				return false
-			}
-			s.ws()
-			if s.eat(',') {
-				continue
-			}
-			return s.eat('}')
-		}
+			return s.value(depth + 1)
+		})
 	case c == '[':
 		s.i++
-		s.ws()
-		if s.eat(']') {
-			return true
-		}
-		for {
-			s.ws()
-			if !s.value(depth + 1) {
-				return false
-			}
-			s.ws()
-			if s.eat(',') {
-				continue
-			}
-			return s.eat(']')
-		}
+		return s.list(']', func() bool { return s.value(depth + 1) })
 	case c == 't':
 		return s.lit("true")
 	case c == 'f':
@@ -194,6 +154,26 @@ func (s *scanner) value(depth int) bool {
 		return s.number()
 	}
 	return false
+}
+
+// list reads the members of an object or array up to its closing byte,
+// the opening one already read; member reads one member.
+func (s *scanner) list(closing byte, member func() bool) bool {
+	s.ws()
+	if s.eat(closing) {
+		return true
+	}
+	for {
+		s.ws()
+		if !member() {
+			return false
+		}
+		s.ws()
+		if s.eat(',') {
+			continue
+		}
+		return s.eat(closing)
+	}
 }
 
 func (s *scanner) lit(w string) bool {
