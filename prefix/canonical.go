@@ -18,7 +18,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"unicode/utf8"
+
+	"github.com/llmlb/llmlb/internal/jsonscan"
 )
 
 // FormatError is a prompt or message list that cannot be a valid request.
@@ -56,7 +57,7 @@ func AppendCompletion(dst []byte, prompt json.RawMessage) ([]byte, error) {
 	}
 	switch prompt[0] {
 	case '"':
-		if p, ok := plainString(prompt); ok {
+		if p, ok := jsonscan.PlainString(prompt); ok {
 			if len(p) == 0 {
 				return dst, formatErr("prompt", "prompt must not be empty.")
 			}
@@ -166,9 +167,12 @@ func AppendChat(dst []byte, messages, tools json.RawMessage) ([]byte, error) {
 	if len(messages) == 0 || string(messages) == "null" {
 		return dst, formatErr("messages", "You must provide messages.")
 	}
-	var msgs []message
-	if err := json.Unmarshal(messages, &msgs); err != nil {
-		return dst, formatErr("messages", "messages must be a list of message objects.")
+	msgs, ok := scanMessages(messages)
+	if !ok {
+		msgs = nil
+		if err := json.Unmarshal(messages, &msgs); err != nil {
+			return dst, formatErr("messages", "messages must be a list of message objects.")
+		}
 	}
 	if len(msgs) == 0 {
 		return dst, formatErr("messages", "messages must not be empty.")
@@ -211,24 +215,49 @@ func AppendChat(dst []byte, messages, tools json.RawMessage) ([]byte, error) {
 	return dst, nil
 }
 
-// plainString returns the text of the JSON string raw when it needs no
-// decoding: no escapes, no control characters, valid UTF-8. encoding/json
-// would return the same bytes; most prompts are such strings, and this
-// reads them in one quick pass instead of a validating and a decoding one.
-func plainString(raw []byte) ([]byte, bool) {
-	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
-		return nil, false
-	}
-	in := raw[1 : len(raw)-1]
-	for _, c := range in {
-		if c == '"' || c == '\\' || c < 0x20 {
-			return nil, false
+// messageKeys are message's JSON keys.
+var messageKeys = []string{"role", "name", "tool_call_id", "content", "tool_calls", "reasoning_content"}
+
+// scanMessages decodes a messages array as encoding/json would into
+// []message, in one pass over the (long) content strings, which it keeps
+// raw; the small fields are decoded by encoding/json itself. It reports
+// false when unsure (invalid JSON, an element that is not an object, a
+// field of the wrong type, a key that differs from a field's only in case,
+// which encoding/json would take), and the caller asks encoding/json.
+func scanMessages(raw []byte) ([]message, bool) {
+	var msgs []message
+	ok := jsonscan.Array(raw, func(elem []byte) bool {
+		if elem[0] != '{' {
+			return false
 		}
-	}
-	if !utf8.Valid(in) {
-		return nil, false
-	}
-	return in, true
+		var m message
+		ok := jsonscan.Object(elem, func(key string, val []byte) bool {
+			switch key {
+			case "content":
+				m.Content = val
+				return true
+			case "role":
+				return json.Unmarshal(val, &m.Role) == nil
+			case "name":
+				return json.Unmarshal(val, &m.Name) == nil
+			case "tool_call_id":
+				return json.Unmarshal(val, &m.ToolCallID) == nil
+			case "tool_calls":
+				return json.Unmarshal(val, &m.ToolCalls) == nil
+			case "reasoning_content":
+				return json.Unmarshal(val, &m.ReasoningContent) == nil
+			}
+			for _, k := range messageKeys {
+				if strings.EqualFold(key, k) {
+					return false
+				}
+			}
+			return true
+		})
+		msgs = append(msgs, m)
+		return ok
+	})
+	return msgs, ok
 }
 
 // appendField writes s with its length first, then a unit separator.
@@ -246,7 +275,7 @@ func appendContent(dst []byte, raw json.RawMessage) ([]byte, error) {
 	case len(raw) == 0 || string(raw) == "null":
 		return append(dst, 'n', unitSep), nil
 	case raw[0] == '"':
-		if p, ok := plainString(raw); ok {
+		if p, ok := jsonscan.PlainString(raw); ok {
 			return appendField(append(dst, 's'), p), nil
 		}
 		var s string

@@ -2,6 +2,7 @@ package prefix
 
 import (
 	"encoding/json"
+	"reflect"
 	"slices"
 	"testing"
 )
@@ -61,20 +62,40 @@ func abs(n int) int {
 	return n
 }
 
-// FuzzPlainString: where plainString reads a JSON string without decoding
-// it, encoding/json decodes it to the same text.
-func FuzzPlainString(f *testing.F) {
-	for _, s := range []string{`"hello"`, `""`, `"a\"b"`, `"tab	"`, "\"\xff\"", `"é"`, `"unterminated`, `x`, `"a"b"`} {
+// FuzzScanMessages: where scanMessages decodes a messages array, it gets
+// what encoding/json gets; a plain chat request takes that path.
+func FuzzScanMessages(f *testing.F) {
+	for _, s := range []string{
+		`[{"role":"user","content":"hi"}]`,
+		`[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"a"}],"name":"n"}]`,
+		`[{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]}]`,
+		`[{"role":"tool","tool_call_id":"c1","content":"42"},{"role":"assistant","reasoning_content":"hm","content":"x"}]`,
+		`[{"Role":"user","content":"x"}]`, `[{"role":5}]`, `[null]`, `[1]`, `[]`, `[{"role":"u","role":null}]`,
+		`[{"rol\u0065":"user","content":"e\u0301"}]`, `[{"role":"user","content":"x"}`, `{"role":"user"}`,
+	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, raw []byte) {
-		p, ok := plainString(raw)
+		got, ok := scanMessages(raw)
 		if !ok {
 			return
 		}
-		var s string
-		if err := json.Unmarshal(raw, &s); err != nil || s != string(p) {
-			t.Fatalf("plainString(%q) = %q, encoding/json %q (%v)", raw, p, s, err)
+		var want []message
+		if err := json.Unmarshal(raw, &want); err != nil {
+			t.Fatalf("scanMessages took %q, encoding/json refuses it: %v", raw, err)
+		}
+		if len(got) == 0 && len(want) == 0 {
+			return
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("%q:\nscan %+v\njson %+v", raw, got, want)
 		}
 	})
+}
+
+func TestScanMessagesTakesPlainChat(t *testing.T) {
+	raw := []byte(`[{"role":"system","content":"You are helpful."},{"role":"user","content":"word word"}]`)
+	if _, ok := scanMessages(raw); !ok {
+		t.Fatal("a plain chat request left to encoding/json")
+	}
 }

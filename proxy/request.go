@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"unicode/utf8"
 
+	"github.com/llmlb/llmlb/internal/jsonscan"
 	"github.com/llmlb/llmlb/prefix"
 )
 
@@ -63,7 +64,7 @@ type wireRequest struct {
 
 // set keeps val if key is one of the fields; a later duplicate key wins,
 // as it does in encoding/json and in the servers behind us.
-func (w *wireRequest) set(key string, val []byte) {
+func (w *wireRequest) set(key string, val []byte) bool {
 	switch key {
 	case "model":
 		w.Model = val
@@ -84,6 +85,7 @@ func (w *wireRequest) set(key string, val []byte) {
 	case "cache_salt":
 		w.CacheSalt = val
 	}
+	return true
 }
 
 // checkContentType accepts a missing Content-Type and any JSON media type.
@@ -116,7 +118,7 @@ func ParseRequest(k Kind, body []byte) (*Request, error) {
 		return nil, badRequest("", "The request body must be a JSON object.")
 	}
 	var w wireRequest
-	if !splitObject(body, w.set) {
+	if !jsonscan.Object(body, w.set) {
 		// Not valid, or not sure: encoding/json decides and words the
 		// error.
 		var fields map[string]json.RawMessage

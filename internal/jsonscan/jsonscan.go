@@ -1,24 +1,27 @@
-package proxy
+// Package jsonscan reads JSON objects and arrays in one validating pass,
+// handing out their members' raw bytes without decoding them: the fast
+// path of request parsing, where bodies are mostly the bytes of long
+// prompt strings. It reports false for anything encoding/json would refuse,
+// and for anything it is unsure of (nesting past encoding/json's limit, a
+// member function that says no); callers then ask encoding/json, which
+// decides and words the error. Fuzz tests hold it to that.
+package jsonscan
 
 import (
 	"encoding/json"
+	"unicode/utf8"
 )
 
-// maxDepth is encoding/json's nesting limit; deeper input is left to it,
-// so that it reports the error.
+// maxDepth is encoding/json's nesting limit; deeper input is left to it.
 const maxDepth = 10000
 
-// splitObject reads body as one JSON object and calls set with each
-// member's key (unescaped) and raw value (aliasing body, without the
-// whitespace around it), in order. It validates as it goes, in one pass,
-// and reports false for anything encoding/json would refuse (and for
-// anything it is unsure of, such as nesting past encoding/json's limit):
-// the caller then asks encoding/json, whose error message it passes on.
-// It is the fast path of [ParseRequest]: prompts of hundreds of kilobytes
-// are mostly string bytes, which it skips a byte at a time instead of
-// running encoding/json's validator and then its decoder over them.
-func splitObject(body []byte, set func(key string, val []byte)) bool {
-	s := scanner{b: body}
+// Object reads b as one JSON object (whitespace around it allowed) and
+// calls member with each member's key (unescaped) and raw value (aliasing
+// b, without the whitespace around it), in order, stopping when member
+// returns false. It reports whether b is a valid object and every member
+// call returned true.
+func Object(b []byte, member func(key string, val []byte) bool) bool {
+	s := scanner{b: b}
 	s.ws()
 	if !s.eat('{') {
 		return false
@@ -39,14 +42,46 @@ func splitObject(body []byte, set func(key string, val []byte)) bool {
 		}
 		s.ws()
 		vs := s.i
-		if !s.value(1) {
-			return false
-		}
-		set(key, s.b[vs:s.i])
-		return true
+		return s.value(1) && member(key, s.b[vs:s.i])
 	})
 	s.ws()
 	return ok && s.i == len(s.b)
+}
+
+// Array reads b as one JSON array and calls elem with each element's raw
+// value, as [Object] does.
+func Array(b []byte, elem func(val []byte) bool) bool {
+	s := scanner{b: b}
+	s.ws()
+	if !s.eat('[') {
+		return false
+	}
+	ok := s.list(']', func() bool {
+		vs := s.i
+		return s.value(1) && elem(s.b[vs:s.i])
+	})
+	s.ws()
+	return ok && s.i == len(s.b)
+}
+
+// PlainString returns the text of the JSON string raw when it needs no
+// decoding: no escapes, no control characters, valid UTF-8. encoding/json
+// would return the same bytes; most prompts are such strings, and this
+// reads them in one quick pass instead of a validating and a decoding one.
+func PlainString(raw []byte) ([]byte, bool) {
+	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
+		return nil, false
+	}
+	in := raw[1 : len(raw)-1]
+	for _, c := range in {
+		if c == '"' || c == '\\' || c < 0x20 {
+			return nil, false
+		}
+	}
+	if !utf8.Valid(in) {
+		return nil, false
+	}
+	return in, true
 }
 
 type scanner struct {

@@ -1,0 +1,103 @@
+package jsonscan
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+// FuzzObject: Object accepts exactly the objects encoding/json accepts
+// (it may leave any input to encoding/json, but never one it would take
+// as an object) and splits them into the same members, the last of a
+// repeated key winning; Array likewise for arrays.
+func FuzzObject(f *testing.F) {
+	for _, s := range []string{
+		`{}`, ` { "a" : 1 } `, `{"model":"m","prompt":"hi","stream":true,"max_tokens":16}`,
+		`{"a":[1,2,{"b":null}],"c":{"d":[]},"e":-0.5e+10,"f":false}`, `{"a":1,"a":2}`,
+		`{"mod\u0065l":"x"}`, `{"s":"tab\tinside"}`, `{"s":"\ud800"}`, `{"a":01}`, `{"a":1.}`,
+		`{"a":1}x`, `{"a" 1}`, `{"a":1,}`, `[1]`, `null`, `{"a":"\x"}`, `{"a":tru}`, `{"a":"unterminated`,
+		`{"a":"é"}`, "{\"a\":\"\xff\"}", `{"a":[1 2]}`, `{"a":1e}`, `{"a":-}`, `{"\u00":1}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		got := map[string]string{}
+		ok := Object(b, func(k string, v []byte) bool { got[k] = string(v); return true })
+		var want map[string]json.RawMessage
+		err := json.Unmarshal(b, &want)
+		trimmed := bytes.TrimLeft(b, " \t\r\n")
+		switch {
+		case ok && err != nil:
+			t.Fatalf("splitObject took %q, encoding/json refuses it: %v", b, err)
+		case !ok && err == nil && len(trimmed) > 0 && trimmed[0] == '{':
+			t.Fatalf("splitObject refused the object %q", b)
+		case ok && utf8.Valid(b):
+			if len(got) != len(want) {
+				t.Fatalf("%q: members %v, encoding/json %v", b, got, want)
+			}
+			for k, v := range want {
+				if got[k] != string(v) {
+					t.Fatalf("%q: %q = %q, encoding/json %q", b, k, got[k], v)
+				}
+			}
+		}
+		var elems []string
+		aok := Array(b, func(v []byte) bool { elems = append(elems, string(v)); return true })
+		var wantElems []json.RawMessage
+		aerr := json.Unmarshal(b, &wantElems)
+		switch {
+		case aok && aerr != nil:
+			t.Fatalf("Array took %q, encoding/json refuses it: %v", b, aerr)
+		case !aok && aerr == nil && len(trimmed) > 0 && trimmed[0] == '[':
+			t.Fatalf("Array refused the array %q", b)
+		case aok:
+			if len(elems) != len(wantElems) {
+				t.Fatalf("%q: elements %q, encoding/json %q", b, elems, wantElems)
+			}
+			for i := range elems {
+				if elems[i] != string(wantElems[i]) {
+					t.Fatalf("%q: element %d = %q, encoding/json %q", b, i, elems[i], wantElems[i])
+				}
+			}
+		}
+	})
+}
+
+// TestDeepNesting: nesting past encoding/json's limit is left to it.
+func TestDeepNesting(t *testing.T) {
+	deep := `{"a":` + strings.Repeat("[", maxDepth+1) + strings.Repeat("]", maxDepth+1) + `}`
+	if Object([]byte(deep), func(string, []byte) bool { return true }) {
+		t.Fatal("took nesting past encoding/json's limit")
+	}
+	if json.Unmarshal([]byte(deep), new(any)) == nil {
+		t.Fatal("encoding/json took it too")
+	}
+}
+
+// TestMemberRefusal: a member function that says no stops the scan.
+func TestMemberRefusal(t *testing.T) {
+	n := 0
+	if Object([]byte(`{"a":1,"b":2,"c":3}`), func(k string, _ []byte) bool { n++; return k != "b" }) || n != 2 {
+		t.Fatalf("went on after a refusal: %d calls", n)
+	}
+}
+
+// FuzzPlainString: where PlainString reads a JSON string without decoding
+// it, encoding/json decodes it to the same text.
+func FuzzPlainString(f *testing.F) {
+	for _, s := range []string{`"hello"`, `""`, `"a\"b"`, `"tab	"`, "\"\xff\"", `"é"`, `"unterminated`, `x`, `"a"b"`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		p, ok := PlainString(raw)
+		if !ok {
+			return
+		}
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil || s != string(p) {
+			t.Fatalf("PlainString(%q) = %q, encoding/json %q (%v)", raw, p, s, err)
+		}
+	})
+}
