@@ -88,6 +88,7 @@ func (r *reloader) run(ctx context.Context, hup <-chan os.Signal) {
 	}
 	tick := time.NewTicker(r.src.poll)
 	defer tick.Stop()
+	var settle settler
 	for {
 		select {
 		case <-ctx.Done():
@@ -100,13 +101,33 @@ func (r *reloader) run(ctx context.Context, hup <-chan os.Signal) {
 				continue // mid-replace, or gone: the next change will tell
 			}
 			r.mu.Lock()
-			changed := sha256.Sum256(b) != r.hash
+			running := r.hash
 			r.mu.Unlock()
-			if changed {
+			if settle.ready(sha256.Sum256(b), running) {
 				r.reload("file change")
 			}
 		}
 	}
+}
+
+// settler applies a change of the file once its content has held for a
+// whole poll: a file written in place (truncated, then written) is not
+// read half way, where a cut-off backend list would be valid and applied.
+type settler struct{ pending [32]byte }
+
+// ready takes the content hash seen at a poll and the running config's,
+// and reports whether to reload now.
+func (s *settler) ready(seen, running [32]byte) bool {
+	switch {
+	case seen == running:
+		s.pending = [32]byte{}
+		return false
+	case seen != s.pending:
+		s.pending = seen // seen once: wait a poll for it to settle
+		return false
+	}
+	s.pending = [32]byte{}
+	return true
 }
 
 // notifyHUP starts delivering SIGHUP to the returned channel; stop ends it.

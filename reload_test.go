@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"crypto/sha256"
 	"fmt"
 	"io"
 	"net/http"
@@ -51,6 +52,21 @@ func metricValue(t *testing.T, adminAddr, sample string) float64 {
 		}
 	}
 	return -1
+}
+
+// replaceFile writes content to path by renaming a new file over it, as
+// editors and config tools do, so that no poll sees it half written (the
+// exact reload counts below rely on that; a file written in place is
+// TestSettlerWaitsForAFileToHold's).
+func replaceFile(t *testing.T, path, content string) {
+	t.Helper()
+	tmp := path + ".new"
+	if err := os.WriteFile(tmp, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func waitMetric(t *testing.T, adminAddr, sample string, want float64) {
@@ -107,9 +123,7 @@ func TestReloadOnFileChange(t *testing.T) {
 	if len(keep) != 1 {
 		t.Fatalf("stream went to %q, not one of %v", busy, urls[:2])
 	}
-	if err := os.WriteFile(path, []byte(reloadConfig(append(keep, urls[2]), "")), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	replaceFile(t, path, reloadConfig(append(keep, urls[2]), ""))
 	waitMetric(t, inst.adminAddr, `llmlb_config_reloads_total{result="success"}`, 1)
 	deadline := time.Now().Add(10 * time.Second)
 	for st := backendStates(t, inst.adminAddr); st[busy] != "draining" || st[urls[2]] != "ready"; st = backendStates(t, inst.adminAddr) {
@@ -136,9 +150,7 @@ func TestReloadOnFileChange(t *testing.T) {
 	}
 
 	// A typo: refused, counted, and the running config keeps serving.
-	if err := os.WriteFile(path, []byte(reloadConfig(urls[2:], "balancer:\n  polcy: ttft\n")), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	replaceFile(t, path, reloadConfig(urls[2:], "balancer:\n  polcy: ttft\n"))
 	waitMetric(t, inst.adminAddr, `llmlb_config_reloads_total{result="error"}`, 1)
 	if st := backendStates(t, inst.adminAddr); len(st) != 2 || st[keep[0]] != "ready" || st[urls[2]] != "ready" {
 		t.Fatalf("a refused file changed the backends: %v", st)
@@ -180,4 +192,25 @@ func completeOnce(t *testing.T, addr string) string {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
 	return resp.Header.Get("X-Llmlb-Backend")
+}
+
+// TestSettlerWaitsForAFileToHold: a changed file is reloaded at the second
+// poll that sees the same content, never at the first; content that changes
+// between polls (a file being written) waits again; going back to the
+// running content cancels.
+func TestSettlerWaitsForAFileToHold(t *testing.T) {
+	run, half, full := sha256.Sum256([]byte("a")), sha256.Sum256([]byte("b")), sha256.Sum256([]byte("bc"))
+	var s settler
+	steps := []struct {
+		seen [32]byte
+		want bool
+	}{
+		{run, false}, {half, false}, {full, false}, {full, true}, // written in two goes: only the whole one
+		{half, false}, {run, false}, {half, false}, {half, true}, // back to the running content in between
+	}
+	for i, st := range steps {
+		if got := s.ready(st.seen, run); got != st.want {
+			t.Fatalf("poll %d: reload %v, want %v", i, got, st.want)
+		}
+	}
 }
