@@ -28,8 +28,8 @@ type OverheadOptions struct {
 	Proxies []string
 	// Duration is how long each scenario runs against each proxy.
 	Duration time.Duration
-	// Scale divides the clients of the high-concurrency scenarios (for a
-	// smoke run); 1 is the full benchmark.
+	// Scale multiplies the clients of the concurrent scenarios (below 1
+	// for a smoke run); 1 is the full benchmark.
 	Scale float64
 	// Require makes a proxy that is not installed an error instead of a
 	// skipped row.
