@@ -25,7 +25,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	rate := fs.Float64("rate", 0, "arrival-rate factor (0: each workload's default)")
 	scale := fs.Float64("scale", 1, "share of each workload to run (requests, groups or trace lines)")
 	seed := fs.Uint64("seed", 1, "seed for workloads, scrape jitter and random policies")
-	clients := fs.Int("clients", -1, "also run each workload closed-loop with this many clients and report its output tokens/s as saturated tok/s (default 32 a server; 0 skips it)")
+	clients := fs.Int("clients", -1, "also run each workload closed-loop with this many clients and report its output tokens/s as saturated tok/s; -1: 32 a server, 0: skip it")
 	engine := fs.String("engine", "vllm", "metrics flavour the emulated servers render and llmlb scrapes")
 	jsonFile := fs.String("json", "", "also write the results as JSON to this file")
 	plotFile := fs.String("plot", "", "also draw TTFT distributions per policy to this PNG file")
@@ -48,7 +48,10 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *backends < 1 {
 		return fmt.Errorf("bench: --backends must be at least 1")
 	}
-	if *clients < 0 {
+	switch {
+	case *clients < -1:
+		return fmt.Errorf("bench: --clients must be -1 (32 a server), 0 (no saturated run) or a count, got %d", *clients)
+	case *clients == -1:
 		*clients = 32 * *backends
 	}
 	opts := bench.Options{

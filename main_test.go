@@ -639,6 +639,9 @@ func TestBenchCommand(t *testing.T) {
 	if err := run(context.Background(), []string{"bench", "--policy", "fastest"}, func(string) string { return "" }, &out, &errb); err == nil {
 		t.Error("unknown policy accepted")
 	}
+	if err := run(context.Background(), []string{"bench", "--clients", "-5"}, func(string) string { return "" }, &out, &errb); err == nil || !strings.Contains(err.Error(), "--clients") {
+		t.Errorf("--clients -5: %v", err)
+	}
 }
 
 // TestBenchTargetCommand replays a workload over HTTP through a running

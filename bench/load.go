@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -112,21 +111,8 @@ func (l Load) one(ctx context.Context, client *http.Client, r *LoadResult) {
 		r.Latency = append(r.Latency, time.Since(t0))
 		return
 	}
-	sc := bufio.NewScanner(resp.Body)
 	var last time.Time
-	done := false
-	for sc.Scan() {
-		line := sc.Bytes()
-		if !bytes.HasPrefix(line, []byte("data: ")) {
-			continue
-		}
-		if bytes.Equal(line, []byte("data: [DONE]")) {
-			done = true
-			break
-		}
-		if !bytes.Contains(line, []byte(`"text":`)) && !bytes.Contains(line, []byte(`"content":`)) {
-			continue // the usage chunk
-		}
+	_, err = readStream(resp.Body, func() {
 		now := time.Now()
 		if last.IsZero() {
 			r.TTFT = append(r.TTFT, now.Sub(t0))
@@ -135,11 +121,8 @@ func (l Load) one(ctx context.Context, client *http.Client, r *LoadResult) {
 		}
 		last = now
 		r.Events++
-	}
-	if err := sc.Err(); err != nil || !done {
-		if err == nil {
-			err = fmt.Errorf("stream ended without [DONE]")
-		}
+	})
+	if err != nil {
 		fail(err)
 		return
 	}

@@ -242,51 +242,21 @@ func sendOne(ctx context.Context, client *http.Client, base, model string, r *Re
 		o.err = fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(msg))
 		return o
 	}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 16<<20)
-	events, gotDone := 0, false
-	for sc.Scan() {
-		data, ok := bytes.CutPrefix(sc.Bytes(), []byte("data:"))
-		if !ok {
-			continue
+	events := 0
+	u, err := readStream(resp.Body, func() {
+		if events == 0 {
+			o.ttft = time.Since(sent)
 		}
-		data = bytes.TrimSpace(data)
-		if bytes.Equal(data, []byte("[DONE]")) {
-			gotDone = true
-			break
-		}
-		var c chunk
-		if err := json.Unmarshal(data, &c); err != nil {
-			o.err = fmt.Errorf("stream event %.80q: %w", data, err)
-			return o
-		}
-		if c.Error != nil {
-			o.err = fmt.Errorf("error in stream: %s", c.Error.Message)
-			return o
-		}
-		if len(c.Choices) > 0 && c.Choices[0].Text != "" {
-			if events == 0 {
-				o.ttft = time.Since(sent)
-			}
-			events++
-		}
-		if u := c.Usage; u != nil {
-			o.prompt, o.completion = u.PromptTokens, u.CompletionTokens
-			if u.PromptTokensDetails != nil {
-				o.cached = u.PromptTokensDetails.CachedTokens
-			}
-		}
+		events++
+	})
+	if err == nil && events == 0 {
+		err = errors.New("stream had no tokens")
 	}
-	if err := sc.Err(); err != nil {
+	if err != nil {
 		o.err = err
 		return o
 	}
-	switch {
-	case !gotDone:
-		o.err = errors.New("stream ended without [DONE]")
-	case events == 0:
-		o.err = errors.New("stream had no tokens")
-	}
+	o.prompt, o.completion, o.cached = u.prompt, u.completion, u.cached
 	if o.completion == 0 { // a server that ignored include_usage
 		o.completion = events
 	}
@@ -294,6 +264,49 @@ func sendOne(ctx context.Context, client *http.Client, base, model string, r *Re
 		o.prompt = r.Tokens()
 	}
 	return o
+}
+
+// streamUsage is what a stream's usage chunk says; zero when it had none.
+type streamUsage struct{ prompt, completion, cached int }
+
+// readStream reads a streamed completion to its [DONE], calling token as
+// each event carrying text arrives, and returns the usage chunk's counts.
+// An error event, an event that is not JSON, or an end before [DONE] is
+// an error.
+func readStream(body io.Reader, token func()) (streamUsage, error) {
+	var u streamUsage
+	sc := bufio.NewScanner(body)
+	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	for sc.Scan() {
+		data, ok := bytes.CutPrefix(sc.Bytes(), []byte("data:"))
+		if !ok {
+			continue
+		}
+		data = bytes.TrimSpace(data)
+		if bytes.Equal(data, []byte("[DONE]")) {
+			return u, nil
+		}
+		var c chunk
+		if err := json.Unmarshal(data, &c); err != nil {
+			return u, fmt.Errorf("stream event %.80q: %w", data, err)
+		}
+		if c.Error != nil {
+			return u, fmt.Errorf("error in stream: %s", c.Error.Message)
+		}
+		if len(c.Choices) > 0 && c.Choices[0].Text != "" {
+			token()
+		}
+		if cu := c.Usage; cu != nil {
+			u.prompt, u.completion = cu.PromptTokens, cu.CompletionTokens
+			if cu.PromptTokensDetails != nil {
+				u.cached = cu.PromptTokensDetails.CachedTokens
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return u, err
+	}
+	return u, errors.New("stream ended without [DONE]")
 }
 
 // firstBaseModel asks base/v1/models for its first model that is not a

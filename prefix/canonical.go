@@ -231,8 +231,8 @@ func scanMessages(raw []byte) ([]message, bool) {
 			return false
 		}
 		var m message
-		ok := jsonscan.Object(elem, func(key string, val []byte) bool {
-			switch key {
+		ok := jsonscan.Object(elem, func(key, val []byte) bool {
+			switch string(key) {
 			case "content":
 				m.Content = val
 				return true
@@ -248,7 +248,7 @@ func scanMessages(raw []byte) ([]message, bool) {
 				return json.Unmarshal(val, &m.ReasoningContent) == nil
 			}
 			for _, k := range messageKeys {
-				if strings.EqualFold(key, k) {
+				if bytes.EqualFold(key, []byte(k)) {
 					return false
 				}
 			}

@@ -64,8 +64,8 @@ type wireRequest struct {
 
 // set keeps val if key is one of the fields; a later duplicate key wins,
 // as it does in encoding/json and in the servers behind us.
-func (w *wireRequest) set(key string, val []byte) bool {
-	switch key {
+func (w *wireRequest) set(key, val []byte) bool {
+	switch string(key) {
 	case "model":
 		w.Model = val
 	case "stream":
@@ -131,7 +131,7 @@ func ParseRequest(k Kind, body []byte) (*Request, error) {
 		}
 		w = wireRequest{}
 		for k, v := range fields {
-			w.set(k, v)
+			w.set([]byte(k), v)
 		}
 	}
 	r := &Request{Kind: k, Body: body, Prompt: w.Prompt, Messages: w.Messages}

@@ -16,11 +16,11 @@ import (
 const maxDepth = 10000
 
 // Object reads b as one JSON object (whitespace around it allowed) and
-// calls member with each member's key (unescaped) and raw value (aliasing
-// b, without the whitespace around it), in order, stopping when member
+// calls member with each member's key (unescaped) and raw value (both
+// aliasing b, the value without the whitespace around it), in order, stopping when member
 // returns false. It reports whether b is a valid object and every member
 // call returned true.
-func Object(b []byte, member func(key string, val []byte) bool) bool {
+func Object(b []byte, member func(key, val []byte) bool) bool {
 	s := scanner{b: b}
 	s.ws()
 	if !s.eat('{') {
@@ -32,9 +32,13 @@ func Object(b []byte, member func(key string, val []byte) bool) bool {
 		if !ok {
 			return false
 		}
-		key := string(s.b[ks+1 : s.i-1])
-		if escaped && json.Unmarshal(s.b[ks:s.i], &key) != nil {
-			return false
+		key := s.b[ks+1 : s.i-1] // aliases b: no allocation for the usual key
+		if escaped {
+			var k string
+			if json.Unmarshal(s.b[ks:s.i], &k) != nil {
+				return false
+			}
+			key = []byte(k)
 		}
 		s.ws()
 		if !s.eat(':') {

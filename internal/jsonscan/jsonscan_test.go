@@ -24,7 +24,7 @@ func FuzzObject(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		got := map[string]string{}
-		ok := Object(b, func(k string, v []byte) bool { got[k] = string(v); return true })
+		ok := Object(b, func(k, v []byte) bool { got[string(k)] = string(v); return true })
 		var want map[string]json.RawMessage
 		err := json.Unmarshal(b, &want)
 		trimmed := bytes.TrimLeft(b, " \t\r\n")
@@ -68,7 +68,7 @@ func FuzzObject(f *testing.F) {
 // TestDeepNesting: nesting past encoding/json's limit is left to it.
 func TestDeepNesting(t *testing.T) {
 	deep := `{"a":` + strings.Repeat("[", maxDepth+1) + strings.Repeat("]", maxDepth+1) + `}`
-	if Object([]byte(deep), func(string, []byte) bool { return true }) {
+	if Object([]byte(deep), func(_, _ []byte) bool { return true }) {
 		t.Fatal("took nesting past encoding/json's limit")
 	}
 	if json.Unmarshal([]byte(deep), new(any)) == nil {
@@ -79,7 +79,7 @@ func TestDeepNesting(t *testing.T) {
 // TestMemberRefusal: a member function that says no stops the scan.
 func TestMemberRefusal(t *testing.T) {
 	n := 0
-	if Object([]byte(`{"a":1,"b":2,"c":3}`), func(k string, _ []byte) bool { n++; return k != "b" }) || n != 2 {
+	if Object([]byte(`{"a":1,"b":2,"c":3}`), func(k, _ []byte) bool { n++; return string(k) != "b" }) || n != 2 {
 		t.Fatalf("went on after a refusal: %d calls", n)
 	}
 }
