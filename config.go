@@ -185,10 +185,12 @@ func loadConfig(path string, getenv func(string) string) (Config, error) {
 		return Config{}, &ConfigError{File: path, Problems: problems}
 	}
 	cfg.Balancer.MaxCandidates = min(cfg.Proxy.MaxAttempts, 8)
-	// The epp preset scrapes every 50ms, as the endpoint picker does,
-	// unless the file or the environment says otherwise.
-	if cfg.Balancer.Policy == "epp" && !v.InConfig("scrape.interval") && getenv("LLMLB_SCRAPE_INTERVAL") == "" {
-		cfg.Scrape.Interval = 50 * time.Millisecond
+	// A peer's preset scrapes as often as the peer does (the endpoint
+	// picker every 50ms), unless the file or the environment says
+	// otherwise.
+	if pr, err := balancer.LookupPreset(cfg.Balancer.Policy); err == nil && pr.ScrapeInterval > 0 &&
+		!v.InConfig("scrape.interval") && getenv("LLMLB_SCRAPE_INTERVAL") == "" {
+		cfg.Scrape.Interval = pr.ScrapeInterval
 	}
 	if err := cfg.Validate(); err != nil {
 		return Config{}, &ConfigError{File: path, Problems: unjoin(err)}

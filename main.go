@@ -30,7 +30,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/llmlb/llmlb/balancer"
-	"github.com/llmlb/llmlb/prefix"
+	"github.com/llmlb/llmlb/internal/wire"
 	"github.com/llmlb/llmlb/proxy"
 	"github.com/llmlb/llmlb/scrape"
 	"github.com/llmlb/llmlb/sim"
@@ -352,19 +352,13 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 }
 
 // newBalancer builds the balancer for cfg's policy with the prefix index or
-// tree it needs, and registers the index's size metrics on reg.
+// tree its preset needs, and registers the index's size metrics on reg.
 func newBalancer(cfg Config, reg prometheus.Registerer, logger *slog.Logger) (*balancer.Balancer, error) {
-	var deps balancer.Deps
-	pcfg := cfg.Prefix
-	if cfg.Balancer.Policy == "epp" {
-		pcfg = prefix.EPPConfig()
+	b, idx, err := wire.Balancer(cfg.Balancer, cfg.Prefix, balancer.Deps{}, cfg.Models, logger)
+	if err != nil {
+		return nil, err
 	}
-	idx := prefix.NewIndex(pcfg)
-	deps.Index = idx
-	if cfg.Balancer.Policy == "sglang-cache-aware" {
-		deps.Tree = prefix.NewTree(cfg.Balancer.SGLang.MaxTreeBytes)
-	}
-	if reg != nil {
+	if reg != nil && idx != nil {
 		reg.MustRegister(
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "llmlb_prefix_index_entries", Help: "Prompt blocks the prefix-cache index remembers, over all backends."},
 				func() float64 { n, _ := idx.Stats(); return float64(n) }),
@@ -374,5 +368,5 @@ func newBalancer(cfg Config, reg prometheus.Registerer, logger *slog.Logger) (*b
 				func() float64 { return float64(idx.BlockBytes()) }),
 		)
 	}
-	return balancer.New(cfg.Balancer, deps, cfg.Models, logger)
+	return b, nil
 }

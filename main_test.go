@@ -605,12 +605,12 @@ backends:
 func TestBenchCommand(t *testing.T) {
 	dir := t.TempDir()
 	var out, errb strings.Builder
-	args := []string{"bench", "--workload", "burst", "--policy", "default,round-robin,oracle", "--backends", "3",
+	args := []string{"bench", "--workload", "burst", "--policy", "default,round-robin,ttft-true-cache", "--backends", "3",
 		"--scale", "0.05", "--quiet", "--json", dir + "/b.json", "--plot", dir + "/b.png"}
 	if err := run(context.Background(), args, func(string) string { return "" }, &out, &errb); err != nil {
 		t.Fatalf("%v\n%s", err, errb.String())
 	}
-	for _, want := range []string{"burst:", "policy", "ttft p50", "default", "round-robin", "oracle", "hit rate", "saturated: 96 clients", "saturated tok/s"} {
+	for _, want := range []string{"burst:", "policy", "ttft p50", "default", "round-robin", "ttft-true-cache", "hit rate", "saturated: 96 clients", "saturated tok/s"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, out.String())
 		}

@@ -115,6 +115,7 @@ type Balancer struct {
 	pickMu sync.Mutex    // serialises picks that attach a guard
 	rr     atomic.Uint64 // round-robin position
 	ring   atomic.Pointer[ring]
+	cold   coldLRU // llm-d-load's no-hit-lru order
 
 	mu        sync.Mutex          // serialises writers
 	ledgers   map[string]*Ledger  // guarded by mu; by backend ID, kept while the backend exists

@@ -11,8 +11,8 @@ import (
 // Config is the `balancer:` section of config.yaml.
 type Config struct {
 	// Policy chooses the routing algorithm: ttft (llmlb's own),
-	// round-robin, random, least-request, power-of-two, epp,
-	// sglang-cache-aware or consistent-hash. (default ttft)
+	// round-robin, random, least-request, power-of-two, epp, llm-d-load,
+	// sglang-cache-aware or consistent-hash ([Presets]). (default ttft)
 	Policy string `mapstructure:"policy"`
 	// MaxCandidates is how many backends a pick returns, best first: the
 	// primary and the fallbacks the proxy retries on. Set from
@@ -123,13 +123,14 @@ type SessionConfig struct {
 
 // ConsistentHashConfig tunes the consistent-hash preset.
 type ConsistentHashConfig struct {
-	// PrefixBytes is how many leading bytes of the canonical prompt are
-	// hashed. (default 256)
+	// PrefixBytes is how many leading bytes of the first user message (or
+	// the prompt) are hashed with the model name. (default 100, KubeAI's)
 	PrefixBytes int `mapstructure:"prefix_bytes"`
 	// LoadFactor bounds a backend's in-flight requests to this multiple of
 	// the average before the ring walks on. (default 1.25)
 	LoadFactor float64 `mapstructure:"load_factor"`
-	// VirtualNodes is each backend's points on the ring. (default 100)
+	// VirtualNodes is each backend's points on the ring. (default 256,
+	// KubeAI's)
 	VirtualNodes int `mapstructure:"virtual_nodes"`
 }
 
@@ -169,12 +170,6 @@ type ModelTarget struct {
 	Weight float64 `mapstructure:"weight"`
 }
 
-// Policies lists the policy names config accepts, the default first.
-var policyNames = []string{"ttft", "round-robin", "random", "least-request", "power-of-two", "epp", "sglang-cache-aware", "consistent-hash"}
-
-// PolicyNames returns the policy names config accepts, the default first.
-func PolicyNames() []string { return slices.Clone(policyNames) }
-
 // DefaultConfig returns the balancer defaults.
 func DefaultConfig() Config {
 	return Config{
@@ -194,7 +189,7 @@ func DefaultConfig() Config {
 		Saturation:     SaturationConfig{Queue: 16, KV: 0.95},
 		Admission:      AdmissionConfig{MaxQueue: 1024, Timeout: 30 * time.Second, PriorityHeader: "X-Llmlb-Priority"},
 		Session:        SessionConfig{MaxSessions: 65536},
-		ConsistentHash: ConsistentHashConfig{PrefixBytes: 256, LoadFactor: 1.25, VirtualNodes: 100},
+		ConsistentHash: ConsistentHashConfig{PrefixBytes: 100, LoadFactor: 1.25, VirtualNodes: 256},
 		SGLang:         SGLangConfig{CacheThreshold: 0.3, BalanceAbsThreshold: 64, BalanceRelThreshold: 1.5, MaxTreeBytes: 1 << 26},
 	}
 }
@@ -205,8 +200,8 @@ func (c Config) Validate() error {
 	bad := func(field, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("balancer."+field+": "+format, args...))
 	}
-	if !slices.Contains(policyNames, c.Policy) {
-		bad("policy", "unknown policy %q (known: %s)", c.Policy, strings.Join(policyNames, ", "))
+	if !slices.Contains(PolicyNames(), c.Policy) {
+		bad("policy", "unknown policy %q (known: %s)", c.Policy, strings.Join(PolicyNames(), ", "))
 	}
 	if c.MaxCandidates < 1 || c.MaxCandidates > maxCandidates {
 		bad("max_candidates", "must be 1..%d, got %d", maxCandidates, c.MaxCandidates)

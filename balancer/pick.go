@@ -32,6 +32,10 @@ type Request struct {
 	PromptTokens int
 	// MaxTokens is the output tokens requested; 0 means not said.
 	MaxTokens int
+	// UserText is the start of the first user message of a chat (the
+	// prompt's text for a completion), for policies keyed by it
+	// (consistent-hash); nil means Prompt.
+	UserText []byte
 	// Session is the session-affinity header's value, or "".
 	Session string
 	// Priority orders the admission queue; negative is sheddable.
@@ -207,38 +211,85 @@ func (b *Balancer) PickWait(ctx context.Context, req *Request, dst []*Backend) (
 	if !errors.Is(err, ErrSaturated) {
 		return dec, err
 	}
-	if req.Priority < 0 {
-		b.adm.refuse("shed")
-		return dec, ErrShed
-	}
-	start := b.now()
-	w, err := b.adm.enter(req.Priority)
+	t, err := b.Enqueue(req)
 	if err != nil {
 		return dec, err
 	}
-	defer b.adm.leave(w)
 	timer := time.NewTimer(b.cfg.Admission.Timeout)
 	defer timer.Stop()
 	for {
 		select {
-		case <-w.ch:
+		case <-t.w.ch:
 		case <-ctx.Done():
-			b.adm.refuse("cancelled")
+			t.Leave("cancelled")
 			return dec, ctx.Err()
 		case <-timer.C:
-			b.adm.refuse("timeout")
+			t.Leave("timeout")
 			return dec, ErrQueueTimeout
 		}
-		if !b.adm.isHead(w) {
-			continue
-		}
-		dec, err = b.Pick(req, dst)
+		dec, err = t.Pick(dst)
 		if !errors.Is(err, ErrSaturated) {
-			dec.Waited = b.now().Sub(start)
-			b.adm.observeWait(dec.Waited)
 			return dec, err
 		}
 	}
+}
+
+// Ticket is a request's place in the admission queue. [Balancer.PickWait]
+// waits on one in real time; a driver with its own clock (the routing
+// benchmark's virtual time) calls [Ticket.Pick] as capacity may free and
+// [Ticket.Leave] when its timeout passes. A Ticket is used by one
+// goroutine.
+type Ticket struct {
+	b     *Balancer
+	w     *waiter
+	req   *Request
+	since time.Time
+	done  bool
+}
+
+// Enqueue puts req, which [Balancer.Pick] found saturated, in the admission
+// queue. A sheddable request is refused with [ErrShed], and a full queue
+// with [ErrQueueFull].
+func (b *Balancer) Enqueue(req *Request) (*Ticket, error) {
+	if req.Priority < 0 {
+		b.adm.refuse("shed")
+		return nil, ErrShed
+	}
+	w, err := b.adm.enter(req.Priority)
+	if err != nil {
+		return nil, err
+	}
+	return &Ticket{b: b, w: w, req: req, since: b.now()}, nil
+}
+
+// Pick picks for the ticket's request if it is first in line and a
+// backend has room; it returns [ErrSaturated] otherwise, and the ticket
+// keeps its place. Any other outcome leaves the queue, with the decision's
+// Waited set.
+func (t *Ticket) Pick(dst []*Backend) (Decision, error) {
+	if t.done || !t.b.adm.isHead(t.w) {
+		return Decision{}, ErrSaturated
+	}
+	dec, err := t.b.Pick(t.req, dst)
+	if errors.Is(err, ErrSaturated) {
+		return dec, err
+	}
+	t.done = true
+	t.b.adm.leave(t.w)
+	dec.Waited = t.b.now().Sub(t.since)
+	t.b.adm.observeWait(dec.Waited)
+	return dec, err
+}
+
+// Leave gives up the ticket's place; reason ("timeout", "cancelled") is
+// counted among [Balancer.Refusals].
+func (t *Ticket) Leave(reason string) {
+	if t.done {
+		return
+	}
+	t.done = true
+	t.b.adm.leave(t.w)
+	t.b.adm.refuse(reason)
 }
 
 func (b *Balancer) pick(req *Request, dst []*Backend, dry bool, ex *Explanation) (Decision, error) {
@@ -308,26 +359,12 @@ func (b *Balancer) pick(req *Request, dst []*Backend, dry bool, ex *Explanation)
 		return Decision{}, errModel(req.Model, ErrNoBackend)
 	}
 
-	// Saturation: keep the backends with room; if none has, queue or, with
-	// the queue off, use them all.
-	free := 0
-	for i := range cands {
-		if !cands[i].Saturated {
-			free++
-		}
+	cands, why, err := b.saturation(cands, tier, dry, ex)
+	if err != nil {
+		return Decision{}, err
 	}
-	if free == 0 && tier != "stale" {
-		if b.cfg.Admission.MaxQueue > 0 && !dry {
-			return Decision{}, ErrSaturated
-		}
-		reason = "saturated"
-	} else if free < len(cands) {
-		for i := range cands {
-			if cands[i].Saturated {
-				ex.add(&cands[i], 0, "saturated")
-			}
-		}
-		cands = slices.DeleteFunc(cands, func(c Candidate) bool { return c.Saturated })
+	if why != "" {
+		reason = why
 	}
 
 	p := &s.p
@@ -411,6 +448,11 @@ func (b *Balancer) pick(req *Request, dst []*Backend, dry bool, ex *Explanation)
 		}
 	}
 	if !dry {
+		for _, ws := range b.pol.scorers {
+			if c, ok := ws.s.(committer); ok {
+				c.Commit(p, primary)
+			}
+		}
 		if b.pol.index != nil && len(p.hashes) > 0 {
 			b.pol.index.Insert(cands[primary].Backend.slot, p.hashes)
 		}
@@ -422,6 +464,36 @@ func (b *Balancer) pick(req *Request, dst []*Backend, dry bool, ex *Explanation)
 		}
 	}
 	return dec, nil
+}
+
+// saturation keeps the candidates with room; if none has, it queues
+// (ErrSaturated) or, with the queue off, keeps them all ("saturated"). A
+// preset whose peer has no saturation filter keeps every candidate.
+func (b *Balancer) saturation(cands []Candidate, tier string, dry bool, ex *Explanation) ([]Candidate, string, error) {
+	if !b.pol.admission {
+		return cands, "", nil
+	}
+	free := 0
+	for i := range cands {
+		if !cands[i].Saturated {
+			free++
+		}
+	}
+	switch {
+	case free == 0 && tier != "stale":
+		if b.cfg.Admission.MaxQueue > 0 && !dry {
+			return nil, "", ErrSaturated
+		}
+		return cands, "saturated", nil
+	case free < len(cands):
+		for i := range cands {
+			if cands[i].Saturated {
+				ex.add(&cands[i], 0, "saturated")
+			}
+		}
+		return slices.DeleteFunc(cands, func(c Candidate) bool { return c.Saturated }), "", nil
+	}
+	return cands, "", nil
 }
 
 func grow[T any](s []T, n int) []T {
@@ -537,11 +609,16 @@ func (b *Balancer) matchPrefix(s *scratch, p *Pick) {
 	if p.Key == 0 {
 		p.Key = keyOf(req.Seed, req.Prompt)
 	}
+	if b.pol.oracle != nil {
+		// The true cache is counted in tokens: a block is a token.
+		p.PromptBlocks = req.PromptTokens
+	}
 	for i := range p.Cands {
 		c := &p.Cands[i]
 		c.MatchedTokens = min(c.MatchedBlocks*blockTokens, req.PromptTokens)
 		if b.pol.oracle != nil {
 			c.MatchedTokens = min(b.pol.oracle.CachedTokens(c.Backend, req), req.PromptTokens)
+			c.MatchedBlocks = c.MatchedTokens
 		}
 		c.UncachedTokens = req.PromptTokens - c.MatchedTokens
 	}

@@ -2,7 +2,6 @@ package balancer
 
 import (
 	"cmp"
-	"fmt"
 	"math"
 	"slices"
 	"sync"
@@ -10,8 +9,8 @@ import (
 	"github.com/cespare/xxhash/v2"
 )
 
-// policy is a preset: weighted scorers and a picker, and the prefix index
-// it matches with.
+// policy is a preset built for one balancer: weighted scorers and a
+// picker, and the prefix index it matches with.
 type policy struct {
 	name      string
 	scorers   []weighted
@@ -20,6 +19,7 @@ type policy struct {
 	sizeIndex bool        // size the index's LRUs from KV capacity
 	tree      TextTree
 	oracle    Oracle
+	admission bool // llmlb's saturation filter and admission queue apply
 }
 
 type weighted struct {
@@ -34,44 +34,6 @@ func (p *policy) forget(slot int) {
 	if p.tree != nil {
 		p.tree.Forget(slot)
 	}
-}
-
-// newPolicy maps a config name to its preset. Each preset's doc comment is
-// on its constructor's types below.
-func newPolicy(b *Balancer, cfg Config, d Deps) (*policy, error) {
-	switch cfg.Policy {
-	case "ttft", "":
-		return &policy{name: "ttft", index: d.Index, sizeIndex: d.Index != nil,
-			scorers: []weighted{{&TTFTScorer{cfg: cfg.TTFT}, 1}},
-			picker:  &TiePicker{Tolerance: cfg.TTFT.TieTolerance}}, nil
-	case "oracle":
-		if d.Oracle == nil {
-			return nil, fmt.Errorf("policy oracle: needs a simulator's oracle")
-		}
-		return &policy{name: "oracle", oracle: d.Oracle,
-			scorers: []weighted{{&TTFTScorer{cfg: cfg.TTFT}, 1}},
-			picker:  &TiePicker{Tolerance: cfg.TTFT.TieTolerance}}, nil
-	case "round-robin":
-		return &policy{name: cfg.Policy, picker: &RoundRobinPicker{pos: &b.rr}}, nil
-	case "random":
-		return &policy{name: cfg.Policy, picker: &RandomPicker{rand: d.Rand}}, nil
-	case "least-request":
-		return &policy{name: cfg.Policy, picker: LeastRequestPicker{}}, nil
-	case "power-of-two":
-		return &policy{name: cfg.Policy, picker: &PowerOfTwoPicker{rand: d.Rand}}, nil
-	case "epp":
-		return &policy{name: cfg.Policy, index: d.Index,
-			scorers: []weighted{{QueueScorer{}, 2}, {KVScorer{}, 2}, {PrefixScorer{}, 3}},
-			picker:  &MaxScorePicker{rand: d.Rand}}, nil
-	case "consistent-hash":
-		return &policy{name: cfg.Policy, picker: &RingPicker{cfg: cfg.ConsistentHash, ring: &b.ring}}, nil
-	case "sglang-cache-aware":
-		if d.Tree == nil {
-			return nil, fmt.Errorf("policy sglang-cache-aware: needs a prefix tree")
-		}
-		return &policy{name: cfg.Policy, tree: d.Tree, picker: &SGLangPicker{cfg: cfg.SGLang, tree: d.Tree}}, nil
-	}
-	return nil, fmt.Errorf("unknown policy %q", cfg.Policy)
 }
 
 // reasonFor names why candidate i of a scored pick won.
@@ -370,13 +332,16 @@ func (m *MaxScorePicker) Choose(p *Pick, total []float64) (int, string) {
 	return best, reasonFor(p, best)
 }
 
-// RingPicker is consistent hashing with bounded loads (Mirrokni, Thorup and
-// Zadimoghaddam, "Consistent Hashing with Bounded Loads", 2018; HAProxy's
-// hash-type consistent with hash-balance-factor 125): the first
-// PrefixBytes of the canonical prompt are hashed onto a ring with
-// VirtualNodes points per backend; the request goes to the first backend
-// clockwise whose in-flight requests are below LoadFactor times the
-// average (counting this one), rounded up.
+// RingPicker is KubeAI's CHWBL, consistent hashing with bounded loads
+// (Mirrokni, Thorup and Zadimoghaddam, "Consistent Hashing with Bounded
+// Loads", 2018; kubeai-project/kubeai internal/loadbalancer and
+// api/openai/v1/chat_completions.go at f442a2cd): the key is the model or
+// adapter name and the first 100 characters of the first user message
+// (the system prompt skipped; a completion's prompt), hashed with xxhash64
+// onto a ring of VirtualNodes points per backend. The request goes to the
+// first backend clockwise whose requests in flight are at most LoadFactor
+// times the average counting this one; when none is, to the key's first
+// backend, so it never queues.
 type RingPicker struct {
 	cfg  ConsistentHashConfig
 	ring interface {
@@ -421,60 +386,87 @@ func (r *RingPicker) ringFor(snap *Snapshot) *ring {
 
 // Choose implements [Picker].
 func (r *RingPicker) Choose(p *Pick, _ []float64) (int, string) {
-	prompt := p.Req.Prompt
-	if len(prompt) > r.cfg.PrefixBytes {
-		prompt = prompt[:r.cfg.PrefixBytes]
+	key := p.Req.UserText
+	if key == nil {
+		key = p.Req.Prompt
 	}
-	h := xxhash.Sum64(prompt) ^ p.Req.Seed
+	if n := r.cfg.PrefixBytes; len(key) > n {
+		key = key[:n]
+	}
+	var d xxhash.Digest
+	_, _ = d.WriteString(p.Req.Model)
+	_, _ = d.Write(key)
+	h := d.Sum64()
 	var inFlight int64
 	for i := range p.Cands {
 		inFlight += p.Cands[i].InFlight
 	}
-	bound := int64(math.Ceil(r.cfg.LoadFactor * float64(inFlight+1) / float64(len(p.Cands))))
+	bound := r.cfg.LoadFactor * float64(inFlight+1) / float64(len(p.Cands))
 	rg := r.ringFor(p.snap)
 	start, _ := slices.BinarySearchFunc(rg.points, h, func(pt ringPoint, h uint64) int { return cmp.Compare(pt.hash, h) })
+	home := -1
 	for k := range rg.points {
 		pt := rg.points[(start+k)%len(rg.points)]
 		for i := range p.Cands {
-			if p.Cands[i].Backend.idHash == pt.id && p.Cands[i].InFlight < bound {
+			if p.Cands[i].Backend.idHash != pt.id {
+				continue
+			}
+			if home < 0 {
+				home = i
+			}
+			if float64(p.Cands[i].InFlight) <= bound {
 				return i, "consistent-hash"
 			}
 		}
 	}
-	return 0, "consistent-hash"
+	return max(home, 0), "consistent-hash"
 }
 
-// SGLangPicker is sglang-router's cache_aware policy. Loads are the
-// requests in flight from this balancer. When the load is imbalanced (max -
-// min > BalanceAbsThreshold and max > BalanceRelThreshold × min) it takes
-// the least loaded backend. Otherwise it matches the prompt text against a
-// character radix tree of what each backend was sent: if the best match
-// covers more than CacheThreshold of the prompt, that backend; else the
-// backend holding the least tree (the most cache room), as sglang-router
-// does. Either way the prompt is inserted under the chosen backend, and
-// each backend's share of the tree is bounded by MaxTreeBytes, least
-// recently used leaves evicted first.
+// SGLangPicker is the SGLang model gateway's cache_aware policy
+// (smg-project/smg model_gateway/src/policies/cache_aware.rs at f8daa883;
+// sglang PR #14650). Loads are the requests in flight from this balancer.
+// The prompt text is matched against a character radix tree of what each
+// backend was sent. When the best match covers more than CacheThreshold
+// of the prompt, the request goes to the least loaded backend holding
+// that match (ties at random), unless that backend is overloaded (load
+// over BalanceRelThreshold times the mean and over the mean plus
+// BalanceAbsThreshold), when it spills to the least loaded backend; a
+// miss goes to the least loaded backend (ties: fewer requests served,
+// then snapshot order). The prompt is then inserted under the chosen
+// backend; each backend's share of the tree is bounded by MaxTreeBytes,
+// least recently used leaves evicted first.
+//
+// Legacy is sglang-router as SGLang v0.4 shipped it (December 2024): when
+// the load is imbalanced (max − min over BalanceAbsThreshold and max over
+// BalanceRelThreshold × min) the least loaded backend; else the best match
+// if it covers more than CacheThreshold; else the backend holding the
+// least tree.
 type SGLangPicker struct {
-	cfg  SGLangConfig
-	tree TextTree
-	pool sync.Pool // *[]int32
+	cfg    SGLangConfig
+	tree   TextTree
+	rand   func() uint64
+	legacy bool
+	pool   sync.Pool // *[]int32
 }
 
 var _ Picker = (*SGLangPicker)(nil)
 
 // Choose implements [Picker].
 func (s *SGLangPicker) Choose(p *Pick, _ []float64) (int, string) {
-	lo, hi, least := int64(math.MaxInt64), int64(-1), 0
+	least, lo, hi, sum := 0, int64(math.MaxInt64), int64(-1), int64(0)
 	for i := range p.Cands {
-		l := p.Cands[i].InFlight
-		if l < lo {
+		c := &p.Cands[i]
+		l := c.InFlight
+		if l < lo || (l == lo && c.Backend.Ledger.Total() < p.Cands[least].Backend.Ledger.Total()) {
 			lo, least = l, i
 		}
 		hi = max(hi, l)
+		sum += l
 	}
 	choice, why := least, "least-load"
 	text := p.Req.Prompt
-	if !(hi-lo > int64(s.cfg.BalanceAbsThreshold) && float64(hi) > s.cfg.BalanceRelThreshold*float64(lo)) && len(text) > 0 {
+	imbalanced := s.legacy && hi-lo > int64(s.cfg.BalanceAbsThreshold) && float64(hi) > s.cfg.BalanceRelThreshold*float64(lo)
+	if !imbalanced && len(text) > 0 {
 		bufp, _ := s.pool.Get().(*[]int32)
 		if bufp == nil {
 			bufp = new([]int32)
@@ -482,17 +474,28 @@ func (s *SGLangPicker) Choose(p *Pick, _ []float64) (int, string) {
 		by := grow(*bufp, p.snap.slots)
 		clear(by)
 		s.tree.Match(text, by)
-		best, bestLen := -1, int32(0)
+		bestLen := int32(0)
 		for i := range p.Cands {
-			if sl := p.Cands[i].Backend.slot; sl < len(by) && by[sl] > bestLen {
-				best, bestLen = i, by[sl]
+			if sl := p.Cands[i].Backend.slot; sl < len(by) {
+				bestLen = max(bestLen, by[sl])
 			}
 		}
-		*bufp = by
-		s.pool.Put(bufp)
-		if best >= 0 && float64(bestLen)/float64(len(text)) > s.cfg.CacheThreshold {
-			choice, why = best, "prefix-hit"
-		} else {
+		hit := bestLen > 0 && float64(bestLen)/float64(len(text)) > s.cfg.CacheThreshold
+		switch {
+		case hit && s.legacy:
+			for i := range p.Cands {
+				if sl := p.Cands[i].Backend.slot; sl < len(by) && by[sl] == bestLen {
+					choice, why = i, "prefix-hit"
+					break
+				}
+			}
+		case hit:
+			choice, why = s.holder(p, by, bestLen), "prefix-hit"
+			mean := float64(sum) / float64(len(p.Cands))
+			if l := float64(p.Cands[choice].InFlight); l > mean*s.cfg.BalanceRelThreshold && l > mean+float64(s.cfg.BalanceAbsThreshold) {
+				choice, why = least, "least-load"
+			}
+		case s.legacy:
 			smallest := 0
 			for i := range p.Cands {
 				if s.tree.Size(p.Cands[i].Backend.slot) < s.tree.Size(p.Cands[smallest].Backend.slot) {
@@ -501,9 +504,115 @@ func (s *SGLangPicker) Choose(p *Pick, _ []float64) (int, string) {
 			}
 			choice, why = smallest, "cache-space"
 		}
+		*bufp = by
+		s.pool.Put(bufp)
 	}
 	if !p.Dry && len(text) > 0 {
 		s.tree.Insert(p.Cands[choice].Backend.slot, text)
 	}
 	return choice, why
+}
+
+// holder returns the least loaded candidate whose match is best, ties at
+// random.
+func (s *SGLangPicker) holder(p *Pick, by []int32, best int32) int {
+	choice, ties := -1, uint64(0)
+	for i := range p.Cands {
+		sl := p.Cands[i].Backend.slot
+		if sl >= len(by) || by[sl] != best {
+			continue
+		}
+		switch {
+		case choice < 0 || p.Cands[i].InFlight < p.Cands[choice].InFlight:
+			choice, ties = i, 1
+		case p.Cands[i].InFlight == p.Cands[choice].InFlight:
+			ties++
+			if s.rand()%ties == 0 {
+				choice = i
+			}
+		}
+	}
+	return choice
+}
+
+// committer is a scorer or picker that learns from the pick's outcome; a
+// pick calls Commit once the primary is chosen, never for a dry run.
+type committer interface {
+	Commit(p *Pick, chosen int)
+}
+
+// NoHitLRUScorer is llm-d's no-hit-lru-scorer (llm-d/llm-d-router
+// pkg/epp/framework/plugins/scheduling/scorer/nohitlru/no_hit_lru.go at
+// ebab6879). For a cold request (no candidate holds any block of its
+// prompt) it ranks the candidates that never took a cold request first,
+// in snapshot order, then the others by how long ago they last took one,
+// longest first, and scores rank r of N as max(0, 1 − r/(N−1)), so that
+// new prefixes spread over the servers instead of following the load
+// scores alone. A warm request scores 0.5 everywhere, which leaves the
+// order to the other scorers.
+type NoHitLRUScorer struct{ lru *coldLRU }
+
+var (
+	_ Scorer    = (*NoHitLRUScorer)(nil)
+	_ committer = (*NoHitLRUScorer)(nil)
+)
+
+// coldLRU is the order in which backends took cold requests, by idHash,
+// least recent first.
+type coldLRU struct {
+	mu    sync.Mutex
+	order []uint64 // guarded by mu
+}
+
+func cold(p *Pick) bool {
+	for i := range p.Cands {
+		if p.Cands[i].MatchedBlocks > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// Score implements [Scorer].
+func (s *NoHitLRUScorer) Score(p *Pick, out []float64) {
+	if !cold(p) {
+		for i := range out {
+			out[i] = 0.5
+		}
+		return
+	}
+	n := len(p.Cands)
+	if n == 1 {
+		out[0] = 1
+		return
+	}
+	s.lru.mu.Lock()
+	defer s.lru.mu.Unlock()
+	never := 0
+	for i := range p.Cands {
+		if !slices.Contains(s.lru.order, p.Cands[i].Backend.idHash) {
+			out[i] = 1 - float64(never)/float64(n-1)
+			never++
+		}
+	}
+	for i := range p.Cands {
+		if pos := slices.Index(s.lru.order, p.Cands[i].Backend.idHash); pos >= 0 {
+			out[i] = max(0, 1-float64(never+pos)/float64(n-1))
+		}
+	}
+}
+
+// Commit implements [committer]: a cold request makes its backend the
+// most recently used.
+func (s *NoHitLRUScorer) Commit(p *Pick, chosen int) {
+	if !cold(p) {
+		return
+	}
+	id := p.Cands[chosen].Backend.idHash
+	s.lru.mu.Lock()
+	defer s.lru.mu.Unlock()
+	s.lru.order = append(slices.DeleteFunc(s.lru.order, func(x uint64) bool { return x == id }), id)
+	if len(s.lru.order) > 1024 { // llm-d's LRU size: gone backends age out
+		s.lru.order = slices.Delete(s.lru.order, 0, len(s.lru.order)-1024)
+	}
 }

@@ -31,15 +31,18 @@ type Options struct {
 }
 
 // DefaultPolicies are the rows of a benchmark table: llmlb's default, every
-// other preset, and the oracle.
+// other preset serve runs, and those only the simulator can run (llm-d's
+// precise profile, fed by KV events, and llmlb's scorer fed the true
+// caches, which measures the index's error).
 func DefaultPolicies() []string {
 	out := []string{"default"}
-	for _, p := range balancer.PolicyNames() {
-		if p != balancer.DefaultConfig().Policy {
-			out = append(out, p)
+	def := balancer.DefaultConfig().Policy
+	for _, p := range balancer.Presets() {
+		if p.Name != def && p.Scenario == "" {
+			out = append(out, p.Name)
 		}
 	}
-	return append(out, "oracle")
+	return out
 }
 
 // Presets returns the engine preset of each of n servers, slow of them
@@ -72,8 +75,10 @@ func Bench(ctx context.Context, o Options) (Report, error) {
 		o.Backends = 8
 	}
 	for _, p := range o.Policies {
-		if p != "default" && p != "oracle" && !slices.Contains(balancer.PolicyNames(), p) {
-			return Report{}, fmt.Errorf("bench: unknown policy %q (have default, oracle, %v)", p, balancer.PolicyNames())
+		if p != "default" && !slices.Contains(DefaultPolicies(), p) {
+			if _, err := balancer.LookupPreset(p); err != nil {
+				return Report{}, fmt.Errorf("bench: unknown policy %q (have %v)", p, DefaultPolicies())
+			}
 		}
 	}
 	presets := Presets(o.Backends, o.Slow)

@@ -14,7 +14,7 @@ import (
 // accounted for.
 func TestBenchDeterministic(t *testing.T) {
 	opts := Options{
-		Policies: []string{"default", "epp", "sglang-cache-aware", "oracle"},
+		Policies: []string{"default", "epp", "sglang-cache-aware", "ttft-true-cache", "llm-d-precise"},
 		Backends: 4,
 		Params:   Params{Scale: 0.015, Rate: 4, Seed: 7}, // compressed: scrapes cost by the virtual second
 	}

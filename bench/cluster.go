@@ -12,6 +12,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/llmlb/llmlb/balancer"
+	"github.com/llmlb/llmlb/internal/wire"
 	"github.com/llmlb/llmlb/prefix"
 	"github.com/llmlb/llmlb/scrape"
 	"github.com/llmlb/llmlb/sim"
@@ -28,7 +29,8 @@ type Cluster struct {
 	// Engine is the /metrics flavour the servers render and the scraper
 	// reads. (default "vllm")
 	Engine string
-	// Policy is the balancer policy, or "oracle".
+	// Policy is the balancer policy: a preset name (balancer.Presets) or
+	// "default".
 	Policy string
 	// Balancer is the base balancer configuration; Policy overrides its
 	// policy. Zero means balancer.DefaultConfig().
@@ -36,9 +38,15 @@ type Cluster struct {
 	// Prefix configures the prefix index (prefix.DefaultConfig() when
 	// zero); the epp preset uses the endpoint picker's own sizes.
 	Prefix *prefix.Config
-	// ScrapeInterval is the time between scrapes of one server (default
-	// 100ms, 50ms for epp, as `llmlb serve` does); each is jittered ±10%.
+	// ScrapeInterval is the time between scrapes of one server (default:
+	// the preset's, else 100ms, as `llmlb serve` does); each is jittered
+	// ±10%.
 	ScrapeInterval time.Duration
+	// Replicas is how many independent balancers run side by side, each
+	// with its own index, ledger, admission queue and scrapes of every
+	// server; each arrival goes to one at random, as a Kubernetes Service
+	// spreads connections. (default 1)
+	Replicas int
 	// Seed seeds the scrape jitter and the policies' randomness.
 	Seed uint64
 	// Clients, when positive, runs the workload closed-loop instead of at
@@ -72,13 +80,16 @@ const (
 	evArrival = iota
 	evStep
 	evScrape
+	evEnter
 )
 
 type event struct {
 	at   time.Duration
 	kind int
-	i    int    // request index or server index
-	seq  uint64 // insertion order, to break ties deterministically
+	i    int     // request index or server index
+	rep  int     // replica, for scrapes
+	f    *flight // for evEnter
+	seq  uint64  // insertion order, to break ties deterministically
 }
 
 type events []event
@@ -110,45 +121,55 @@ type server struct {
 	served  int
 }
 
+// replica is one balancer in front of every server.
+type replica struct {
+	bal     *balancer.Balancer
+	scrape  time.Duration
+	waiting []*flight // in its admission queue, oldest first
+}
+
 // flight is one request on its way through the cluster.
 type flight struct {
 	req     *Request
 	idx     int
+	rep     int
+	breq    balancer.Request
 	guard   *balancer.Guard
+	ticket  *balancer.Ticket // its place in the replica's admission queue
+	seq     *sim.Seq
 	srv     int
 	arrived time.Duration
-	queued  bool // in the admission queue
 }
 
 // run is the state of one replay.
 type run struct {
-	c       Cluster
-	w       *Workload
-	bal     *balancer.Balancer
-	scraper *scrape.Engine
-	servers []*server
-	byID    map[string]int
-	q       events
-	nseq    uint64
-	now     time.Duration
-	epoch   time.Time
-	rng     *rand.Rand
-	res     Result
-	ttft    []time.Duration // by request index; -1 not served
-	e2e     []time.Duration
-	flights map[*sim.Seq]*flight
-	waiting []*flight // the admission queue, oldest first
-	text    []byte
+	c        Cluster
+	w        *Workload
+	reps     []*replica
+	scraper  *scrape.Engine
+	servers  []*server
+	byID     map[string]int
+	q        events
+	nseq     uint64
+	now      time.Duration
+	epoch    time.Time
+	rng      *rand.Rand
+	res      Result
+	ttft     []time.Duration // by request index; -1 not served
+	e2e      []time.Duration
+	flights  map[*sim.Seq]*flight
+	queued   int // flights in admission queues
+	entering int // flights picked but not yet at their server
+	text     []byte
 	// hashes are the engine block hashes of text, for blocks of
-	// hashBlock bytes (0: not computed for this request yet); the oracle
-	// and the chosen server share them.
+	// hashBlock bytes (0: not computed for this request yet); the true
+	// cache and the chosen server share them.
 	hashes    []uint64
 	hashBlock int
 	dst       []*balancer.Backend
 	out       []sim.Output
 	models    []string
 	adapts    []balancer.Adapter
-	scrape    time.Duration
 	last      time.Duration
 	next      int // closed loop: the next request to send
 }
@@ -160,7 +181,8 @@ func Run(c Cluster, w *Workload) (Result, error) {
 	return res, err
 }
 
-// runWith is Run that also returns the balancer, for tests.
+// runWith is Run that also returns the first replica's balancer, for
+// tests.
 func runWith(c Cluster, w *Workload) (Result, *balancer.Balancer, error) {
 	if len(c.Presets) == 0 {
 		return Result{}, nil, errors.New("bench: a cluster needs at least one server")
@@ -168,6 +190,7 @@ func runWith(c Cluster, w *Workload) (Result, *balancer.Balancer, error) {
 	if c.Engine == "" {
 		c.Engine = "vllm"
 	}
+	c.Replicas = max(1, c.Replicas)
 	engines, err := scrape.NewEngineSet(nil)
 	if err != nil {
 		return Result{}, nil, err
@@ -187,7 +210,7 @@ func runWith(c Cluster, w *Workload) (Result, *balancer.Balancer, error) {
 		return Result{}, nil, err
 	}
 	r.loop()
-	return r.res, r.bal, nil
+	return r.res, r.reps[0].bal, nil
 }
 
 func (r *run) clock() time.Time { return r.epoch.Add(r.now) }
@@ -197,43 +220,38 @@ func (r *run) build() error {
 	if r.c.Balancer != nil {
 		bcfg = *r.c.Balancer
 	}
-	policy := r.c.Policy
-	if policy == "" || policy == "default" {
-		policy = bcfg.Policy
+	if r.c.Policy != "" && r.c.Policy != "default" {
+		bcfg.Policy = r.c.Policy
 	}
-	bcfg.Policy = policy
+	pr, err := balancer.LookupPreset(bcfg.Policy)
+	if err != nil {
+		return err
+	}
+	if err := bcfg.Validate(); err != nil && !pr.TrueCache && pr.Scenario == "" {
+		return err
+	}
 	pcfg := prefix.DefaultConfig()
 	if r.c.Prefix != nil {
 		pcfg = *r.c.Prefix
 	}
-	r.scrape = r.c.ScrapeInterval
-	if policy == "epp" {
-		pcfg = prefix.EPPConfig()
-		if r.scrape == 0 {
-			r.scrape = 50 * time.Millisecond
+	interval := r.c.ScrapeInterval
+	if interval == 0 {
+		interval = pr.ScrapeInterval
+	}
+	if interval == 0 {
+		interval = 100 * time.Millisecond
+	}
+	for i := range r.c.Replicas {
+		// Each replica draws from its own stream, so that adding one does
+		// not change what the others do.
+		rng := rand.New(rand.NewPCG(r.c.Seed, uint64(i)))
+		deps := balancer.Deps{Now: r.clock, Rand: rng.Uint64, Oracle: trueCache{r}}
+		bal, _, err := wire.Balancer(bcfg, pcfg, deps, nil, nil)
+		if err != nil {
+			return err
 		}
+		r.reps = append(r.reps, &replica{bal: bal, scrape: interval})
 	}
-	if r.scrape == 0 {
-		r.scrape = 100 * time.Millisecond
-	}
-	deps := balancer.Deps{
-		Index: prefix.NewIndex(pcfg),
-		Now:   r.clock,
-		Rand:  r.rng.Uint64,
-	}
-	if policy == "sglang-cache-aware" {
-		deps.Tree = prefix.NewTree(bcfg.SGLang.MaxTreeBytes)
-	}
-	if policy == "oracle" {
-		deps.Oracle = oracle{r}
-	} else if err := bcfg.Validate(); err != nil {
-		return err
-	}
-	bal, err := balancer.New(bcfg, deps, nil, nil)
-	if err != nil {
-		return err
-	}
-	r.bal = bal
 	for i, name := range r.c.Presets {
 		cfg, err := sim.Preset(name)
 		if err != nil {
@@ -244,19 +262,21 @@ func (r *run) build() error {
 		eng := sim.NewEngine(cfg)
 		r.servers = append(r.servers, &server{id: id, url: u, eng: eng, block: eng.Config().BlockSize * sim.BytesPerToken})
 		r.byID[id] = i
-		// Every server is scraped once before traffic, as discovery
-		// does, then on its jittered interval.
-		r.scrapeServer(i)
-		r.push(r.jitter(), evScrape, i)
+		// Every replica scrapes every server once before traffic, as
+		// discovery does, then on its own jittered interval.
+		for rep := range r.reps {
+			r.scrapeServer(rep, i)
+			r.pushScrape(rep, i)
+		}
 	}
 	if r.c.Clients > 0 {
 		r.next = min(r.c.Clients, len(r.w.Requests))
 		for i := range r.next {
-			r.push(0, evArrival, i)
+			r.push(event{at: 0, kind: evArrival, i: i})
 		}
 	} else {
 		for i := range r.w.Requests {
-			r.push(r.w.Requests[i].At, evArrival, i)
+			r.push(event{at: r.w.Requests[i].At, kind: evArrival, i: i})
 		}
 	}
 	r.ttft = make([]time.Duration, len(r.w.Requests))
@@ -268,14 +288,15 @@ func (r *run) build() error {
 	return nil
 }
 
-func (r *run) push(at time.Duration, kind, i int) {
+func (r *run) push(e event) {
 	r.nseq++
-	heap.Push(&r.q, event{at: at, kind: kind, i: i, seq: r.nseq})
+	e.seq = r.nseq
+	heap.Push(&r.q, e)
 }
 
-func (r *run) jitter() time.Duration {
+func (r *run) pushScrape(rep, i int) {
 	j := 0.9 + 0.2*r.rng.Float64()
-	return time.Duration(float64(r.scrape) * j)
+	r.push(event{at: r.now + time.Duration(float64(r.reps[rep].scrape)*j), kind: evScrape, i: i, rep: rep})
 }
 
 // loop runs events until every request is answered or refused; scrapes
@@ -289,20 +310,28 @@ func (r *run) loop() {
 		case evArrival:
 			arrivals--
 			r.arrive(e.i)
+		case evEnter:
+			r.entering--
+			r.enter(e.f)
 		case evStep:
 			r.step(e.i)
 		case evScrape:
-			r.scrapeServer(e.i)
-			if arrivals > 0 || len(r.flights) > 0 || len(r.waiting) > 0 {
-				r.push(r.now+r.jitter(), evScrape, e.i)
+			r.scrapeServer(e.rep, e.i)
+			if arrivals > 0 || len(r.flights)+r.queued+r.entering > 0 {
+				r.pushScrape(e.rep, e.i)
 			}
 		}
-		r.admit()
+		for i := range r.reps {
+			r.admit(i)
+		}
 	}
-	for range r.waiting {
-		r.res.Refused++
+	for _, rep := range r.reps {
+		for _, f := range rep.waiting {
+			f.ticket.Leave("timeout")
+			r.res.Refused++
+		}
+		rep.waiting = nil
 	}
-	r.waiting = nil
 	for i, d := range r.ttft {
 		if d >= 0 {
 			r.res.TTFT = append(r.res.TTFT, d)
@@ -321,9 +350,9 @@ func (r *run) loop() {
 	}
 }
 
-// scrapeServer renders the server's /metrics page from its engine's state
-// and reads it with the real scrape code into the balancer.
-func (r *run) scrapeServer(i int) {
+// scrapeServer renders server i's /metrics page from its engine's state
+// and reads it with the real scrape code into replica rep's balancer.
+func (r *run) scrapeServer(rep, i int) {
 	s := r.servers[i]
 	page := sim.RenderMetrics(r.c.Engine, Model, len(r.w.Adapters) > 0, s.eng.Stats(), r.clock())
 	reading, err := r.scraper.Extract([]byte(page), r.clock())
@@ -333,86 +362,121 @@ func (r *run) scrapeServer(i int) {
 	} else {
 		spec.Stale = true
 	}
-	r.bal.Update(spec)
+	r.reps[rep].bal.Update(spec)
 }
 
 func (r *run) arrive(i int) {
-	r.dispatch(&flight{req: &r.w.Requests[i], idx: i, arrived: r.now})
-}
-
-// dispatch picks a server for f and hands it over; a saturated cluster
-// queues it as the proxy's admission queue would. It reports whether f
-// left the queue (served, refused or failed).
-func (r *run) dispatch(f *flight) bool {
-	req := f.req
+	rep := 0
+	if len(r.reps) > 1 {
+		rep = r.rng.IntN(len(r.reps))
+	}
+	req := &r.w.Requests[i]
 	model := req.Model
 	if model == "" {
 		model = Model
 	}
-	r.text = req.AppendText(r.text[:0])
+	f := &flight{req: req, idx: i, rep: rep, arrived: r.now}
+	f.breq = balancer.Request{Model: model, Seed: prefix.Seed(model, ""), PromptTokens: req.Tokens(), MaxTokens: req.MaxTokens}
+	r.dispatch(f)
+}
+
+// dispatch picks a server for f through its replica's balancer, the
+// product's own admission queue included, and sends it there. It reports
+// whether f left the queue (sent, refused or failed).
+func (r *run) dispatch(f *flight) bool {
+	rep := r.reps[f.rep]
+	r.text = f.req.AppendText(r.text[:0])
 	r.hashBlock = 0
-	guard := r.bal.NewGuard()
-	breq := balancer.Request{Model: model, Prompt: r.text, Seed: prefix.Seed(model, ""), PromptTokens: req.Tokens(), MaxTokens: req.MaxTokens, Guard: guard}
-	dec, err := r.bal.Pick(&breq, r.dst[:0])
+	f.breq.Prompt = r.text
+	f.breq.Guard = rep.bal.NewGuard()
+	var dec balancer.Decision
+	var err error
+	if f.ticket == nil {
+		dec, err = rep.bal.Pick(&f.breq, r.dst[:0])
+		if errors.Is(err, balancer.ErrSaturated) {
+			f.ticket, err = rep.bal.Enqueue(&f.breq)
+			if err == nil {
+				rep.waiting = append(rep.waiting, f)
+				r.queued++
+				return false
+			}
+		}
+	} else {
+		dec, err = f.ticket.Pick(r.dst[:0])
+		if errors.Is(err, balancer.ErrSaturated) {
+			return false
+		}
+	}
 	r.dst = dec.Candidates
 	switch {
-	case errors.Is(err, balancer.ErrSaturated):
-		if !f.queued { // first try: join the queue
-			if len(r.waiting) >= r.bal.Config().Admission.MaxQueue {
-				r.res.Refused++
-				r.ended()
-				return true
-			}
-			f.queued = true
-			r.waiting = append(r.waiting, f)
-		}
-		return false
+	case errors.Is(err, balancer.ErrQueueFull), errors.Is(err, balancer.ErrShed):
+		r.res.Refused++
+		r.ended()
+		return true
 	case err != nil:
 		r.res.Failed++
 		r.ended()
 		return true
 	}
-	si := r.byID[dec.Candidates[0].ID]
-	s := r.servers[si]
-	seq := &sim.Seq{
-		Hashes:       slices.Clone(r.engineHashes(model, s.block)),
-		PromptTokens: req.Tokens(),
-		MaxTokens:    req.MaxTokens,
+	f.srv = r.byID[dec.Candidates[0].ID]
+	s := r.servers[f.srv]
+	f.seq = &sim.Seq{
+		Hashes:       slices.Clone(r.engineHashes(f.breq.Model, s.block)),
+		PromptTokens: f.req.Tokens(),
+		MaxTokens:    f.req.MaxTokens,
 	}
-	if req.Model != "" {
-		seq.Adapter = req.Model
+	if f.req.Model != "" {
+		f.seq.Adapter = f.req.Model
 	}
-	if err := s.eng.Add(seq); err != nil {
-		guard.Release()
-		r.res.Failed++
-		r.ended()
-		return true
-	}
-	f.guard, f.srv = guard, si
-	r.flights[seq] = f
-	s.served++
-	if !s.busy {
-		r.step(si)
+	f.guard = f.breq.Guard
+	f.breq.Prompt = nil // r.text is reused by the next request
+	// The server's own per-request work (parsing, tokenising, scheduling)
+	// comes before its scheduler sees the request.
+	if d := s.eng.Config().Cost.Intake(f.seq.PromptTokens); d > 0 {
+		r.entering++
+		r.push(event{at: r.now + d, kind: evEnter, f: f})
+	} else {
+		r.enter(f)
 	}
 	return true
 }
 
-// admit moves the admission queue's head onto servers while they have
-// room; heads that waited past the admission timeout are refused.
-func (r *run) admit() {
-	timeout := r.bal.Config().Admission.Timeout
-	for len(r.waiting) > 0 {
-		f := r.waiting[0]
+// enter hands a picked request to its server's scheduler.
+func (r *run) enter(f *flight) {
+	s := r.servers[f.srv]
+	if err := s.eng.Add(f.seq); err != nil {
+		f.guard.Release()
+		r.res.Failed++
+		r.ended()
+		return
+	}
+	r.flights[f.seq] = f
+	s.served++
+	if !s.busy {
+		r.step(f.srv)
+	}
+}
+
+// admit moves replica rep's admission queue onto servers while they have
+// room; heads that waited past the admission timeout leave, refused.
+func (r *run) admit(rep int) {
+	rp := r.reps[rep]
+	timeout := rp.bal.Config().Admission.Timeout
+	for len(rp.waiting) > 0 {
+		f := rp.waiting[0]
 		if r.now-f.arrived > timeout {
+			f.ticket.Leave("timeout")
 			r.res.Refused++
-			r.waiting = r.waiting[1:]
+			rp.waiting = rp.waiting[1:]
+			r.queued--
 			r.ended()
 			continue
 		}
 		if !r.dispatch(f) {
 			return
 		}
-		r.waiting = r.waiting[1:]
+		rp.waiting = rp.waiting[1:]
+		r.queued--
 	}
 }
 
@@ -420,7 +484,7 @@ func (r *run) admit() {
 // its client sends the next request now.
 func (r *run) ended() {
 	if r.c.Clients > 0 && r.next < len(r.w.Requests) {
-		r.push(r.now, evArrival, r.next)
+		r.push(event{at: r.now, kind: evArrival, i: r.next})
 		r.next++
 	}
 }
@@ -449,14 +513,17 @@ func (r *run) step(i int) {
 	}
 	s.busy = d > 0
 	if s.busy {
-		r.push(r.now+d, evStep, i)
+		r.push(event{at: r.now + d, kind: evStep, i: i})
 	}
 }
 
-// oracle knows what each server's prefix cache really holds.
-type oracle struct{ r *run }
+// trueCache tells a balancer what each server's prefix cache really holds,
+// for the presets that know it (llm-d's KV-event index, whose speculative
+// indexing covers the events' delay for its own picks, and llmlb's scorer
+// fed the truth).
+type trueCache struct{ r *run }
 
-func (o oracle) CachedTokens(be *balancer.Backend, req *balancer.Request) int {
+func (o trueCache) CachedTokens(be *balancer.Backend, req *balancer.Request) int {
 	i, ok := o.r.byID[be.ID]
 	if !ok {
 		return 0

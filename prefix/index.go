@@ -26,6 +26,14 @@ type Config struct {
 	// until the backend reports its KV-cache size (block size and count),
 	// and for engines that do not. (default 16384)
 	FallbackEntries int `mapstructure:"fallback_entries"`
+
+	// Partial hashes a trailing block shorter than BlockBytes too, as the
+	// endpoint picker does; set by its presets, not by config.
+	Partial bool `mapstructure:"-"`
+	// EntriesPerEngineBlock sizes a backend's LRU at as many entries as it
+	// reports KV blocks, whatever the block sizes (the endpoint picker's
+	// autoTune); set by its presets, not by config.
+	EntriesPerEngineBlock bool `mapstructure:"-"`
 }
 
 // DefaultConfig returns the prefix defaults.
@@ -34,13 +42,6 @@ func DefaultConfig() Config {
 }
 
 // Validate reports every problem in c at once.
-// EPPConfig is the Inference Extension endpoint picker's prefix plugin
-// sizing, which the epp preset uses: 64-byte blocks, at most 256 a prompt,
-// 31,250 entries a server.
-func EPPConfig() Config {
-	return Config{BlockBytes: 64, MaxBlocks: 256, FallbackEntries: 31250}
-}
-
 func (c Config) Validate() error {
 	var errs []error
 	if c.BlockBytes < 0 || (c.BlockBytes > 0 && c.BlockBytes < 16) {
@@ -124,7 +125,18 @@ func (x *Index) BlockTokens() int { return x.BlockBytes() / bytesPerToken }
 // AppendHashes appends the chained hashes of prompt's blocks at the
 // index's block size, at most MaxBlocks of them.
 func (x *Index) AppendHashes(dst []uint64, seed uint64, prompt []byte) []uint64 {
-	return AppendHashes(dst, seed, prompt, x.BlockBytes(), x.cfg.MaxBlocks)
+	bb := x.BlockBytes()
+	n := len(dst)
+	dst = AppendHashes(dst, seed, prompt, bb, x.cfg.MaxBlocks)
+	full := len(dst) - n
+	if x.cfg.Partial && full < x.cfg.MaxBlocks && len(prompt) > full*bb {
+		prev := seed
+		if full > 0 {
+			prev = dst[len(dst)-1]
+		}
+		dst = AppendHashes(dst, prev, prompt[full*bb:], len(prompt)-full*bb, 1)
+	}
+	return dst
 }
 
 // Match sets dst[slot] to the number of leading blocks of hashes that slot
@@ -197,7 +209,10 @@ func (x *Index) Resize(slot, blockTokens, numBlocks int) {
 		}
 	}
 	size := x.cfg.FallbackEntries
-	if blockTokens > 0 && numBlocks > 0 {
+	switch {
+	case numBlocks > 0 && x.cfg.EntriesPerEngineBlock:
+		size = numBlocks
+	case blockTokens > 0 && numBlocks > 0:
 		size = max(1, blockTokens*numBlocks/max(1, x.BlockTokens()))
 	}
 	l := x.lruLocked(slot)

@@ -36,6 +36,17 @@ var _ Model = (*Live)(nil)
 func (l *Live) Run(ctx context.Context, j Job, emit func() error) (int, error) {
 	hashes := BlockHashes(nil, j.Seed, j.Prompt, l.blockBytes)
 	s := &Seq{Hashes: hashes, PromptTokens: j.PromptTokens, MaxTokens: j.MaxTokens, Adapter: j.Adapter}
+	// The server's own work on the request comes before its scheduler
+	// sees it.
+	if d := time.Duration(float64(l.eng.cfg.Cost.Intake(j.PromptTokens)) / l.speed); d > 0 {
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return 0, ctx.Err()
+		}
+	}
 	wake := make(chan struct{}, 1)
 	l.mu.Lock()
 	if err := l.eng.Add(s); err != nil {

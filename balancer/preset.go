@@ -1,0 +1,245 @@
+package balancer
+
+import (
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Preset is what one policy name means, defined once for `llmlb serve` and
+// `llmlb bench` alike: its scorers and picker (built by [New]), the prefix
+// index it matches with, how often the peer it follows reads its servers'
+// metrics, and whether llmlb's saturation filter and admission queue stand
+// in front of it. A peer that has neither runs without them, as it does in
+// production.
+type Preset struct {
+	Name string
+	// Index says how the preset's approximate prefix index cuts prompts and
+	// how much it remembers; nil means the preset matches no blocks.
+	Index *IndexSpec
+	// Tree: the preset matches prompt text in a character radix tree
+	// (sglang-cache-aware).
+	Tree bool
+	// TrueCache: the preset's prefix match is what each server's cache
+	// really holds (llm-d's KV-event index, or llmlb's scorer fed the
+	// truth). Only the simulator can tell it, so serve refuses the preset.
+	TrueCache bool
+	// Scenario names the published experiment a preset reproduces as it
+	// was then configured; such a preset is for `llmlb bench --scenario`,
+	// not for serve.
+	Scenario string
+	// ScrapeInterval is the peer's metrics refresh; 0 keeps scrape.interval.
+	ScrapeInterval time.Duration
+	// Admission: llmlb's saturation filter and admission queue apply.
+	Admission bool
+	// Follows cites the code the preset follows: repository, file and
+	// commit.
+	Follows string
+
+	build func(b *Balancer, cfg Config, d Deps) *policy
+}
+
+// IndexSpec sizes a preset's approximate prefix index.
+type IndexSpec struct {
+	// Own: the index is llmlb's own, configured by the `prefix:` section;
+	// the fields below are then unused.
+	Own bool
+	// BlockBytes is the bytes of canonical prompt a block covers.
+	BlockBytes int
+	// MaxBlocks caps the blocks matched per prompt.
+	MaxBlocks int
+	// Partial: a trailing block shorter than BlockBytes is hashed too.
+	Partial bool
+	// EntriesPerEngineBlock: each server's LRU holds as many entries as
+	// the server reports KV blocks (the endpoint picker's autoTune),
+	// whatever the block sizes.
+	EntriesPerEngineBlock bool
+	// Entries is the LRU size per server until the server reports its KV
+	// blocks.
+	Entries int
+}
+
+// eppIndex is the endpoint picker's approximate prefix index: 64-token
+// blocks at 4 bytes a token, the trailing partial block hashed, and an LRU
+// per server of as many entries as the server has KV blocks
+// (llm-d/llm-d-router pkg/epp/.../approximateprefix types.go:115 and
+// plugin.go:303-313 at ebab6879).
+func eppIndex(maxTokens int) *IndexSpec {
+	const blockTokens = 64
+	return &IndexSpec{BlockBytes: blockTokens * 4, MaxBlocks: maxTokens / blockTokens, Partial: true,
+		EntriesPerEngineBlock: true, Entries: 31250}
+}
+
+// presets are every policy name, the default first.
+var presets = []Preset{
+	{
+		Name: "ttft", Index: &IndexSpec{Own: true}, Admission: true,
+		Follows: "llmlb's own: estimated time to first token ([TTFTScorer])",
+		build: func(b *Balancer, cfg Config, d Deps) *policy {
+			return &policy{scorers: []weighted{{&TTFTScorer{cfg: cfg.TTFT}, 1}}, picker: &TiePicker{Tolerance: cfg.TTFT.TieTolerance}}
+		},
+	},
+	{
+		Name: "ttft-true-cache", TrueCache: true, Admission: true,
+		Follows: "llmlb's ttft policy fed what each server's cache really holds, to measure the index's error; not a bound",
+		build: func(b *Balancer, cfg Config, d Deps) *policy {
+			return &policy{scorers: []weighted{{&TTFTScorer{cfg: cfg.TTFT}, 1}}, picker: &TiePicker{Tolerance: cfg.TTFT.TieTolerance}}
+		},
+	},
+	{
+		Name:    "round-robin",
+		Follows: "nginx's and HAProxy's default round-robin, unweighted, with no queue of their own",
+		build: func(b *Balancer, cfg Config, d Deps) *policy {
+			return &policy{picker: &RoundRobinPicker{pos: &b.rr}}
+		},
+	},
+	{
+		Name:    "random",
+		Follows: "sglang-router's random policy",
+		build:   func(b *Balancer, cfg Config, d Deps) *policy { return &policy{picker: &RandomPicker{rand: d.Rand}} },
+	},
+	{
+		Name:    "least-request",
+		Follows: "nginx's least_conn",
+		build:   func(b *Balancer, cfg Config, d Deps) *policy { return &policy{picker: LeastRequestPicker{}} },
+	},
+	{
+		Name:    "power-of-two",
+		Follows: "grpc-go balancer/leastrequest with choiceCount 2; sglang-router's power_of_two",
+		build: func(b *Balancer, cfg Config, d Deps) *policy {
+			return &policy{picker: &PowerOfTwoPicker{rand: d.Rand}}
+		},
+	},
+	{
+		// The endpoint picker's default profile: no flow control (off by
+		// default, cmd/epp/runner/runner.go:754) and no saturation filter
+		// in the profile, so prefix weight 3 over queue weight 2 keeps a
+		// hot prefix on one server however long its queue.
+		Name: "epp", Index: eppIndex(131072), ScrapeInterval: 50 * time.Millisecond,
+		Follows: "llm-d/llm-d-router at ebab6879: default profile queue-scorer 2, kv-cache-utilization-scorer 2, prefix-cache-scorer 3, max-score-picker; approximateprefix plugin types.go:115, plugin.go:303-313",
+		build: func(b *Balancer, cfg Config, d Deps) *policy {
+			return &policy{scorers: []weighted{{QueueScorer{}, 2}, {KVScorer{}, 2}, {PrefixScorer{}, 3}}, picker: &MaxScorePicker{rand: d.Rand}}
+		},
+	},
+	{
+		// llm-d's precise prefix-cache profile: the index is fed by the
+		// engines' KV events (ZMQ), so it knows what each server holds, a
+		// moment late.
+		Name: "llm-d-precise", TrueCache: true, ScrapeInterval: 50 * time.Millisecond,
+		Follows: "llm-d/llm-d guides/precise-prefix-cache-aware: precise-prefix-cache-scorer 2, kv-cache-utilization-scorer 1, queue-scorer 1, max-score-picker",
+		build: func(b *Balancer, cfg Config, d Deps) *policy {
+			return &policy{scorers: []weighted{{PrefixScorer{}, 2}, {KVScorer{}, 1}, {QueueScorer{}, 1}}, picker: &MaxScorePicker{rand: d.Rand}}
+		},
+	},
+	{
+		Name: "llm-d-load", Index: eppIndex(100000), ScrapeInterval: 50 * time.Millisecond,
+		Follows: "llm-d/llm-d-router test/perf router configs at ebab6879: queue-scorer 2, kv-cache-utilization-scorer 2, prefix-cache-scorer 3 (100,000-token match cap), no-hit-lru-scorer 2, max-score-picker",
+		build: func(b *Balancer, cfg Config, d Deps) *policy {
+			return &policy{scorers: []weighted{{QueueScorer{}, 2}, {KVScorer{}, 2}, {PrefixScorer{}, 3}, {&NoHitLRUScorer{lru: &b.cold}, 2}},
+				picker: &MaxScorePicker{rand: d.Rand}}
+		},
+	},
+	{
+		Name: "sglang-cache-aware", Tree: true,
+		Follows: "lightseekorg/smg policies/cache_aware.rs (sglang PR #14650, 2025-12-08): a miss goes to the least loaded worker",
+		build: func(b *Balancer, cfg Config, d Deps) *policy {
+			return &policy{tree: d.Tree, picker: &SGLangPicker{cfg: cfg.SGLang, tree: d.Tree, rand: d.Rand}}
+		},
+	},
+	{
+		Name: "sglang-v04-cache-aware", Tree: true, Scenario: "sglang-v04-shared-prefix",
+		Follows: "sglang-router as SGLang v0.4 shipped it (lmsys.org/blog/2024-12-04-sglang-v0-4): cache_threshold 0.5, balance_abs_threshold 32, balance_rel_threshold 1.0001, a miss to the smallest tree",
+		build: func(b *Balancer, cfg Config, d Deps) *policy {
+			c := cfg.SGLang
+			c.CacheThreshold, c.BalanceAbsThreshold, c.BalanceRelThreshold = 0.5, 32, 1.0001
+			return &policy{tree: d.Tree, picker: &SGLangPicker{cfg: c, tree: d.Tree, rand: d.Rand, legacy: true}}
+		},
+	},
+	{
+		// llm-d's "KV-cache wins you can see" as it ran (73-capacity
+		// README at d070ea60): the endpoint picker's prefix scorer of
+		// the time (64-byte blocks, at most 256, 31,250 entries a server)
+		// with the queue and KV scorers, each weight 1.
+		Name: "llm-d-2025-approximate", Index: &IndexSpec{BlockBytes: 64, MaxBlocks: 256, Entries: 31250}, ScrapeInterval: 50 * time.Millisecond,
+		Scenario: "llm-d-kv-cache-wins",
+		Follows:  "llm-d/llm-d-kv-cache-manager benchmarking/73-capacity/README.md at d070ea60: estimated-scheduling, prefix 1, kv 1, queue 1",
+		build: func(b *Balancer, cfg Config, d Deps) *policy {
+			return &policy{scorers: []weighted{{PrefixScorer{}, 1}, {KVScorer{}, 1}, {QueueScorer{}, 1}}, picker: &MaxScorePicker{rand: d.Rand}}
+		},
+	},
+	{
+		Name: "llm-d-2025-precise", TrueCache: true, ScrapeInterval: 50 * time.Millisecond, Scenario: "llm-d-kv-cache-wins",
+		Follows: "llm-d/llm-d-kv-cache-manager benchmarking/73-capacity/README.md at d070ea60: precise-scheduling, prefix (KV events) 3, kv 2, queue 2",
+		build: func(b *Balancer, cfg Config, d Deps) *policy {
+			return &policy{scorers: []weighted{{PrefixScorer{}, 3}, {KVScorer{}, 2}, {QueueScorer{}, 2}}, picker: &MaxScorePicker{rand: d.Rand}}
+		},
+	},
+	{
+		Name: "llm-d-2025-load", ScrapeInterval: 50 * time.Millisecond, Scenario: "llm-d-kv-cache-wins",
+		Follows: "llm-d/llm-d-kv-cache-manager benchmarking/73-capacity/README.md at d070ea60: load-scheduling, queue 1, kv 1",
+		build: func(b *Balancer, cfg Config, d Deps) *policy {
+			return &policy{scorers: []weighted{{QueueScorer{}, 1}, {KVScorer{}, 1}}, picker: &MaxScorePicker{rand: d.Rand}}
+		},
+	},
+	{
+		Name:    "consistent-hash",
+		Follows: "KubeAI's CHWBL: internal/loadbalancer, api/openai/v1/chat_completions.go",
+		build: func(b *Balancer, cfg Config, d Deps) *policy {
+			return &policy{picker: &RingPicker{cfg: cfg.ConsistentHash, ring: &b.ring}}
+		},
+	},
+}
+
+// Presets returns every preset, the default first.
+func Presets() []Preset { return slices.Clone(presets) }
+
+// LookupPreset returns the preset of a policy name; "" is the default.
+func LookupPreset(name string) (Preset, error) {
+	if name == "" {
+		return presets[0], nil
+	}
+	for _, p := range presets {
+		if p.Name == name {
+			return p, nil
+		}
+	}
+	return Preset{}, fmt.Errorf("unknown policy %q (have %v)", name, PolicyNames())
+}
+
+// PolicyNames returns the policy names config accepts, the default first:
+// every preset `llmlb serve` can run (not those that need the simulator's
+// true caches).
+func PolicyNames() []string {
+	var out []string
+	for _, p := range presets {
+		if !p.TrueCache && p.Scenario == "" {
+			out = append(out, p.Name)
+		}
+	}
+	return out
+}
+
+// newPolicy builds cfg's preset for b.
+func newPolicy(b *Balancer, cfg Config, d Deps) (*policy, error) {
+	pr, err := LookupPreset(cfg.Policy)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case pr.TrueCache && d.Oracle == nil:
+		return nil, fmt.Errorf("policy %s: needs each server's true cache, which only the simulator has", pr.Name)
+	case pr.Tree && d.Tree == nil:
+		return nil, fmt.Errorf("policy %s: needs a prefix tree", pr.Name)
+	}
+	pol := pr.build(b, cfg, d)
+	pol.name = pr.Name
+	pol.admission = pr.Admission
+	if pr.Index != nil {
+		pol.index = d.Index
+		pol.sizeIndex = d.Index != nil
+	}
+	if pr.TrueCache {
+		pol.oracle = d.Oracle
+	}
+	return pol, nil
+}
