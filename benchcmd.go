@@ -17,9 +17,9 @@ import (
 // virtual time and prints one table per workload; with --target it replays
 // them in real time over HTTP against a running balancer instead.
 func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("bench", "llmlb bench [--workload W,...] [--policy P,...] [--backends N] [--rate X] [--seed S] [--json FILE] [--plot FILE.png] [--target URL [--model M] [--label L]]", stderr)
+	fs := newFlagSet("bench", "llmlb bench [--workload W,...] [--policy P,...] [--backends N] [--slow N] [--rate X] [--scale F] [--seed S] [--clients N] [--engine E] [--sweep [--rates F,...]] [--replicas R] [--scenario NAME] [--json FILE] [--plot FILE.png] [--quiet] [--target URL [--model M] [--label L]]", stderr)
 	workloads := fs.String("workload", strings.Join(bench.WorkloadNames(), ","), "comma-separated workloads")
-	policies := fs.String("policy", strings.Join(bench.DefaultPolicies(), ","), "comma-separated policies; default is llmlb's default, oracle knows every cache")
+	policies := fs.String("policy", strings.Join(bench.DefaultPolicies(), ","), "comma-separated policies; default is llmlb's default; ttft-true-cache and llm-d-precise know every cache")
 	backends := fs.Int("backends", 8, "emulated servers; with --target, the backends behind it (for imbalance; default: those that answered)")
 	slow := fs.Int("slow", 0, "of those, servers on the slower a100-8b preset (0: a quarter, -1: none)")
 	rate := fs.Float64("rate", 0, "arrival-rate factor (0: each workload's default)")
@@ -33,8 +33,28 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	target := fs.String("target", "", "replay over HTTP, in real time, against the balancer (or server) at this base URL instead of emulating a cluster; the lora workload needs adapters lora-00..lora-15 there")
 	model := fs.String("model", "", "with --target: the base model to ask for (default: the first base model of the target's /v1/models)")
 	label := fs.String("label", "target", "with --target: the name of the result's row")
+	sweep := fs.Bool("sweep", false, "run each workload at a ladder of arrival rates (x0.25 to x4 its default) and print TTFT p90 and output tok/s per policy at each, the default's worst ratio to each peer, and with --plot one PNG per workload")
+	rates := fs.String("rates", "", "with --sweep: comma-separated arrival-rate factors instead of the default ladder")
+	replicas := fs.Int("replicas", 1, "independent balancers in front of the cluster, each arrival to one at random; above 1 also prints the table against one replica")
+	scenario := fs.String("scenario", "", "replay a published experiment and print its published figures beside ours: llm-d-kv-cache-wins or sglang-v04-shared-prefix")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *scenario != "" {
+		sc, err := bench.LookupExperiment(*scenario)
+		if err != nil {
+			return err
+		}
+		var progress io.Writer
+		if !*quiet {
+			progress = stderr
+		}
+		rows, err := bench.RunExperiment(ctx, sc, bench.Params{Scale: *scale, Seed: *seed}, progress)
+		if err != nil {
+			return err
+		}
+		bench.WriteExperiment(stdout, sc, rows)
+		return writeJSON(*jsonFile, rows)
 	}
 	if *target != "" {
 		n := 0 // backends behind the target: only those that answered, unless --backends says
@@ -67,6 +87,41 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		opts.Progress = stderr
 	}
 	fmt.Fprintf(stdout, "llmlb bench: %d servers (%s), seed %d, virtual time\n", *backends, strings.Join(compact(bench.Presets(*backends, *slow)), " "), *seed)
+	if *sweep {
+		ladder := bench.DefaultLadder
+		if *rates != "" {
+			ladder = nil
+			for _, f := range split(*rates) {
+				var x float64
+				if _, err := fmt.Sscan(f, &x); err != nil || x <= 0 {
+					return fmt.Errorf("bench: --rates: %q is not a positive factor", f)
+				}
+				ladder = append(ladder, x)
+			}
+		}
+		opts.Replicas = *replicas
+		curves, err := bench.Sweep(ctx, opts, ladder, false)
+		if err != nil {
+			return err
+		}
+		bench.WriteSweep(stdout, curves)
+		if *plotFile != "" {
+			files, err := bench.PlotSweep(strings.TrimSuffix(*plotFile, ".png"), curves)
+			if err != nil {
+				return fmt.Errorf("bench: --plot: %w", err)
+			}
+			fmt.Fprintf(stdout, "plots: %s\n", strings.Join(files, " "))
+		}
+		return writeJSON(*jsonFile, curves)
+	}
+	if *replicas > 1 {
+		rows, err := bench.Replicas(ctx, opts, *replicas)
+		if err != nil {
+			return err
+		}
+		bench.WriteReplicas(stdout, rows)
+		return writeJSON(*jsonFile, rows)
+	}
 	rep, err := bench.Bench(ctx, opts)
 	if err != nil {
 		return err
@@ -129,6 +184,21 @@ func writeReport(rep bench.Report, jsonFile, plotFile string, stdout io.Writer) 
 		if err := bench.Plot(plotFile, rep); err != nil {
 			return fmt.Errorf("bench: --plot: %w", err)
 		}
+	}
+	return nil
+}
+
+// writeJSON writes v, indented, to file; "" writes nothing.
+func writeJSON(file string, v any) error {
+	if file == "" {
+		return nil
+	}
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err == nil {
+		err = os.WriteFile(file, append(b, '\n'), 0o644)
+	}
+	if err != nil {
+		return fmt.Errorf("bench: --json: %w", err)
 	}
 	return nil
 }

@@ -172,6 +172,10 @@ func (b *Balancer) Config() Config { return b.cfg }
 // Policy returns the name of the policy b runs.
 func (b *Balancer) Policy() string { return b.pol.name }
 
+// UserKeyed reports whether b's policy keys requests on the first user
+// message, so callers should fill [Request.UserText].
+func (b *Balancer) UserKeyed() bool { return b.pol.userKeyed }
+
 // Snapshot returns the current snapshot. Never nil.
 func (b *Balancer) Snapshot() *Snapshot { return b.snap.Load() }
 

@@ -20,6 +20,7 @@ type policy struct {
 	tree      TextTree
 	oracle    Oracle
 	admission bool // llmlb's saturation filter and admission queue apply
+	userKeyed bool // keyed on Request.UserText
 }
 
 type weighted struct {

@@ -32,6 +32,9 @@ type Preset struct {
 	ScrapeInterval time.Duration
 	// Admission: llmlb's saturation filter and admission queue apply.
 	Admission bool
+	// UserKeyed: the preset keys requests on the first user message
+	// ([Request.UserText]), which the proxy then reads.
+	UserKeyed bool
 	// Follows cites the code the preset follows: repository, file and
 	// commit.
 	Follows string
@@ -182,7 +185,7 @@ var presets = []Preset{
 		},
 	},
 	{
-		Name:    "consistent-hash",
+		Name: "consistent-hash", UserKeyed: true,
 		Follows: "KubeAI's CHWBL: internal/loadbalancer, api/openai/v1/chat_completions.go",
 		build: func(b *Balancer, cfg Config, d Deps) *policy {
 			return &policy{picker: &RingPicker{cfg: cfg.ConsistentHash, ring: &b.ring}}
@@ -234,6 +237,7 @@ func newPolicy(b *Balancer, cfg Config, d Deps) (*policy, error) {
 	pol := pr.build(b, cfg, d)
 	pol.name = pr.Name
 	pol.admission = pr.Admission
+	pol.userKeyed = pr.UserKeyed
 	if pr.Index != nil {
 		pol.index = d.Index
 		pol.sizeIndex = d.Index != nil

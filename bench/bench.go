@@ -26,6 +26,9 @@ type Options struct {
 	// that many clients ([Cluster.Clients]) and reports its output tokens
 	// per second as the row's Saturated throughput.
 	Clients int
+	// Replicas is how many independent balancers front the cluster
+	// ([Cluster.Replicas]). (default 1)
+	Replicas int
 	// Progress, if set, gets a progress line as runs finish.
 	Progress io.Writer
 }
@@ -111,7 +114,7 @@ func Bench(ctx context.Context, o Options) (Report, error) {
 	for range max(1, runtime.GOMAXPROCS(0)) {
 		wg.Go(func() {
 			for j := range jobs {
-				c := Cluster{Presets: presets, Engine: o.Engine, Policy: o.Policies[j.p], Seed: o.Params.Seed}
+				c := Cluster{Presets: presets, Engine: o.Engine, Policy: o.Policies[j.p], Seed: o.Params.Seed, Replicas: o.Replicas}
 				if j.closed {
 					c.Clients = o.Clients
 				}

@@ -193,3 +193,83 @@ func TestWorkloadsDeterministicText(t *testing.T) {
 		t.Error("unknown workload accepted")
 	}
 }
+
+// TestSweepReplicasExperiments: the sweep, the replica table and both
+// published experiments run small, print their tables, and give the same
+// numbers for the same seed.
+func TestSweepReplicasExperiments(t *testing.T) {
+	o := Options{Workloads: []string{"shared-prefix"}, Policies: []string{"default", "epp", "round-robin"}, Backends: 4, Params: Params{Scale: 0.05, Seed: 3}}
+	run := func() string {
+		var b strings.Builder
+		curves, err := Sweep(context.Background(), o, []float64{0.5, 2}, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		WriteSweep(&b, curves)
+		rows, err := Replicas(context.Background(), o, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		WriteReplicas(&b, rows)
+		return b.String()
+	}
+	a := run()
+	if b := run(); a != b {
+		t.Errorf("same seed, different output:\n%s\n---\n%s", a, b)
+	}
+	var b strings.Builder
+	for _, name := range []string{"llm-d-kv-cache-wins", "sglang-v04-shared-prefix"} {
+		sc, err := LookupExperiment(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := RunExperiment(context.Background(), sc, Params{Scale: 0.01, Seed: 3}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		WriteExperiment(&b, sc, res)
+	}
+	a += b.String()
+	for _, want := range []string{"x0.5", "x2", "worst TTFT p90 ratio", "replicas: 3 independent balancers", "hit rate 3",
+		"precise-scheduling", "542ms", "cache-aware router (v0.4)", "158596", "best first: published"} {
+		if !strings.Contains(a, want) {
+			t.Errorf("output lacks %q:\n%s", want, a)
+		}
+	}
+}
+
+// TestReplicasKeepTheirOwnState: with several replicas each balancer
+// picks only the arrivals sent to it, so every replica's ledger sees part
+// of the traffic and all are back to zero at the end.
+func TestReplicasKeepTheirOwnState(t *testing.T) {
+	w, err := Build("shared-prefix", Params{Scale: 0.05, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, bals, err := runAll(Cluster{Presets: Presets(4, -1), Policy: "default", Seed: 1, Replicas: 4}, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(bals) != 4 {
+		t.Fatalf("%d balancers, want 4", len(bals))
+	}
+	for i, bal := range bals {
+		total := int64(0)
+		for _, be := range bal.Snapshot().Backends {
+			if n := be.Ledger.InFlight(); n != 0 {
+				t.Errorf("replica %d: %s still has %d in flight", i, be.ID, n)
+			}
+			total += be.Ledger.Total()
+		}
+		if total == 0 || total == int64(len(w.Requests)) {
+			t.Errorf("replica %d picked %d of %d requests, want a share", i, total, len(w.Requests))
+		}
+	}
+	served := 0
+	for _, n := range res.PerBackend {
+		served += n
+	}
+	if served+res.Refused+res.Failed != len(w.Requests) {
+		t.Errorf("served %d + refused %d + failed %d != %d arrivals", served, res.Refused, res.Failed, len(w.Requests))
+	}
+}

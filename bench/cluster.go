@@ -184,6 +184,15 @@ func Run(c Cluster, w *Workload) (Result, error) {
 // runWith is Run that also returns the first replica's balancer, for
 // tests.
 func runWith(c Cluster, w *Workload) (Result, *balancer.Balancer, error) {
+	res, bals, err := runAll(c, w)
+	if err != nil {
+		return res, nil, err
+	}
+	return res, bals[0], nil
+}
+
+// runAll is Run that also returns every replica's balancer, for tests.
+func runAll(c Cluster, w *Workload) (Result, []*balancer.Balancer, error) {
 	if len(c.Presets) == 0 {
 		return Result{}, nil, errors.New("bench: a cluster needs at least one server")
 	}
@@ -210,7 +219,11 @@ func runWith(c Cluster, w *Workload) (Result, *balancer.Balancer, error) {
 		return Result{}, nil, err
 	}
 	r.loop()
-	return r.res, r.reps[0].bal, nil
+	var bals []*balancer.Balancer
+	for _, rep := range r.reps {
+		bals = append(bals, rep.bal)
+	}
+	return r.res, bals, nil
 }
 
 func (r *run) clock() time.Time { return r.epoch.Add(r.now) }
@@ -376,7 +389,8 @@ func (r *run) arrive(i int) {
 		model = Model
 	}
 	f := &flight{req: req, idx: i, rep: rep, arrived: r.now}
-	f.breq = balancer.Request{Model: model, Seed: prefix.Seed(model, ""), PromptTokens: req.Tokens(), MaxTokens: req.MaxTokens}
+	f.breq = balancer.Request{Model: model, Seed: prefix.Seed(model, ""), PromptTokens: req.Tokens(), MaxTokens: req.MaxTokens,
+		UserText: req.AppendUserText(nil, 100)}
 	r.dispatch(f)
 }
 

@@ -31,6 +31,22 @@ type Request struct {
 	Parts     []Part
 	MaxTokens int
 	Model     string // the model or LoRA adapter asked for; "" is the base model
+	// System is how many leading parts are the system prompt; the first
+	// user message starts after them.
+	System int
+}
+
+// AppendUserText appends the first n bytes of the first user message: the
+// text after the system parts.
+func (r *Request) AppendUserText(dst []byte, n int) []byte {
+	start := len(dst)
+	for _, p := range r.Parts[min(r.System, len(r.Parts)):] {
+		dst = appendPart(dst, p)
+		if len(dst)-start >= n {
+			return dst[:start+n]
+		}
+	}
+	return dst
 }
 
 // Tokens is the prompt's length in tokens.
@@ -259,6 +275,7 @@ func sharedPrefix(p Params, rng *rand.Rand) *Workload {
 		w.Requests = append(w.Requests, Request{
 			At:        at[i],
 			Parts:     []Part{{ID: 1<<32 + g, Tokens: 6000}, {ID: 2<<32 + g<<8 + u<<4 + uint64(i%16), Tokens: 1200}},
+			System:    1,
 			MaxTokens: 200,
 		})
 	}
@@ -282,7 +299,7 @@ func multiTurn(p Params, rng *rand.Rand) *Workload {
 			q := Part{ID: 4<<32 + uint64(c)<<8 + uint64(turn), Tokens: 150 + rng.IntN(300)}
 			out := 100 + rng.IntN(300)
 			hist = append(hist, q)
-			w.Requests = append(w.Requests, Request{At: t, Parts: slices.Clone(hist), MaxTokens: out})
+			w.Requests = append(w.Requests, Request{At: t, Parts: slices.Clone(hist), MaxTokens: out, System: 1})
 			hist = append(hist, Part{ID: 5<<32 + uint64(c)<<8 + uint64(turn), Tokens: out})
 			t += time.Duration((10 + rng.ExpFloat64()*10) / r * float64(time.Second))
 		}
@@ -316,6 +333,7 @@ func loraMix(p Params, rng *rand.Rand) *Workload {
 			At:        at[i],
 			Model:     w.Adapters[a],
 			Parts:     []Part{{ID: 6<<32 + uint64(a), Tokens: 2000}, {ID: 7<<32 + uint64(i), Tokens: 500}},
+			System:    1,
 			MaxTokens: 150,
 		})
 	}

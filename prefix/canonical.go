@@ -387,3 +387,50 @@ func appendJSONString(dst []byte, s string) []byte {
 	b, _ := json.Marshal(s)
 	return append(dst, b...)
 }
+
+// FirstUserText returns up to n runes of the text of a chat's first user
+// message (its string content, or its first text part), as KubeAI's
+// prefix-hash load balancer keys requests; nil when there is none or the
+// messages do not parse.
+func FirstUserText(messages json.RawMessage, n int) []byte {
+	msgs, ok := scanMessages(bytes.TrimSpace(messages))
+	if !ok {
+		msgs = nil
+		if json.Unmarshal(messages, &msgs) != nil {
+			return nil
+		}
+	}
+	for _, m := range msgs {
+		if m.Role == nil || *m.Role != "user" {
+			continue
+		}
+		var text string
+		raw := bytes.TrimSpace(m.Content)
+		switch {
+		case len(raw) > 0 && raw[0] == '"':
+			if json.Unmarshal(raw, &text) != nil {
+				return nil
+			}
+		case len(raw) > 0 && raw[0] == '[':
+			var parts []contentPart
+			if json.Unmarshal(raw, &parts) != nil {
+				return nil
+			}
+			for _, p := range parts {
+				if p.Type == "text" {
+					text = p.Text
+					break
+				}
+			}
+		}
+		i := 0
+		for k := range text {
+			if i == n {
+				return []byte(text[:k])
+			}
+			i++
+		}
+		return []byte(text)
+	}
+	return nil
+}

@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"slices"
 	"testing"
+	"unicode/utf8"
 )
 
 // FuzzHashPrompt checks the hash chain's properties on any input:
@@ -40,6 +41,9 @@ func FuzzCanonical(f *testing.F) {
 		c2, err2 := AppendChat(nil, json.RawMessage(a), json.RawMessage(b))
 		if (err1 == nil) != (err2 == nil) || !slices.Equal(c1, c2) {
 			t.Fatal("AppendChat not deterministic")
+		}
+		if u := FirstUserText(json.RawMessage(a), 100); utf8.RuneCount(u) > 100 {
+			t.Fatalf("FirstUserText gave %d runes, want at most 100", utf8.RuneCount(u))
 		}
 		p1, err1 := AppendCompletion(nil, json.RawMessage(a))
 		p2, err2 := AppendCompletion(nil, json.RawMessage(a))

@@ -291,3 +291,21 @@ func TestTreeMatchAndEvict(t *testing.T) {
 		t.Errorf("size %d over the limit", small.Size(0))
 	}
 }
+
+func TestFirstUserText(t *testing.T) {
+	for _, tc := range []struct {
+		name, messages, want string
+	}{
+		{"system skipped", `[{"role":"system","content":"be brief"},{"role":"user","content":"héllo world"}]`, "héllo"},
+		{"parts", `[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}},{"type":"text","text":"abcdefgh"}]}]`, "abcde"},
+		{"no user", `[{"role":"system","content":"s"}]`, ""},
+		{"short", `[{"role":"user","content":"ab"}]`, "ab"},
+		{"not messages", `{"role":"user"}`, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := string(FirstUserText([]byte(tc.messages), 5)); got != tc.want {
+				t.Errorf("FirstUserText(%s, 5) = %q, want %q", tc.messages, got, tc.want)
+			}
+		})
+	}
+}

@@ -277,6 +277,9 @@ func (s *Server) balancerRequest(r *http.Request, req *Request) (*balancer.Reque
 	if bcfg.Session.Header != "" {
 		breq.Session = r.Header.Get(bcfg.Session.Header)
 	}
+	if req.Kind == KindChat && s.bal.UserKeyed() {
+		breq.UserText = prefix.FirstUserText(req.Messages, bcfg.ConsistentHash.PrefixBytes)
+	}
 	return breq, nil
 }
 

@@ -52,11 +52,11 @@ func Calibrations() []Calibration {
 			measure: func(cfg EngineConfig) float64 {
 				return ms(ClosedLoop(cfg, 4, chatbotShortIn, chatbotShortOut, 80).TPOT)
 			}},
-		{Quantity: "TPOT p50, 16 clients", Preset: "h100-8b", Published: 10.94, Unit: "ms", Source: yobitel, Tolerance: 0.25,
+		{Quantity: "TPOT p50, 16 clients", Preset: "h100-8b", Published: 10.94, Unit: "ms", Source: yobitel, Tolerance: 0.15,
 			measure: func(cfg EngineConfig) float64 {
 				return ms(ClosedLoop(cfg, 16, chatbotShortIn, chatbotShortOut, 320).TPOT)
 			}},
-		{Quantity: "output tokens/s, 16 clients", Preset: "h100-8b", Published: 1384, Unit: "tok/s", Source: yobitel, Tolerance: 0.25,
+		{Quantity: "output tokens/s, 16 clients", Preset: "h100-8b", Published: 1384, Unit: "tok/s", Source: yobitel, Tolerance: 0.15,
 			measure: func(cfg EngineConfig) float64 {
 				return ClosedLoop(cfg, 16, chatbotShortIn, chatbotShortOut, 320).OutputPerSecond
 			}},

@@ -1,0 +1,247 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"strings"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
+)
+
+// DefaultLadder multiplies each workload's default arrival rate: from a
+// quarter of it (light load) to four times (well past the point where
+// round-robin saturates the default cluster).
+var DefaultLadder = []float64{0.25, 0.5, 1, 2, 4}
+
+// Curve is one workload's sweep: a table per arrival rate.
+type Curve struct {
+	Name   string  `json:"name"`
+	Tables []Table `json:"rates"`
+}
+
+// Sweep runs every workload of o at each rate of the ladder: factors of
+// the workload's default arrival rate, or, when absolute, the rates
+// themselves. Closed-loop runs are skipped: the sweep's throughput is
+// measured at each offered load.
+func Sweep(ctx context.Context, o Options, ladder []float64, absolute bool) ([]Curve, error) {
+	if len(o.Workloads) == 0 {
+		o.Workloads = WorkloadNames()
+	}
+	o.Clients = 0
+	var out []Curve
+	for _, name := range o.Workloads {
+		c := Curve{Name: name}
+		for _, f := range ladder {
+			oo := o
+			oo.Workloads = []string{name}
+			oo.Params.Rate = f
+			if !absolute {
+				oo.Params.Rate = f * defaultRate[name]
+			}
+			rep, err := Bench(ctx, oo)
+			if err != nil {
+				return out, err
+			}
+			c.Tables = append(c.Tables, rep.Workloads[0])
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// WriteSweep prints each workload's TTFT p90 and output tokens/s per
+// policy at every rate, then the default's worst ratio to each peer over
+// the ladder.
+func WriteSweep(w io.Writer, curves []Curve) {
+	for _, c := range curves {
+		if len(c.Tables) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "\n%s: %d servers; TTFT p90 / output tok/s at each arrival-rate factor\n", c.Name, c.Tables[0].Backends)
+		head := []string{"policy"}
+		for _, t := range c.Tables {
+			head = append(head, fmt.Sprintf("x%g", t.Rate))
+		}
+		rows := [][]string{head}
+		for pi, r := range c.Tables[0].Results {
+			row := []string{r.Policy}
+			for _, t := range c.Tables {
+				x := t.Results[pi]
+				row = append(row, fmt.Sprintf("%s / %.0f", secs(x.TTFTP90), x.Throughput))
+			}
+			rows = append(rows, row)
+		}
+		writeAligned(w, rows)
+	}
+	fmt.Fprintf(w, "\nsummary: the default's worst ratio to each policy over the ladder (TTFT p90 default/peer, above 1 is worse; output tok/s default/peer, below 1 is worse)\n")
+	rows := [][]string{{"workload", "policy", "worst TTFT p90 ratio", "at", "worst tok/s ratio", "at"}}
+	for _, c := range curves {
+		for pi, r := range c.Tables[0].Results {
+			if pi == 0 {
+				continue
+			}
+			worstT, worstR, atT, atR := math.Inf(-1), math.Inf(1), 0.0, 0.0
+			for _, t := range c.Tables {
+				d, p := t.Results[0], t.Results[pi]
+				if v := d.TTFTP90 / p.TTFTP90; v > worstT {
+					worstT, atT = v, t.Rate
+				}
+				if v := d.Throughput / p.Throughput; v < worstR {
+					worstR, atR = v, t.Rate
+				}
+			}
+			rows = append(rows, []string{c.Name, r.Policy, fmt.Sprintf("%.2f", worstT), fmt.Sprintf("x%g", atT), fmt.Sprintf("%.2f", worstR), fmt.Sprintf("x%g", atR)})
+		}
+	}
+	writeAligned(w, rows)
+}
+
+func writeAligned(w io.Writer, rows [][]string) {
+	widths := make([]int, len(rows[0]))
+	for _, row := range rows {
+		for i, c := range row {
+			widths[i] = max(widths[i], len(c))
+		}
+	}
+	for _, row := range rows {
+		var b strings.Builder
+		for i, c := range row {
+			if i == 0 {
+				fmt.Fprintf(&b, "%-*s", widths[i], c)
+			} else {
+				fmt.Fprintf(&b, "  %*s", widths[i], c)
+			}
+		}
+		fmt.Fprintln(w, b.String())
+	}
+}
+
+// PlotSweep draws one PNG per workload, prefix + "-" + workload + ".png":
+// TTFT p90 against the arrival rate and output tokens/s against it, one
+// line per policy.
+func PlotSweep(prefix string, curves []Curve) ([]string, error) {
+	var files []string
+	for _, c := range curves {
+		if len(c.Tables) == 0 {
+			continue
+		}
+		pl := [][]*plot.Plot{{plot.New(), plot.New()}}
+		lat, tput := pl[0][0], pl[0][1]
+		lat.Title.Text = c.Name + ": TTFT p90"
+		lat.Y.Label.Text = "TTFT p90 (s)"
+		lat.Y.Scale = plot.LogScale{}
+		lat.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+		tput.Title.Text = c.Name + ": output tokens/s"
+		tput.Y.Label.Text = "output tokens/s"
+		for _, p := range []*plot.Plot{lat, tput} {
+			p.X.Label.Text = "arrival rate (x the workload's)"
+			p.Legend.Top, p.Legend.Left = true, true
+		}
+		for pi, r := range c.Tables[0].Results {
+			var lp, tp plotter.XYs
+			for _, t := range c.Tables {
+				x := t.Results[pi]
+				if !math.IsNaN(x.TTFTP90) {
+					lp = append(lp, plotter.XY{X: t.Rate, Y: math.Max(x.TTFTP90, 1e-3)})
+				}
+				tp = append(tp, plotter.XY{X: t.Rate, Y: x.Throughput})
+			}
+			for k, pts := range []plotter.XYs{lp, tp} {
+				if len(pts) == 0 {
+					continue
+				}
+				l, err := plotter.NewLine(pts)
+				if err != nil {
+					return files, err
+				}
+				l.Color = palette[pi%len(palette)]
+				l.Width = vg.Points(1)
+				if pi == 0 {
+					l.Width = vg.Points(2.5)
+				}
+				p := []*plot.Plot{lat, tput}[k]
+				p.Add(l)
+				if k == 0 {
+					p.Legend.Add(r.Policy, l)
+				}
+			}
+		}
+		const w, h = 7 * vg.Inch, 4.5 * vg.Inch
+		img := vgimg.New(2*w, h)
+		dc := draw.New(img)
+		tiles := draw.Tiles{Rows: 1, Cols: 2, PadX: vg.Millimeter * 4, PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 2}
+		canvases := plot.Align(pl, tiles, dc)
+		lat.Draw(canvases[0][0])
+		tput.Draw(canvases[0][1])
+		file := prefix + "-" + c.Name + ".png"
+		if err := savePNG(file, img); err != nil {
+			return files, err
+		}
+		files = append(files, file)
+	}
+	return files, nil
+}
+
+// ReplicaRow compares one policy at R replicas against one.
+type ReplicaRow struct {
+	Workload   string  `json:"workload"`
+	Policy     string  `json:"policy"`
+	Replicas   int     `json:"replicas"`
+	HitRate1   float64 `json:"hit_rate_1"`
+	HitRateR   float64 `json:"hit_rate_r"`
+	TTFTP901   float64 `json:"ttft_p90_1"`
+	TTFTP90R   float64 `json:"ttft_p90_r"`
+	Throughput float64 `json:"output_tokens_per_s_1"`
+	ThroughR   float64 `json:"output_tokens_per_s_r"`
+}
+
+// Replicas runs o once with one balancer and once with r independent
+// ones and pairs each policy's rows.
+func Replicas(ctx context.Context, o Options, r int) ([]ReplicaRow, error) {
+	o.Clients = 0
+	o.Replicas = 1
+	one, err := Bench(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	o.Replicas = r
+	many, err := Bench(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	var out []ReplicaRow
+	for wi, t := range one.Workloads {
+		for pi, a := range t.Results {
+			b := many.Workloads[wi].Results[pi]
+			out = append(out, ReplicaRow{Workload: t.Name, Policy: a.Policy, Replicas: r, HitRate1: a.HitRate, HitRateR: b.HitRate,
+				TTFTP901: a.TTFTP90, TTFTP90R: b.TTFTP90, Throughput: a.Throughput, ThroughR: b.Throughput})
+		}
+	}
+	return out, nil
+}
+
+// WriteReplicas prints the replica table: hit rate, TTFT p90 and output
+// tokens/s at one replica and at R, and the share R keeps of one.
+func WriteReplicas(w io.Writer, rows []ReplicaRow) {
+	if len(rows) == 0 {
+		return
+	}
+	r := rows[0].Replicas
+	fmt.Fprintf(w, "\nreplicas: %d independent balancers against one (each arrival to one at random)\n", r)
+	out := [][]string{{"workload", "policy", "hit rate 1", fmt.Sprintf("hit rate %d", r), "kept", "ttft p90 1", fmt.Sprintf("ttft p90 %d", r), "tok/s 1", fmt.Sprintf("tok/s %d", r)}}
+	for _, x := range rows {
+		kept := "-"
+		if x.HitRate1 > 0 {
+			kept = fmt.Sprintf("%.2f", x.HitRateR/x.HitRate1)
+		}
+		out = append(out, []string{x.Workload, x.Policy, fmt.Sprintf("%.1f%%", 100*x.HitRate1), fmt.Sprintf("%.1f%%", 100*x.HitRateR), kept,
+			secs(x.TTFTP901), secs(x.TTFTP90R), fmt.Sprintf("%.0f", x.Throughput), fmt.Sprintf("%.0f", x.ThroughR)})
+	}
+	writeAligned(w, out)
+}
