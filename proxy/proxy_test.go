@@ -328,7 +328,8 @@ func TestRetryStatusGoesToNextBackend(t *testing.T) {
 }
 
 // TestAllBackendsDown: every backend refusing gives 502; none ready gives
-// 503; both as OpenAI JSON.
+// 503 with Retry-After, as it does when the backends are gone altogether;
+// all as OpenAI JSON.
 func TestAllBackendsDown(t *testing.T) {
 	t.Parallel()
 	f := newFront(t, DefaultConfig(), deadURL(t), deadURL(t))
@@ -344,6 +345,20 @@ func TestAllBackendsDown(t *testing.T) {
 	f.bal.Update(specs...)
 	resp = post(context.Background(), t, f.URL+"/v1/completions", body("completions", ""))
 	checkOpenAIError(t, resp, http.StatusServiceUnavailable)
+	if ra := resp.Header.Get("Retry-After"); ra == "" {
+		t.Error("all down: no Retry-After on the 503")
+	}
+
+	// Gone from the set (a DNS answer without them), the model was still
+	// offered once: 503, not 404.
+	for _, s := range specs {
+		f.bal.Remove(s.ID)
+	}
+	resp = post(context.Background(), t, f.URL+"/v1/completions", body("completions", ""))
+	checkOpenAIError(t, resp, http.StatusServiceUnavailable)
+	if ra := resp.Header.Get("Retry-After"); ra == "" {
+		t.Error("all gone: no Retry-After on the 503")
+	}
 }
 
 func checkOpenAIError(t *testing.T, resp *http.Response, wantStatus int) {
