@@ -288,3 +288,34 @@ func testBalancer(t testing.TB) *balancer.Balancer {
 	}
 	return bal
 }
+
+// TestValidateBackendURLExplainsMistakes: the two URL mistakes operators
+// make (issue 18) are answered in our words with the fix, not url.Parse's.
+func TestValidateBackendURLExplainsMistakes(t *testing.T) {
+	tests := []struct {
+		name, url, want string
+	}{
+		{"no scheme", "127.0.0.1:8001", `backends[0].url: "127.0.0.1:8001" has no scheme; write it as "http://127.0.0.1:8001"`},
+		{"no scheme, host name", "localhost:8001", `backends[0].url: "localhost:8001" has no scheme; write it as "http://localhost:8001"`},
+		{"ends in /v1", "http://127.0.0.1:8001/v1", `backends[0].url: "http://127.0.0.1:8001/v1" ends in /v1: give the server's base URL, "http://127.0.0.1:8001"`},
+		{"ends in /v1/", "https://gpu-1:8000/v1/", `backends[0].url: "https://gpu-1:8000/v1/" ends in /v1: give the server's base URL, "https://gpu-1:8000"`},
+		{"/v1 under a prefix", "http://gw/vllm/v1", `base URL, "http://gw/vllm"`},
+		{"bad port", "http://h:port", `backends[0].url: "http://h:port" is not a URL: invalid port`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := ValidateBackends([]BackendConfig{{URL: tc.url}}, engineSet(t, nil).Names())
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("ValidateBackends(%q) = %v, want it to contain %q", tc.url, err, tc.want)
+			}
+			if err != nil && strings.Contains(err.Error(), "first path segment") {
+				t.Errorf("ValidateBackends(%q) = %v, url.Parse's words", tc.url, err)
+			}
+		})
+	}
+	for _, ok := range []string{"http://127.0.0.1:8001", "http://h/v1beta", "http://h/api/v10"} {
+		if err := ValidateBackends([]BackendConfig{{URL: ok}}, engineSet(t, nil).Names()); err != nil {
+			t.Errorf("ValidateBackends(%q) = %v, want nil", ok, err)
+		}
+	}
+}
