@@ -182,7 +182,7 @@ func TestProbeWrongEngine(t *testing.T) {
 			}
 		})
 	}
-	err, _, _ = runCmd(t, noEnv, "probe", "--engine", "vllm", "README.md")
+	err, _, _ = runCmd(t, noEnv, "probe", "--engine", "vllm", "go.mod")
 	if err == nil || !strings.Contains(err.Error(), "no known engine") {
 		t.Errorf("probe of a page no engine reads: %v, want it said", err)
 	}
