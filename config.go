@@ -3,12 +3,14 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"maps"
 	"net"
 	"reflect"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -149,15 +151,53 @@ func (e *ConfigError) Error() string {
 	return b.String()
 }
 
+// environ is the process environment as [os.Environ] gives it, KEY=value
+// entries. The program reads its LLMLB_* variables from it and nowhere else,
+// so tests pass their own, and it can list them to refuse a misspelt one.
+type environ []string
+
+// get returns the value of key, or "" when it is not set; the first entry
+// wins, as for [os.Getenv].
+func (e environ) get(key string) string {
+	for _, kv := range e {
+		if k, v, ok := strings.Cut(kv, "="); ok && k == key {
+			return v
+		}
+	}
+	return ""
+}
+
+// otherEnv are the LLMLB_* variables that are not config keys: each is
+// read by a command or by the tests (which run this binary), so the
+// environment that sets them must still load a config.
+var otherEnv = []string{
+	"LLMLB_REQUIRE_PROXIES",   // llmlb overhead: fail when HAProxy or nginx is missing
+	"LLMLB_REQUIRE_CHROMIUM",  // tests: the status page test may not skip
+	"LLMLB_STATUS_SCREENSHOT", // tests: where the status page test saves its screenshot
+	"LLMLB_TEST_RUN_MAIN",     // tests: the test binary runs main
+}
+
+// envName is the environment variable that overrides key:
+// LLMLB_PROXY_MAX_ATTEMPTS for proxy.max_attempts.
+func envName(key string) string {
+	return "LLMLB_" + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
+}
+
 // loadConfig reads path with a private viper instance over the defaults,
-// applies LLMLB_* overrides from getenv (LLMLB_PROXY_MAX_ATTEMPTS sets
-// proxy.max_attempts), and decodes strictly: an unknown key is an error naming
-// the key and the file. It returns a [*ConfigError] listing every problem.
-func loadConfig(path string, getenv func(string) string) (Config, error) {
+// applies LLMLB_* overrides from env (LLMLB_PROXY_MAX_ATTEMPTS sets
+// proxy.max_attempts), and decodes strictly: an unknown key, or an LLMLB_*
+// variable that names no key, is an error naming it. It returns a
+// [*ConfigError] listing every problem: values of the wrong type do not
+// hide the others, since they are left at their defaults while the rest is
+// validated.
+func loadConfig(path string, env environ) (Config, error) {
 	v := viper.New()
 	v.SetConfigFile(path)
 	v.SetConfigType("yaml")
 	if err := v.ReadInConfig(); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			err = fmt.Errorf("no such file; name the config file with --config PATH (config.yaml in llmlb's repository runs against `llmlb sim --count 3`)")
+		}
 		return Config{}, &ConfigError{File: path, Problems: []error{err}}
 	}
 	var problems []error
@@ -166,36 +206,72 @@ func loadConfig(path string, getenv func(string) string) (Config, error) {
 	def := DefaultConfig()
 	leaves := map[string]any{}
 	flatten(reflect.ValueOf(def), "", leaves)
+	fromEnv := map[string]string{} // key -> variable that set it
 	for key, val := range leaves {
 		v.SetDefault(key, val)
-		env := "LLMLB_" + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
-		if s := getenv(env); s != "" {
+		name := envName(key)
+		if s := env.get(name); s != "" {
 			v.Set(key, s)
+			fromEnv[key] = name
 		}
 	}
+	problems = append(problems, unknownEnv(env, leaves)...)
 	// Unknown keys were found above, with their paths and a suggestion;
-	// decoding reports the values that do not fit their field.
-	var cfg Config
+	// decoding reports the values that do not fit their field. Decoding
+	// over the defaults leaves such a field at its default, so Validate
+	// below judges the rest of the file without tripping on it.
+	cfg := def
 	err := v.Unmarshal(&cfg, viper.DecodeHook(mapstructure.ComposeDecodeHookFunc(
-		mapstructure.StringToTimeDurationHookFunc(),
+		durationHook,
 		commaListHook,
 	)))
-	problems = append(problems, decodeProblems(err, leaves)...)
-	if len(problems) > 0 {
-		return Config{}, &ConfigError{File: path, Problems: problems}
+	problems = append(problems, decodeProblems(err, v.AllSettings(), fromEnv)...)
+	for _, name := range decodeErrorKeys(err) {
+		resetList(reflect.ValueOf(&cfg).Elem(), reflect.ValueOf(def), name)
 	}
 	cfg.Balancer.MaxCandidates = min(cfg.Proxy.MaxAttempts, 8)
 	// A peer's preset scrapes as often as the peer does (the endpoint
 	// picker every 50ms), unless the file or the environment says
 	// otherwise.
 	if pr, err := balancer.LookupPreset(cfg.Balancer.Policy); err == nil && pr.ScrapeInterval > 0 &&
-		!v.InConfig("scrape.interval") && getenv("LLMLB_SCRAPE_INTERVAL") == "" {
+		!v.InConfig("scrape.interval") && env.get("LLMLB_SCRAPE_INTERVAL") == "" {
 		cfg.Scrape.Interval = pr.ScrapeInterval
 	}
-	if err := cfg.Validate(); err != nil {
-		return Config{}, &ConfigError{File: path, Problems: unjoin(err)}
+	problems = append(problems, unjoin(cfg.Validate())...)
+	if len(problems) > 0 {
+		return Config{}, &ConfigError{File: path, Problems: problems}
 	}
 	return cfg, nil
+}
+
+// unknownEnv reports each LLMLB_* variable in env that overrides no config
+// key and is none of [otherEnv], with the nearest known name: a typo
+// (LLMLB_PROXY_MAX_ATTEMPT) would otherwise leave the default in force
+// without a word.
+func unknownEnv(env environ, leaves map[string]any) []error {
+	known := make([]string, 0, len(leaves)+len(otherEnv))
+	for key := range leaves {
+		known = append(known, envName(key))
+	}
+	known = append(known, otherEnv...)
+	sort.Strings(known)
+	var names []string
+	for _, kv := range env {
+		name, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(name, "LLMLB_") && !slices.Contains(known, name) && !slices.Contains(names, name) {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	errs := make([]error, 0, len(names))
+	for _, name := range names {
+		msg := fmt.Sprintf("environment: unknown variable %s", name)
+		if near := nearestName(name, known); near != "" {
+			msg += fmt.Sprintf(" (did you mean %s?)", near)
+		}
+		errs = append(errs, errors.New(msg))
+	}
+	return errs
 }
 
 // unjoin flattens an errors.Join tree into its leaves.
@@ -304,12 +380,13 @@ func lowerKeys(m map[string]any) map[string]any {
 
 // nearest returns the known key closest to k by edit distance, if close.
 func nearest(k string, fields map[string]reflect.Type) string {
+	return nearestName(k, slices.Sorted(maps.Keys(fields)))
+}
+
+// nearestName returns the name in sorted names closest to k by edit
+// distance, if close.
+func nearestName(k string, names []string) string {
 	best, bestD := "", 3
-	names := make([]string, 0, len(fields))
-	for f := range fields {
-		names = append(names, f)
-	}
-	sort.Strings(names)
 	for _, f := range names {
 		if d := editDistance(k, f); d < bestD {
 			best, bestD = f, d
@@ -339,17 +416,15 @@ func editDistance(a, b string) int {
 }
 
 // decodeProblems splits a decoding error into one problem per field, each
-// named by its key path, with a hint for durations. defaults maps each key
-// to its default value, which gives the field's type.
-func decodeProblems(err error, defaults map[string]any) []error {
+// named by its key path and repeating the value that does not fit, with an
+// example of one that does. settings is what viper decoded (the file over
+// the defaults, with the environment's overrides); fromEnv maps each key an
+// LLMLB_* variable set to that variable's name.
+func decodeProblems(err error, settings map[string]any, fromEnv map[string]string) []error {
 	if err == nil {
 		return nil
 	}
-	leaves := []error{err}
-	var joined interface{ Unwrap() []error }
-	if errors.As(err, &joined) {
-		leaves = unjoin(joined.(error))
-	}
+	leaves := decodeLeaves(err)
 	out := make([]error, 0, len(leaves))
 	for _, l := range leaves {
 		var de *mapstructure.DecodeError
@@ -357,17 +432,216 @@ func decodeProblems(err error, defaults map[string]any) []error {
 			out = append(out, l)
 			continue
 		}
-		key := de.Name()
-		if i := strings.IndexByte(key, '['); i >= 0 && !strings.HasPrefix(key, "backends") {
-			key = key[:i]
-		}
-		if _, ok := defaults[key].(time.Duration); ok {
-			out = append(out, fmt.Errorf("%s: not a duration (write it like 500ms, 5s or 10m): %w", de.Name(), de.Unwrap()))
+		name := de.Name()
+		val, found := lookupSetting(settings, name)
+		ft, typed := fieldType(reflect.TypeFor[Config](), name)
+		if !found || !typed {
+			out = append(out, fmt.Errorf("%s: %w", name, de.Unwrap()))
 			continue
 		}
-		out = append(out, fmt.Errorf("%s: %w", de.Name(), de.Unwrap()))
+		where := ""
+		if env, ok := fromEnv[name]; ok {
+			where = " (from " + env + ")"
+		}
+		out = append(out, fmt.Errorf("%s: %s%s %s", name, showValue(val), where, expected(ft)))
 	}
 	return out
+}
+
+// decodeLeaves returns the errors viper's decoding joined, one a field,
+// from under the message it wraps them in.
+func decodeLeaves(err error) []error {
+	var joined interface{ Unwrap() []error }
+	if errors.As(err, &joined) {
+		return unjoin(joined.(error))
+	}
+	return []error{err}
+}
+
+// decodeErrorKeys returns the key path of each field decoding failed on.
+func decodeErrorKeys(err error) []string {
+	if err == nil {
+		return nil
+	}
+	var names []string
+	for _, l := range decodeLeaves(err) {
+		var de *mapstructure.DecodeError
+		if errors.As(l, &de) {
+			names = append(names, de.Name())
+		}
+	}
+	return names
+}
+
+// resetList undoes what a failed decode of one list item (name ends in
+// "[i]") left in cfg: the list holds a zero item in its place, which
+// Validate would report as a second, made-up problem. The whole list goes
+// back to its default in def, or to empty where def has none (inside a
+// backend).
+func resetList(cfg, def reflect.Value, name string) {
+	parts := strings.Split(name, ".")
+	last, _, indexed := strings.Cut(parts[len(parts)-1], "[")
+	if !indexed {
+		return // the field kept its default
+	}
+	for i, part := range parts {
+		field, idx, indexed := strings.Cut(part, "[")
+		if i == len(parts)-1 {
+			field, indexed = last, false
+		}
+		cfg, def = structField(cfg, field), structField(def, field)
+		if !cfg.IsValid() {
+			return
+		}
+		if indexed {
+			n, err := strconv.Atoi(strings.TrimSuffix(idx, "]"))
+			if cfg.Kind() != reflect.Slice || err != nil || n >= cfg.Len() {
+				return
+			}
+			cfg = cfg.Index(n)
+			if def.IsValid() && def.Kind() == reflect.Slice && n < def.Len() {
+				def = def.Index(n)
+			} else {
+				def = reflect.Value{}
+			}
+		}
+	}
+	if !cfg.CanSet() || (cfg.Kind() != reflect.Slice && cfg.Kind() != reflect.Map) {
+		return
+	}
+	if def.IsValid() {
+		cfg.Set(def)
+	} else {
+		cfg.SetZero()
+	}
+}
+
+// structField returns the field of struct v tagged name, or the zero Value.
+func structField(v reflect.Value, name string) reflect.Value {
+	if !v.IsValid() || v.Kind() != reflect.Struct {
+		return reflect.Value{}
+	}
+	for i := range v.NumField() {
+		if v.Type().Field(i).Tag.Get("mapstructure") == strings.ToLower(name) {
+			return v.Field(i)
+		}
+	}
+	return reflect.Value{}
+}
+
+// expected says what a field of type t takes, with an example.
+func expected(t reflect.Type) string {
+	switch {
+	case t == reflect.TypeFor[time.Duration]():
+		return "is not a duration; write it with a unit, like 500ms, 5s or 10m"
+	case t.Kind() == reflect.Bool:
+		return "is not true or false"
+	case t.Kind() >= reflect.Int && t.Kind() <= reflect.Uint64:
+		return "is not a whole number; write it like 3"
+	case t.Kind() == reflect.Float32 || t.Kind() == reflect.Float64:
+		return "is not a number; write it like 0.5"
+	case t.Kind() == reflect.String:
+		return `is not a single value; write it like "text"`
+	case t.Kind() == reflect.Slice:
+		return "is not a list; write it like [a, b]"
+	case t.Kind() == reflect.Map || t.Kind() == reflect.Struct:
+		return "is not a section of keys; write it as key: value lines indented below"
+	}
+	return "does not fit a " + t.String()
+}
+
+// showValue prints a config value as the user wrote it, quoting strings.
+func showValue(v any) string {
+	if s, ok := v.(string); ok {
+		return strconv.Quote(s)
+	}
+	return fmt.Sprint(v)
+}
+
+// lookupSetting finds the value at a decoder key path such as
+// "scrape.interval" or "backends[0].url" in viper's settings.
+func lookupSetting(settings map[string]any, name string) (any, bool) {
+	var cur any = settings
+	for _, part := range strings.Split(name, ".") {
+		field, idx, indexed := strings.Cut(part, "[")
+		m, ok := cur.(map[string]any)
+		if !ok {
+			return nil, false
+		}
+		if cur, ok = m[field]; !ok {
+			if cur, ok = lowerKeys(m)[strings.ToLower(field)]; !ok {
+				return nil, false
+			}
+		}
+		if !indexed {
+			continue
+		}
+		idx = strings.TrimSuffix(idx, "]")
+		switch c := cur.(type) {
+		case []any:
+			i, err := strconv.Atoi(idx)
+			if err != nil || i < 0 || i >= len(c) {
+				return nil, false
+			}
+			cur = c[i]
+		case map[string]any:
+			if cur, ok = c[idx]; !ok {
+				return nil, false
+			}
+		default:
+			return nil, false
+		}
+	}
+	return cur, true
+}
+
+// fieldType follows a decoder key path through t's mapstructure tags to the
+// type of the field it names.
+func fieldType(t reflect.Type, name string) (reflect.Type, bool) {
+	for _, part := range strings.Split(name, ".") {
+		field, _, indexed := strings.Cut(part, "[")
+		if t.Kind() != reflect.Struct {
+			return nil, false
+		}
+		found := false
+		for i := range t.NumField() {
+			if f := t.Field(i); f.Tag.Get("mapstructure") == strings.ToLower(field) {
+				t, found = f.Type, true
+				break
+			}
+		}
+		if !found {
+			return nil, false
+		}
+		if indexed {
+			if t.Kind() != reflect.Slice && t.Kind() != reflect.Map {
+				return nil, false
+			}
+			t = t.Elem()
+		}
+	}
+	return t, true
+}
+
+// durationHook reads a duration from a string such as "5s", and refuses a
+// bare number other than 0, which would be nanoseconds: `interval: 5` is
+// meant as seconds or milliseconds, never 5ns.
+func durationHook(from, to reflect.Type, data any) (any, error) {
+	if to != reflect.TypeFor[time.Duration]() || from == to {
+		return data, nil
+	}
+	switch from.Kind() {
+	case reflect.String:
+		return time.ParseDuration(strings.TrimSpace(data.(string)))
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64,
+		reflect.Float32, reflect.Float64:
+		if reflect.ValueOf(data).IsZero() {
+			return time.Duration(0), nil
+		}
+		return nil, errors.New("a number without a unit")
+	}
+	return data, nil
 }
 
 // commaListHook lets a string fill a list field as comma-separated items, so

@@ -224,3 +224,54 @@ func getJSON(t *testing.T, url string, v any) {
 		t.Fatal(err)
 	}
 }
+
+// TestDownBackendsAnswer503 is issue 18's first problem: with every server
+// down since the start (their models never learned), a request answered
+// 404 model_not_found, which SDKs take as final. It is a 503 with
+// Retry-After; 404 is kept for names no server has offered while every
+// server's list is known, and it names none of the models served.
+func TestDownBackendsAnswer503(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "http://" + ln.Addr().String()
+	ln.Close()
+	cfg := testConfig([]string{dead})
+	cfg.Scrape.UnhealthyAfter = 1
+	inst := startTest(t, cfg, 0)
+	backendState(t, inst.adminAddr, dead, "down", 5*time.Second)
+
+	ask := func(addr, model string) (int, string, http.Header) {
+		t.Helper()
+		resp, err := http.Post("http://"+addr+"/v1/completions", "application/json",
+			strings.NewReader(`{"model":"`+model+`","prompt":"hi"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var e struct {
+			Error struct {
+				Message string `json:"message"`
+				Type    string `json:"type"`
+			} `json:"error"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&e); err != nil || e.Error.Message == "" || e.Error.Type == "" {
+			t.Errorf("%s: status %d, body not an OpenAI error: %v", model, resp.StatusCode, err)
+		}
+		return resp.StatusCode, e.Error.Message, resp.Header
+	}
+	if code, msg, h := ask(inst.addr, testModel); code != http.StatusServiceUnavailable || h.Get("Retry-After") == "" {
+		t.Errorf("every server down: status %d Retry-After %q (%s), want 503 with Retry-After", code, h.Get("Retry-After"), msg)
+	}
+
+	urls := simBackends(t, 1, sim.SteadyConfig{Speed: 100})
+	up := startTest(t, testConfig(urls), 1)
+	code, msg, _ := ask(up.addr, "no-such-model")
+	if code != http.StatusNotFound {
+		t.Errorf("never offered: status %d (%s), want 404", code, msg)
+	}
+	if strings.Contains(msg, testModel) {
+		t.Errorf("404 message %q lists a served model", msg)
+	}
+}

@@ -1,13 +1,14 @@
 // Command llmlb is a load balancer for LLM inference servers (vLLM, SGLang,
 // Triton TensorRT-LLM, trtllm-serve): one binary, one YAML file.
 //
-//	llmlb [serve] [--config config.yaml]   run the balancer (default)
-//	llmlb validate config.yaml             check a config file
-//	llmlb sim [flags]                      run emulated model servers
+//	llmlb serve [--config config.yaml]     run the balancer
+//	llmlb validate [--config] config.yaml  check a config file
 //	llmlb probe [flags] URL|FILE           show what the balancer reads from a metrics page
+//	llmlb sim [flags]                      run emulated model servers
 //	llmlb demo [flags]                     emulated servers + balancer + traffic, live view
 //	llmlb bench [flags]                    routing benchmark in virtual time
 //	llmlb overhead [flags]                 proxy overhead against HAProxy and nginx
+//	llmlb version                          version and build information
 package main
 
 import (
@@ -21,6 +22,8 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -37,7 +40,7 @@ import (
 )
 
 func main() {
-	err := run(context.Background(), os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	err := run(context.Background(), os.Args[1:], os.Environ(), os.Stdout, os.Stderr)
 	if err != nil {
 		if !errors.Is(err, errReported) && !errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintln(os.Stderr, "llmlb:", err)
@@ -52,73 +55,227 @@ func main() {
 // errReported is returned when the problem was already printed in full.
 var errReported = errors.New("reported")
 
-const usage = `llmlb: a load balancer for LLM inference servers.
+// command is one subcommand as the help describes it.
+type command struct {
+	name    string
+	summary string // its line in the command list
+	about   string // the first line of its --help: a sentence saying what it does
+	example string // a command line that works as written
+}
 
-Usage:
-  llmlb [serve] [--config PATH]   run the balancer (default config ./config.yaml)
-  llmlb validate PATH             check a config file and list every problem
-  llmlb sim [flags]               run emulated model servers
-  llmlb probe [flags] URL|FILE    show what the balancer reads from a metrics page
-  llmlb demo [flags]              emulated servers, the balancer, traffic and a live view
-  llmlb bench [flags]             replay workloads through every policy in virtual time
-  llmlb overhead [flags]          llmlb, HAProxy and nginx in front of one fast backend, live
+// commands lists the subcommands in the order the help shows them.
+func commands() []command {
+	return []command{
+		{"serve", "run the balancer in front of the servers a config file lists",
+			"Serve runs the balancer: it routes OpenAI-style requests to the model servers listed in the config file, until SIGINT or SIGTERM.",
+			"llmlb serve --config config.yaml"},
+		{"validate", "check a config file and list every problem in it",
+			"Validate checks a config file as serve would load it and lists every problem, each with its key; it exits 0 and prints ok when there is none.",
+			"llmlb validate --config config.yaml"},
+		{"probe", "show what the balancer reads from a server's metrics page",
+			"Probe reads a model server's metrics page (a URL, or a saved file) with an engine's row and shows each signal the balancer would use.",
+			"llmlb probe --engine vllm http://127.0.0.1:8001"},
+		{"sim", "run emulated model servers (vLLM, SGLang, Triton, trtllm-serve)",
+			"Sim runs emulated model servers that speak the OpenAI API and render their engine's /metrics, for trying llmlb without a GPU.",
+			"llmlb sim --count 3 --listen 127.0.0.1:8001"},
+		{"demo", "emulated servers, the balancer, traffic and a live view",
+			"Demo runs emulated servers, the balancer and streaming clients in one process and shows each backend's load live.",
+			"llmlb demo --duration 30s"},
+		{"bench", "replay workloads through every routing policy in virtual time",
+			"Bench replays workloads through each routing policy on the same emulated cluster in virtual time and prints one table per workload.",
+			"llmlb bench --workload shared-prefix --policy default,round-robin"},
+		{"overhead", "what llmlb adds per request, against HAProxy and nginx",
+			"Overhead measures what llmlb adds per request, against a direct connection, HAProxy and nginx in front of one fast emulated backend.",
+			"llmlb overhead --proxy direct,llmlb --duration 5s"},
+		{"version", "print the version and build information",
+			"Version prints llmlb's version and how it was built.",
+			"llmlb version"},
+		{"help", "print this list", "Help lists the commands.", "llmlb help"},
+	}
+}
 
-Run 'llmlb COMMAND --help' for a command's flags.
-`
+// usage is the command list `llmlb`, `llmlb help` and `llmlb --help` print.
+func usage() string {
+	var b strings.Builder
+	b.WriteString("llmlb is a load balancer for LLM inference servers (vLLM, SGLang, Triton TensorRT-LLM, trtllm-serve).\n\n")
+	b.WriteString("Usage:\n\n\tllmlb COMMAND [flags]\n\nCommands:\n\n")
+	for _, c := range commands() {
+		fmt.Fprintf(&b, "\t%-9s %s\n", c.name, c.summary)
+	}
+	b.WriteString("\n`llmlb --config PATH` is short for `llmlb serve --config PATH`.\n")
+	b.WriteString("Run 'llmlb COMMAND --help' for what a command does, an example and its flags.\n")
+	return b.String()
+}
 
 // run is the whole program: main only supplies the process's arguments,
 // environment and streams. SIGINT and SIGTERM end it gracefully.
-func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+func run(ctx context.Context, args []string, env environ, stdout, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	cmd := "serve"
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		cmd, args = args[0], args[1:]
+	if len(args) == 0 {
+		fmt.Fprint(stdout, usage())
+		return nil
+	}
+	cmd := "serve" // flags without a command: serve's, as before commands existed
+	switch args[0] {
+	case "-h", "-help", "--help":
+		cmd, args = "help", args[1:]
+	case "-version", "--version":
+		cmd, args = "version", args[1:]
+	default:
+		if !strings.HasPrefix(args[0], "-") {
+			cmd, args = args[0], args[1:]
+		}
 	}
 	switch cmd {
 	case "serve":
-		return cmdServe(ctx, args, getenv, stdout, stderr)
+		return cmdServe(ctx, args, env, stdout, stderr)
 	case "validate":
-		return cmdValidate(args, getenv, stdout, stderr)
+		return cmdValidate(args, env, stdout, stderr)
 	case "sim":
 		return cmdSim(ctx, args, stdout, stderr)
 	case "probe":
-		return cmdProbe(ctx, args, getenv, stdout, stderr)
+		return cmdProbe(ctx, args, env, stdout, stderr)
 	case "demo":
 		return cmdDemo(ctx, args, stdout, stderr)
 	case "bench":
 		return cmdBench(ctx, args, stdout, stderr)
 	case "overhead":
-		return cmdOverhead(ctx, args, getenv, stdout, stderr)
+		return cmdOverhead(ctx, args, env.get, stdout, stderr)
+	case "version":
+		return cmdVersion(args, stdout, stderr)
 	case "help":
-		fmt.Fprint(stdout, usage)
-		return nil
+		return cmdHelp(args, stdout, stderr)
 	}
-	fmt.Fprint(stderr, usage)
+	fmt.Fprint(stderr, usage())
 	return fmt.Errorf("unknown command %q", cmd)
 }
 
+// cmdHelp prints the command list, or with a command name that command's
+// help.
+func cmdHelp(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("help", "llmlb help [COMMAND]", stderr)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	switch fs.NArg() {
+	case 0:
+		fmt.Fprint(stdout, usage())
+		return nil
+	case 1:
+		name := fs.Arg(0)
+		if name == "help" || !slices.ContainsFunc(commands(), func(c command) bool { return c.name == name }) {
+			fmt.Fprint(stdout, usage())
+			if name == "help" {
+				return nil
+			}
+			return fmt.Errorf("help: unknown command %q", name)
+		}
+		// The command's own --help, so its flags are listed where they
+		// are defined.
+		return run(context.Background(), []string{name, "--help"}, nil, stdout, stdout)
+	}
+	fs.Usage()
+	return errors.New("help takes at most one command")
+}
+
+// newFlagSet returns the flag set of the command name. Its --help starts
+// with what the command does and an example, from [commands], then the
+// synopsis and the flags.
 func newFlagSet(name, synopsis string, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: %s\n\nFlags:\n", synopsis)
-		fs.PrintDefaults()
+		for _, c := range commands() {
+			if c.name == name {
+				fmt.Fprintf(stderr, "%s\n\nExample:\n\n\t%s\n\n", c.about, c.example)
+			}
+		}
+		fmt.Fprintf(stderr, "Usage: %s\n", synopsis)
+		n := 0
+		fs.VisitAll(func(*flag.Flag) { n++ })
+		if n > 0 {
+			fmt.Fprint(stderr, "\nFlags:\n")
+			fs.PrintDefaults()
+		}
 	}
 	return fs
 }
 
-func cmdValidate(args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("validate", "llmlb validate PATH", stderr)
+// cmdVersion prints the version and build information the Go toolchain
+// recorded in the binary.
+func cmdVersion(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("version", "llmlb version", stderr)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if fs.NArg() != 1 {
-		fs.Usage()
-		return errors.New("validate takes exactly one config file")
+	if fs.NArg() > 0 {
+		return fmt.Errorf("version: unexpected argument %q", fs.Arg(0))
 	}
-	path := fs.Arg(0)
-	cfg, err := loadConfig(path, getenv)
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		info = nil
+	}
+	fmt.Fprint(stdout, versionText(info))
+	return nil
+}
+
+// versionText renders build information: the module version on the first
+// line ("(devel)" for a build from a work tree without a version), then
+// the Go version, platform and the VCS revision when recorded. A nil info
+// says the binary carries none.
+func versionText(info *debug.BuildInfo) string {
+	if info == nil {
+		return "llmlb (no build information recorded)\n"
+	}
+	var b strings.Builder
+	version := info.Main.Version
+	if version == "" {
+		version = "(devel)"
+	}
+	fmt.Fprintf(&b, "llmlb %s\n", version)
+	set := map[string]string{}
+	for _, s := range info.Settings {
+		set[s.Key] = s.Value
+	}
+	fmt.Fprintf(&b, "go:       %s", info.GoVersion)
+	if set["GOOS"] != "" {
+		fmt.Fprintf(&b, " %s/%s", set["GOOS"], set["GOARCH"])
+	}
+	b.WriteByte('\n')
+	if rev := set["vcs.revision"]; rev != "" {
+		fmt.Fprintf(&b, "revision: %s", rev)
+		if t := set["vcs.time"]; t != "" {
+			fmt.Fprintf(&b, " (%s)", t)
+		}
+		if set["vcs.modified"] == "true" {
+			b.WriteString(", modified")
+		}
+		b.WriteByte('\n')
+	}
+	if info.Path != "" {
+		fmt.Fprintf(&b, "path:     %s\n", info.Path)
+	}
+	return b.String()
+}
+
+func cmdValidate(args []string, env environ, stdout, stderr io.Writer) error {
+	fs := newFlagSet("validate", "llmlb validate [--config] PATH", stderr)
+	config := fs.String("config", "", "config file (or give it as the argument; default config.yaml)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	path := *config
+	switch {
+	case fs.NArg() > 1 || fs.NArg() == 1 && path != "":
+		fs.Usage()
+		return errors.New("validate takes one config file, as --config PATH or as PATH")
+	case fs.NArg() == 1:
+		path = fs.Arg(0)
+	case path == "":
+		path = "config.yaml"
+	}
+	cfg, err := loadConfig(path, env)
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return errReported
@@ -127,7 +284,7 @@ func cmdValidate(args []string, getenv func(string) string, stdout, stderr io.Wr
 	return nil
 }
 
-func cmdServe(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+func cmdServe(ctx context.Context, args []string, env environ, stdout, stderr io.Writer) error {
 	fs := newFlagSet("serve", "llmlb serve [--config PATH]", stderr)
 	path := fs.String("config", "config.yaml", "config file")
 	if err := fs.Parse(args); err != nil {
@@ -136,12 +293,12 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 	if fs.NArg() > 0 {
 		return fmt.Errorf("serve: unexpected argument %q", fs.Arg(0))
 	}
-	cfg, err := loadConfig(*path, getenv)
+	cfg, err := loadConfig(*path, env)
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return errReported
 	}
-	return serve(ctx, cfg, &configSource{path: *path, getenv: getenv}, stdout, stderr)
+	return serve(ctx, cfg, &configSource{path: *path, env: env}, stdout, stderr)
 }
 
 // newLogger returns the logger c asks for; its level can be changed
@@ -286,7 +443,7 @@ func ignoreClosed(err error) error {
 }
 
 func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("sim", "llmlb sim [--engine vllm] [--preset h100-8b] [--listen ADDR] [--model NAME] [--lora a,b] [--speed X] [--count N]", stderr)
+	fs := newFlagSet("sim", "llmlb sim [--engine vllm] [--preset h100-8b] [--listen ADDR] [--model NAME] [--lora a,b] [--max-lora N] [--speed X] [--count N]", stderr)
 	engine := fs.String("engine", "vllm", "engine flavour to emulate: vllm, sglang, triton-tensorrt-llm or trtllm-serve")
 	preset := fs.String("preset", "h100-8b", "engine model preset: "+strings.Join(sim.PresetNames(), ", "))
 	listen := fs.String("listen", "127.0.0.1:8001", "address of the first server; --count servers take consecutive ports")

@@ -13,6 +13,8 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"syscall"
@@ -29,7 +31,8 @@ import (
 
 const testModel = "llama-3.1-8b"
 
-func noEnv(string) string { return "" }
+// noEnv is an environment without LLMLB_* variables.
+var noEnv environ
 
 func writeConfig(t *testing.T, body string) string {
 	t.Helper()
@@ -41,10 +44,10 @@ func writeConfig(t *testing.T, body string) string {
 }
 
 // runCmd runs the program with args and returns its error and output.
-func runCmd(t *testing.T, getenv func(string) string, args ...string) (err error, stdout, stderr string) {
+func runCmd(t *testing.T, env environ, args ...string) (err error, stdout, stderr string) {
 	t.Helper()
 	var out, errOut bytes.Buffer
-	err = run(context.Background(), args, getenv, &out, &errOut)
+	err = run(context.Background(), args, env, &out, &errOut)
 	return err, out.String(), errOut.String()
 }
 
@@ -69,7 +72,7 @@ backends:
 		`unknown key "admin.listn" (did you mean "listen"?)`,
 		`unknown key "proxy.max_attempt" (did you mean "max_attempts"?)`,
 		`unknown key "backends[0].modles" (did you mean "models"?)`,
-		`proxy.dial_timeout: not a duration`,
+		`proxy.dial_timeout: "5 seconds" is not a duration; write it with a unit, like 500ms, 5s or 10m`,
 	} {
 		if !strings.Contains(stderr, path+": "+want) {
 			t.Errorf("missing %q prefixed by the file in:\n%s", want, stderr)
@@ -163,14 +166,16 @@ func isLLMLBConfig(t *testing.T, path string) bool {
 
 func TestEnvOverrides(t *testing.T) {
 	path := writeConfig(t, "backends:\n  - url: http://127.0.0.1:8001\nproxy:\n  max_attempts: 2\n")
-	env := map[string]string{
-		"LLMLB_LISTEN":                 "0.0.0.0:8000",
-		"LLMLB_PROXY_MAX_ATTEMPTS":     "5",
-		"LLMLB_PROXY_RETRY_STATUSES":   "500,502",
-		"LLMLB_SCRAPE_HEALTH_INTERVAL": "250ms",
-		"LLMLB_LOG_FORMAT":             "json",
+	env := environ{
+		"LLMLB_LISTEN=0.0.0.0:8000",
+		"LLMLB_PROXY_MAX_ATTEMPTS=5",
+		"LLMLB_PROXY_RETRY_STATUSES=500,502",
+		"LLMLB_SCRAPE_HEALTH_INTERVAL=250ms",
+		"LLMLB_LOG_FORMAT=json",
+		"LLMLB_REQUIRE_PROXIES=1", // not a key, but llmlb's own
+		"HOME=/root",
 	}
-	cfg, err := loadConfig(path, func(k string) string { return env[k] })
+	cfg, err := loadConfig(path, env)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,26 +186,168 @@ func TestEnvOverrides(t *testing.T) {
 	if cfg.Admin.Listen != "127.0.0.1:9090" || cfg.ShutdownGrace != 30*time.Second {
 		t.Errorf("defaults lost: %+v", cfg)
 	}
-	env = map[string]string{"LLMLB_PROXY_DIAL_TIMEOUT": "soon"}
-	_, err = loadConfig(path, func(k string) string { return env[k] })
-	if err == nil || !strings.Contains(err.Error(), "proxy.dial_timeout") {
-		t.Errorf("bad env value: %v", err)
+	_, err = loadConfig(path, environ{"LLMLB_PROXY_DIAL_TIMEOUT=soon"})
+	if want := `proxy.dial_timeout: "soon" (from LLMLB_PROXY_DIAL_TIMEOUT) is not a duration`; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("bad env value: %v, want %q", err, want)
 	}
 }
 
-func TestHelpOnEveryCommand(t *testing.T) {
-	for _, cmd := range []string{"serve", "validate", "sim", "demo"} {
-		err, _, stderr := runCmd(t, noEnv, cmd, "--help")
-		if !errors.Is(err, flag.ErrHelp) || !strings.Contains(stderr, "Usage: llmlb "+cmd) {
-			t.Errorf("%s --help: err %v, stderr %q", cmd, err, stderr)
+// TestUnknownEnvIsAnError: a misspelt LLMLB_* variable used to leave the
+// default in force without a word (issue 18, 6).
+func TestUnknownEnvIsAnError(t *testing.T) {
+	path := writeConfig(t, "backends:\n  - url: http://127.0.0.1:8001\n")
+	err, _, stderr := runCmd(t, environ{"LLMLB_PROXY_MAX_ATTEMPT=3", "LLMLB_LISTEN=127.0.0.1:8000"}, "validate", path)
+	want := path + ": environment: unknown variable LLMLB_PROXY_MAX_ATTEMPT (did you mean LLMLB_PROXY_MAX_ATTEMPTS?)"
+	if err == nil || !strings.Contains(stderr, want) {
+		t.Errorf("validate with LLMLB_PROXY_MAX_ATTEMPT set: err %v, stderr %q, want %q", err, stderr, want)
+	}
+}
+
+// TestConfigErrorsReportEveryProblem is issue 18's sixth problem: a value of
+// the wrong type hid the file's other problems (2 of 4 reported), and
+// type errors did not repeat the value or show a good one.
+func TestConfigErrorsReportEveryProblem(t *testing.T) {
+	path := writeConfig(t, `
+listen: nowhere
+lisen: x
+log:
+  level: loud
+  access: maybe
+proxy:
+  max_attempts: two
+scrape:
+  interval: fast
+  health_interval: 5
+backends:
+  - url: 127.0.0.1:8001
+  - url: http://127.0.0.1:8002
+    models: [m, {a: b}]
+`)
+	err, _, stderr := runCmd(t, noEnv, "validate", path)
+	if err == nil {
+		t.Fatal("validate accepted the file")
+	}
+	for _, want := range []string{
+		`unknown key "lisen" (did you mean "listen"?)`,
+		`listen: "nowhere" is not host:port`,
+		`log.level: must be debug, info, warn or error, got "loud"`,
+		`log.access: "maybe" is not true or false`,
+		`proxy.max_attempts: "two" is not a whole number; write it like 3`,
+		`scrape.interval: "fast" is not a duration; write it with a unit, like 500ms, 5s or 10m`,
+		`scrape.health_interval: 5 is not a duration`,
+		`backends[0].url: "127.0.0.1:8001" has no scheme; write it as "http://127.0.0.1:8001"`,
+		`backends[1].models[1]: map[a:b] is not a single value; write it like "text"`,
+	} {
+		if !strings.Contains(stderr, path+": "+want) {
+			t.Errorf("missing %q in:\n%s", want, stderr)
 		}
 	}
-	err, stdout, _ := runCmd(t, noEnv, "help")
-	if err != nil || !strings.Contains(stdout, "llmlb validate PATH") {
-		t.Errorf("help: %v %q", err, stdout)
+	if n := strings.Count(stderr, path+": "); n != 9 {
+		t.Errorf("%d problems reported, want 9 (none twice, none made up by a field left at its default):\n%s", n, stderr)
+	}
+}
+
+// TestMissingConfigHintsAtFlag: a missing config file says how to name one.
+func TestMissingConfigHintsAtFlag(t *testing.T) {
+	t.Chdir(t.TempDir())
+	for _, args := range [][]string{{"serve"}, {"validate"}, {"--config", "nope.yaml"}} {
+		err, _, stderr := runCmd(t, noEnv, args...)
+		if err == nil || !strings.Contains(stderr, "no such file; name the config file with --config PATH") {
+			t.Errorf("%v in an empty directory: err %v, stderr %q, want a hint at --config", args, err, stderr)
+		}
+	}
+}
+
+// firstLine returns s up to its first newline.
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(s, "\n")
+	return line
+}
+
+// TestHelpFirstLines is issue 18's seventh problem: `llmlb --help` printed
+// serve's flags, and no command's help said what it does. `llmlb`, `llmlb
+// help` and `llmlb --help` print the command list; each command's --help
+// starts with a sentence of what it does, then an example that parses.
+func TestHelpFirstLines(t *testing.T) {
+	const top = "llmlb is a load balancer for LLM inference servers (vLLM, SGLang, Triton TensorRT-LLM, trtllm-serve)."
+	for _, args := range [][]string{nil, {"help"}, {"--help"}, {"-h"}} {
+		err, stdout, _ := runCmd(t, noEnv, args...)
+		if err != nil || firstLine(stdout) != top {
+			t.Errorf("llmlb %v: err %v, first line %q, want %q", args, err, firstLine(stdout), top)
+		}
+		for _, c := range commands() {
+			if !strings.Contains(stdout, "\t"+c.name+" ") || !strings.Contains(stdout, c.summary) {
+				t.Errorf("llmlb %v does not list %s with its line %q:\n%s", args, c.name, c.summary, stdout)
+			}
+		}
+	}
+	for _, args := range [][]string{{"version"}, {"--version"}} {
+		err, stdout, _ := runCmd(t, noEnv, args...)
+		if err != nil || !strings.HasPrefix(firstLine(stdout), "llmlb ") || !strings.Contains(stdout, runtime.Version()) {
+			t.Errorf("llmlb %v: err %v, output %q, want llmlb VERSION then the Go version", args, err, stdout)
+		}
+	}
+	for _, c := range commands() {
+		err, _, stderr := runCmd(t, noEnv, c.name, "--help")
+		if !errors.Is(err, flag.ErrHelp) {
+			t.Errorf("llmlb %s --help: err %v, want flag.ErrHelp (exit 0)", c.name, err)
+		}
+		if got := firstLine(stderr); got != c.about || !strings.HasSuffix(got, ".") || !strings.HasPrefix(got, strings.ToUpper(c.name[:1])+c.name[1:]+" ") {
+			t.Errorf("llmlb %s --help starts %q, want a sentence saying what it does (%q)", c.name, got, c.about)
+		}
+		if !strings.Contains(stderr, "Example:\n\n\t"+c.example+"\n") || !strings.Contains(stderr, "Usage: llmlb "+c.name) {
+			t.Errorf("llmlb %s --help has no example or usage line:\n%s", c.name, stderr)
+		}
+		// The example's flags exist: parsing them stops at --help.
+		words := strings.Fields(c.example)
+		if len(words) < 2 || words[0] != "llmlb" || words[1] != c.name {
+			t.Errorf("example %q does not run llmlb %s", c.example, c.name)
+			continue
+		}
+		if err, _, stderr := runCmd(t, noEnv, append(words[1:], "--help")...); strings.Contains(stderr, "not defined") {
+			t.Errorf("example %q: %v\n%s", c.example, err, stderr)
+		}
+	}
+	err, stdout, _ := runCmd(t, noEnv, "help", "probe")
+	if !errors.Is(err, flag.ErrHelp) || !strings.HasPrefix(stdout, "Probe reads") {
+		t.Errorf("llmlb help probe: err %v, output %q, want probe's help", err, stdout)
 	}
 	if err, _, _ := runCmd(t, noEnv, "frobnicate"); err == nil {
 		t.Error("unknown command accepted")
+	}
+}
+
+// TestVersionText: the build information the toolchain records is printed
+// as it is, and a binary without any says so.
+func TestVersionText(t *testing.T) {
+	info := &debug.BuildInfo{
+		GoVersion: "go1.26.0",
+		Path:      "github.com/llmlb/llmlb",
+		Main:      debug.Module{Path: "github.com/llmlb/llmlb", Version: "v0.3.1"},
+		Settings: []debug.BuildSetting{
+			{Key: "GOOS", Value: "linux"}, {Key: "GOARCH", Value: "amd64"},
+			{Key: "vcs.revision", Value: "2c151ae0"}, {Key: "vcs.time", Value: "2026-01-02T03:04:05Z"}, {Key: "vcs.modified", Value: "true"},
+		},
+	}
+	want := "llmlb v0.3.1\ngo:       go1.26.0 linux/amd64\nrevision: 2c151ae0 (2026-01-02T03:04:05Z), modified\npath:     github.com/llmlb/llmlb\n"
+	if got := versionText(info); got != want {
+		t.Errorf("versionText = %q, want %q", got, want)
+	}
+	if got := versionText(nil); got != "llmlb (no build information recorded)\n" {
+		t.Errorf("versionText(nil) = %q", got)
+	}
+}
+
+// TestValidateTakesConfigFlag: validate accepts --config PATH, as serve
+// does, or PATH, not both.
+func TestValidateTakesConfigFlag(t *testing.T) {
+	for _, args := range [][]string{{"validate", "--config", "config.yaml"}, {"validate", "config.yaml"}} {
+		if err, stdout, stderr := runCmd(t, noEnv, args...); err != nil || !strings.HasPrefix(stdout, "config.yaml: ok") {
+			t.Errorf("llmlb %v: err %v, stdout %q, stderr %q", args, err, stdout, stderr)
+		}
+	}
+	if err, _, _ := runCmd(t, noEnv, "validate", "--config", "config.yaml", "other.yaml"); err == nil {
+		t.Error("validate took two config files")
 	}
 }
 
@@ -607,7 +754,7 @@ func TestBenchCommand(t *testing.T) {
 	var out, errb strings.Builder
 	args := []string{"bench", "--workload", "burst", "--policy", "default,round-robin,ttft-true-cache", "--backends", "3",
 		"--scale", "0.05", "--quiet", "--json", dir + "/b.json", "--plot", dir + "/b.png"}
-	if err := run(context.Background(), args, func(string) string { return "" }, &out, &errb); err != nil {
+	if err := run(context.Background(), args, nil, &out, &errb); err != nil {
 		t.Fatalf("%v\n%s", err, errb.String())
 	}
 	for _, want := range []string{"burst:", "policy", "ttft p50", "default", "round-robin", "ttft-true-cache", "hit rate", "saturated: 96 clients", "saturated tok/s"} {
@@ -636,10 +783,10 @@ func TestBenchCommand(t *testing.T) {
 	if png, err := os.ReadFile(dir + "/b.png"); err != nil || !bytes.HasPrefix(png, []byte("\x89PNG")) {
 		t.Errorf("plot: %v", err)
 	}
-	if err := run(context.Background(), []string{"bench", "--policy", "fastest"}, func(string) string { return "" }, &out, &errb); err == nil {
+	if err := run(context.Background(), []string{"bench", "--policy", "fastest"}, nil, &out, &errb); err == nil {
 		t.Error("unknown policy accepted")
 	}
-	if err := run(context.Background(), []string{"bench", "--clients", "-5"}, func(string) string { return "" }, &out, &errb); err == nil || !strings.Contains(err.Error(), "--clients") {
+	if err := run(context.Background(), []string{"bench", "--clients", "-5"}, nil, &out, &errb); err == nil || !strings.Contains(err.Error(), "--clients") {
 		t.Errorf("--clients -5: %v", err)
 	}
 }
@@ -721,7 +868,7 @@ func TestOverheadCommand(t *testing.T) {
 	dir := t.TempDir()
 	var out, errb strings.Builder
 	args := []string{"overhead", "--duration", "300ms", "--scale", "0.05", "--quiet", "--llmlb", os.Args[0], "--json", dir + "/o.json"}
-	if err := run(context.Background(), args, os.Getenv, &out, &errb); err != nil {
+	if err := run(context.Background(), args, os.Environ(), &out, &errb); err != nil {
 		t.Fatalf("%v\n%s", err, errb.String())
 	}
 	t.Log("\n" + out.String())

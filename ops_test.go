@@ -146,6 +146,10 @@ func TestOperationsMixedRun(t *testing.T) {
 	port, _ := strconv.Atoi(g2port)
 
 	cfg := testConfig([]string{g1, g2, bad.URL, dead})
+	// The dead backend's models are configured: one whose models were never
+	// learned may serve any name, which would turn the unknown model's 404
+	// below into a 503 (issue 18).
+	cfg.Backends[3].Models = []string{testModel}
 	cfg.Backends = append(cfg.Backends, scrape.BackendConfig{DNS: "localhost", Ports: []int{port}}) // 127.0.0.1 is g2 again
 	cfg.Balancer.Policy = "round-robin"                                                             // every backend is first in turn
 	cfg.Models = []balancer.ModelRoute{{Name: "chat-alias", Targets: []balancer.ModelTarget{{Model: testModel}}}}

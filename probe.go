@@ -32,7 +32,7 @@ type probeResult struct {
 
 // cmdProbe scrapes a live server, or reads a saved page, with an engine row
 // and prints what the balancer would read.
-func cmdProbe(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+func cmdProbe(ctx context.Context, args []string, env environ, stdout, stderr io.Writer) error {
 	fs := newFlagSet("probe", "llmlb probe [--engine E] [--config PATH] [--json] URL|FILE", stderr)
 	engine := fs.String("engine", "vllm", "engine row to read the page with")
 	config := fs.String("config", "", "config file whose engines: section applies (optional)")
@@ -47,7 +47,7 @@ func cmdProbe(ctx context.Context, args []string, getenv func(string) string, st
 	}
 	var overrides map[string]scrape.EngineConfig
 	if *config != "" {
-		cfg, err := loadConfig(*config, getenv)
+		cfg, err := loadConfig(*config, env)
 		if err != nil {
 			return err
 		}
@@ -62,30 +62,54 @@ func cmdProbe(ctx context.Context, args []string, getenv func(string) string, st
 		return fmt.Errorf("probe: unknown engine %q (known: %s)", *engine, strings.Join(set.Names(), ", "))
 	}
 	src := fs.Arg(0)
-	var r scrape.Reading
-	if strings.HasPrefix(src, "http://") || strings.HasPrefix(src, "https://") {
+	live := strings.HasPrefix(src, "http://") || strings.HasPrefix(src, "https://")
+	client := &http.Client{Transport: &http.Transport{Proxy: nil}}
+	var page []byte // a saved page, read once
+	if !live {
+		if page, err = os.ReadFile(src); err != nil {
+			return fmt.Errorf("probe: %w", err)
+		}
+	}
+	// read reads the source with engine row e; for a bare server URL it
+	// fetches e's own metrics path.
+	read := func(e *scrape.Engine) (string, scrape.Reading, error) {
+		if !live {
+			r, err := e.Extract(page, time.Now())
+			if err != nil {
+				return src, r, fmt.Errorf("probe %s: %w", src, err)
+			}
+			return src, r, nil
+		}
 		u, err := url.Parse(src)
 		if err != nil {
-			return fmt.Errorf("probe: %w", err)
+			return src, scrape.Reading{}, fmt.Errorf("probe: %w", err)
 		}
 		if u.Path == "" || u.Path == "/" {
 			u = u.JoinPath(e.MetricsPath)
 		}
-		src = u.String()
-		client := &http.Client{Transport: &http.Transport{Proxy: nil}}
-		r, err = scrape.Fetch(ctx, client, src, e, *timeout)
+		r, err := scrape.Fetch(ctx, client, u.String(), e, *timeout)
 		if err != nil {
-			return fmt.Errorf("probe: %w", err)
+			return u.String(), r, fmt.Errorf("probe: %w", err)
 		}
-	} else {
-		page, err := os.ReadFile(src)
-		if err != nil {
-			return fmt.Errorf("probe: %w", err)
+		return u.String(), r, nil
+	}
+	src, r, err := read(e)
+	if err != nil {
+		return err
+	}
+	// A live server says whether it serves adapters; only then is LoRA
+	// information expected of it. A saved page cannot say.
+	servesAdapters := true
+	if live {
+		u, _ := url.Parse(src) // parsed by read
+		if _, adapters, err := scrape.FetchModels(ctx, client, &url.URL{Scheme: u.Scheme, Host: u.Host}, *timeout); err == nil {
+			servesAdapters = len(adapters) > 0
 		}
-		r, err = e.Extract(page, time.Now())
-		if err != nil {
-			return fmt.Errorf("probe %s: %w", src, err)
-		}
+	}
+	r.Missing = r.MissingExpected(servesAdapters)
+	var wrongEngine error
+	if len(r.Used) == 0 {
+		wrongEngine = fmt.Errorf("probe: the page has none of the %s engine's metrics, so every signal is unknown: %s", e.Name, suggestEngine(e.Name, set, read))
 	}
 	res := probeResult{
 		Engine: e.Name, Source: src,
@@ -99,7 +123,10 @@ func cmdProbe(ctx context.Context, args []string, getenv func(string) string, st
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		return enc.Encode(res)
+		if err := enc.Encode(res); err != nil {
+			return err
+		}
+		return wrongEngine
 	}
 	show := func(v balancer.Value) string {
 		b, _ := v.MarshalJSON()
@@ -129,5 +156,31 @@ func cmdProbe(ctx context.Context, args []string, getenv func(string) string, st
 	if len(res.Missing) > 0 {
 		fmt.Fprintf(stdout, "\nmissing: %s (the page has no series matching the engine row's spec)\n", strings.Join(res.Missing, ", "))
 	}
-	return nil
+	return wrongEngine
+}
+
+// suggestEngine names the engine rows whose families the page has, best
+// first, for a page that the requested row found nothing on.
+func suggestEngine(tried string, set scrape.EngineSet, read func(*scrape.Engine) (string, scrape.Reading, error)) string {
+	var best []string
+	most := 0
+	for _, name := range set.Names() {
+		if name == tried {
+			continue
+		}
+		_, r, err := read(set[name])
+		if err != nil || len(r.Used) == 0 {
+			continue
+		}
+		switch n := len(r.Used); {
+		case n > most:
+			best, most = []string{name}, n
+		case n == most:
+			best = append(best, name)
+		}
+	}
+	if len(best) == 0 {
+		return "no known engine's metrics are on it either (is it a model server's metrics page?)"
+	}
+	return fmt.Sprintf("its families match %s; try --engine %s", strings.Join(best, " and "), best[0])
 }

@@ -154,3 +154,51 @@ func TestProbeErrors(t *testing.T) {
 		t.Errorf("probing trtllm-serve's JSON /metrics: %v, want a hint at /prometheus/metrics", err)
 	}
 }
+
+// TestProbeWrongEngine is issue 18's seventh problem for probe: a page read
+// with the wrong engine printed every signal unknown and exited 0. It
+// still prints what it read, then fails, naming the engine that matches.
+func TestProbeWrongEngine(t *testing.T) {
+	s, err := sim.NewServer(sim.ServerConfig{Engine: "vllm", Model: "m"}, sim.NewSteady(sim.SteadyConfig{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(s.Handler())
+	defer srv.Close()
+	for _, tt := range []struct {
+		name, engine, src, want string
+	}{
+		{"live vllm read as sglang", "sglang", srv.URL, "try --engine vllm"},
+		{"saved sglang page read as vllm", "vllm", "scrape/testdata/sglang-docs.txt", "try --engine sglang"},
+		{"saved trtllm-serve page read as triton", "triton-tensorrt-llm", "scrape/testdata/trtllm-serve.txt", "try --engine trtllm-serve"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			err, stdout, _ := runCmd(t, noEnv, "probe", "--engine", tt.engine, tt.src)
+			if err == nil || !strings.Contains(err.Error(), "every signal is unknown") || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("probe --engine %s %s: err %v, want one saying every signal is unknown and %q", tt.engine, tt.src, err, tt.want)
+			}
+			if !strings.Contains(stdout, "queued") {
+				t.Errorf("probe printed no table before failing: %q", stdout)
+			}
+		})
+	}
+	err, _, _ = runCmd(t, noEnv, "probe", "--engine", "vllm", "go.mod")
+	if err == nil || !strings.Contains(err.Error(), "no known engine") {
+		t.Errorf("probe of a page no engine reads: %v, want it said", err)
+	}
+}
+
+// TestProbeLoRAExpectedOnlyWithAdapters: probing a live vLLM that serves no
+// adapters does not report lora missing (issue 18, 4).
+func TestProbeLoRAExpectedOnlyWithAdapters(t *testing.T) {
+	s, err := sim.NewServer(sim.ServerConfig{Engine: "vllm", Model: "m"}, sim.NewSteady(sim.SteadyConfig{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(s.Handler())
+	defer srv.Close()
+	got := probeJSON(t, "--engine", "vllm", srv.URL)
+	if !jsonEqual(got["missing"], []any{}) || got["lora"] != nil {
+		t.Errorf("missing = %v, lora = %v; want nothing missing and lora null for a server without adapters", got["missing"], got["lora"])
+	}
+}

@@ -19,8 +19,8 @@ import (
 
 // configSource is where a running balancer rereads its config from.
 type configSource struct {
-	path   string
-	getenv func(string) string
+	path string
+	env  environ
 	// poll is how often the file is checked for a change. (default 1s)
 	poll time.Duration
 }
@@ -146,7 +146,7 @@ func (r *reloader) reload(trigger string) bool {
 	if err == nil {
 		r.hash = sha256.Sum256(b) // a refused file is not retried until it changes again
 	}
-	cfg, err := loadConfig(r.src.path, r.src.getenv) // validated in full, every problem named
+	cfg, err := loadConfig(r.src.path, r.src.env) // validated in full, every problem named
 	if err == nil {
 		var engines scrape.EngineSet
 		if engines, err = scrape.NewEngineSet(cfg.Engines); err == nil {

@@ -35,7 +35,7 @@ func startFromFile(t *testing.T, path string, poll time.Duration, n int) *instan
 	if err != nil {
 		t.Fatal(err)
 	}
-	return startSource(t, cfg, &configSource{path: path, getenv: noEnv, poll: poll}, n)
+	return startSource(t, cfg, &configSource{path: path, env: noEnv, poll: poll}, n)
 }
 
 // metricValue reads one sample, `name{labels}` as the page writes it,

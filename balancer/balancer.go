@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net/url"
 	"slices"
@@ -17,11 +18,15 @@ import (
 )
 
 // ErrNoBackend is returned by [Balancer.Pick] when no backend can take the
-// request: none serves the model, or none that does is up.
+// request: the model is served, or may be, but no backend that serves it is
+// up.
 var ErrNoBackend = errors.New("no backend available")
 
-// ErrUnknownModel is returned by [Balancer.Pick] when no backend serves the
-// requested model and every backend's model list is known.
+// ErrUnknownModel is returned by [Balancer.Pick] when the requested model
+// has never been offered by any backend and every backend's model list is
+// known, so none may offer it. A model that was offered once and whose
+// backends are now down or gone is [ErrNoBackend] instead: clients treat a
+// 404 as final (issue 18).
 var ErrUnknownModel = errors.New("unknown model")
 
 // PrefixIndex is what the balancer needs of an approximate prefix-cache
@@ -92,6 +97,17 @@ type Snapshot struct {
 
 	gen   uint64 // changes when the set of backend IDs changes
 	slots int    // highest slot in use plus one
+	// offered holds every model and adapter name a backend has offered
+	// since the balancer started, configured or learned. Shared between
+	// snapshots until a new name arrives; never written once published.
+	offered map[string]struct{}
+}
+
+// Offered reports whether any backend has offered model, as a base model or
+// an adapter, since the balancer started, even if none offers it now.
+func (s *Snapshot) Offered(model string) bool {
+	_, ok := s.offered[model]
+	return ok
 }
 
 // Balancer publishes snapshots and picks backends. Pick, PickWait, Explain
@@ -124,6 +140,7 @@ type Balancer struct {
 	freeSlots []int               // guarded by mu
 	nextSlot  int                 // guarded by mu
 	gen       uint64              // guarded by mu
+	offered   map[string]struct{} // guarded by mu; published in snapshots, replaced (not written) when it grows
 }
 
 // New returns a Balancer with an empty snapshot running cfg's policy. A nil
@@ -223,6 +240,7 @@ func (b *Balancer) Update(specs ...Spec) {
 			b.pol.index.Resize(nb.slot, int(s.Metrics.BlockSize.V), int(s.Metrics.NumBlocks.V))
 		}
 		b.current[s.ID] = nb
+		b.recordOfferedLocked(s)
 	}
 	b.publishLocked(now)
 	b.adm.notify() // new readings may show capacity
@@ -288,6 +306,31 @@ func (b *Balancer) Remove(ids ...string) {
 	b.publishLocked(b.now())
 }
 
+// recordOfferedLocked adds the models and adapters s offers to b.offered,
+// copying the set first if it grows, since published snapshots share it.
+// Caller must hold b.mu.
+func (b *Balancer) recordOfferedLocked(s Spec) {
+	grown := false
+	add := func(name string) {
+		if _, ok := b.offered[name]; ok {
+			return
+		}
+		if !grown {
+			b.offered, grown = maps.Clone(b.offered), true
+			if b.offered == nil {
+				b.offered = make(map[string]struct{})
+			}
+		}
+		b.offered[name] = struct{}{}
+	}
+	for _, m := range s.Models {
+		add(m)
+	}
+	for _, a := range s.Adapters {
+		add(a.Name)
+	}
+}
+
 // publishLocked builds and swaps in a snapshot of b.current. Caller must hold
 // b.mu.
 func (b *Balancer) publishLocked(now time.Time) {
@@ -296,7 +339,7 @@ func (b *Balancer) publishLocked(now time.Time) {
 		backends = append(backends, be)
 	}
 	slices.SortFunc(backends, func(x, y *Backend) int { return strings.Compare(x.ID, y.ID) })
-	b.snap.Store(&Snapshot{Backends: backends, Built: now, gen: b.gen, slots: b.nextSlot})
+	b.snap.Store(&Snapshot{Backends: backends, Built: now, gen: b.gen, slots: b.nextSlot, offered: b.offered})
 }
 
 // route is a public model name's targets with cumulative weights.

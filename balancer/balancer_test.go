@@ -100,11 +100,49 @@ func TestPickUnknownModel(t *testing.T) {
 	if _, err := b.Pick(&Request{Model: "nope"}, nil); !errors.Is(err, ErrNoBackend) {
 		t.Errorf("err = %v, want ErrNoBackend while b's models are unknown", err)
 	}
-	// A backend that is down with its models never learned (a wrong URL in
-	// the config, say) does not keep every unknown model at 503.
+	// Down with its models never learned, b may still be the model's only
+	// server: a 404 would be a guess that clients take as final.
 	b.Update(Spec{ID: "b", URL: &url.URL{Scheme: "http", Host: "b"}, State: StateDown})
+	if _, err := b.Pick(&Request{Model: "nope"}, nil); !errors.Is(err, ErrNoBackend) {
+		t.Errorf("err = %v, want ErrNoBackend while b is down with its models unknown", err)
+	}
+	// Draining, b is on its way out and says nothing of the model.
+	b.Update(Spec{ID: "b", URL: &url.URL{Scheme: "http", Host: "b"}, State: StateDraining})
 	if _, err := b.Pick(&Request{Model: "nope"}, nil); !errors.Is(err, ErrUnknownModel) {
-		t.Errorf("err = %v, want ErrUnknownModel when b is down", err)
+		t.Errorf("err = %v, want ErrUnknownModel when b is draining", err)
+	}
+}
+
+// TestPickModelOnceOfferedIs503: a model whose only backend is gone (DNS
+// dropped it, a reload removed it) or no longer lists it answers
+// ErrNoBackend, not ErrUnknownModel; a name never offered stays unknown.
+func TestPickModelOnceOfferedIs503(t *testing.T) {
+	b := newBal(t, "least-request")
+	lora := spec("a", StateReady, "m")
+	lora.Adapters = []Adapter{{Name: "sql-lora", Parent: "m"}}
+	b.Update(lora, spec("b", StateReady, "n"))
+	b.Remove("a")
+	b.Update(spec("b", StateReady, "n", "o"))
+	tests := []struct {
+		model string
+		want  error
+	}{
+		{"m", ErrNoBackend},
+		{"sql-lora", ErrNoBackend},
+		{"nope", ErrUnknownModel},
+	}
+	for _, tc := range tests {
+		if _, err := b.Pick(&Request{Model: tc.model}, nil); !errors.Is(err, tc.want) {
+			t.Errorf("Pick(%q) err = %v, want %v", tc.model, err, tc.want)
+		}
+	}
+	if _, err := b.Pick(&Request{Model: "o"}, nil); err != nil {
+		t.Errorf("Pick(o) err = %v, want a pick", err)
+	}
+	// With no backend at all, nothing is known either way.
+	b.Remove("b")
+	if _, err := b.Pick(&Request{Model: "nope"}, nil); !errors.Is(err, ErrNoBackend) {
+		t.Errorf("no backends: err = %v, want ErrNoBackend", err)
 	}
 }
 

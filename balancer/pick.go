@@ -302,10 +302,11 @@ func (b *Balancer) pick(req *Request, dst []*Backend, dry bool, ex *Explanation)
 	unknownIdx := s.unknown[:0]
 	defer func() { s.unknown = unknownIdx[:0] }()
 	for i, be := range snap.Backends {
-		// A backend that is up, or not probed yet, and whose models are
-		// not known may serve the model; one that is down or draining
-		// cannot serve it now, so it does not turn a 404 into a 503.
-		if !be.ModelsKnown() && (be.State == StateReady || be.State == StateUnknown) {
+		// A backend whose models are not known may serve the model, even
+		// when it is down (its servers may be all the model has, and a
+		// 404 would tell clients to give up); one draining is on its way
+		// out.
+		if !be.ModelsKnown() && be.State != StateDraining {
 			unknownModels = true
 		}
 		if !be.Serves(req.Model) {
@@ -353,7 +354,10 @@ func (b *Balancer) pick(req *Request, dst []*Backend, dry bool, ex *Explanation)
 		ex.Tier = tier
 	}
 	if len(cands) == 0 {
-		if !known && !unknownModels {
+		// 404 only when no backend has ever offered the model and none
+		// may: with no backends at all (DNS not answered yet) nothing is
+		// known.
+		if !known && !unknownModels && len(snap.Backends) > 0 && !snap.Offered(req.Model) {
 			return Decision{}, errModel(req.Model, ErrUnknownModel)
 		}
 		return Decision{}, errModel(req.Model, ErrNoBackend)

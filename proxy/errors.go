@@ -17,6 +17,11 @@ import (
 // away before the response ended, as nginx logs it.
 const StatusClientClosed = 499
 
+// noBackendRetryAfter is the Retry-After of a 503 for a model none of whose
+// servers is up: a server that comes back is used after its first good
+// health probe, and scrape.health_interval defaults to 2s.
+const noBackendRetryAfter = 2 * time.Second
+
 // HTTPError is an error answered to the client as an OpenAI-shaped JSON body.
 // Msg goes to the client; Err, if any, only to the log.
 type HTTPError struct {
@@ -111,7 +116,7 @@ func errorFor(clientCtx context.Context, err error) *HTTPError {
 	case errors.Is(err, balancer.ErrQueueTimeout):
 		return &HTTPError{Code: http.StatusServiceUnavailable, Type: "service_unavailable", Kind: "queue_timeout", Msg: "Every model server stayed saturated while the request waited; retry later.", Err: err}
 	case errors.Is(err, balancer.ErrNoBackend):
-		return &HTTPError{Code: http.StatusServiceUnavailable, Type: "service_unavailable", Msg: err.Error() + ": every backend that may serve it is down or not yet known; try again shortly.", Err: err}
+		return &HTTPError{Code: http.StatusServiceUnavailable, Type: "service_unavailable", Kind: "no_backend", Msg: "No server of this model is up; try again shortly.", Err: err, RetryAfter: noBackendRetryAfter}
 	case errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
 		return &HTTPError{Code: http.StatusGatewayTimeout, Type: "timeout", Msg: "The model server did not answer in time.", Err: err}
 	default:

@@ -155,10 +155,39 @@ func eventEnd(b []byte) int {
 	}
 }
 
-// event reads one SSE event and appends it to out unless it is a usage
-// chunk to strip.
+// event reads one SSE event and appends it to out, less the usage chunk
+// llmlb asked for on the client's behalf. Each data line is read as a
+// chunk of its own, as OpenAI clients read them: a server may send the
+// usage chunk and `data: [DONE]` in one event, one data line after the
+// other, and stripping the usage chunk must leave the [DONE] (issue 18).
+// An event left with no data line is dropped whole.
 func (o *observer) event(ev []byte) {
-	data := eventData(ev)
+	mark := len(o.out)
+	dropped, keptData := false, false
+	for rest := ev; len(rest) > 0; {
+		line := rest
+		if i := bytes.IndexByte(rest, '\n'); i >= 0 {
+			line, rest = rest[:i+1], rest[i+1:]
+		} else {
+			rest = nil
+		}
+		if d, ok := bytes.CutPrefix(line, []byte("data:")); ok {
+			if !o.dataLine(bytes.TrimSpace(d)) {
+				dropped = true
+				continue
+			}
+			keptData = true
+		}
+		o.out = append(o.out, line...)
+	}
+	if dropped && !keptData {
+		o.out = o.out[:mark]
+	}
+}
+
+// dataLine reads one data line's payload: it times token chunks and records
+// usage. It reports whether the line goes to the client.
+func (o *observer) dataLine(data []byte) bool {
 	keep, token := true, false
 	switch {
 	case len(data) == 0, bytes.Equal(data, []byte("[DONE]")):
@@ -187,25 +216,7 @@ func (o *observer) event(ev []byte) {
 		o.u.LastSeen = t
 		o.u.TokenEvents++
 	}
-	if keep {
-		o.out = append(o.out, ev...)
-	}
-}
-
-// eventData returns the payload of an event's first data line.
-func eventData(ev []byte) []byte {
-	for len(ev) > 0 {
-		line := ev
-		if i := bytes.IndexByte(ev, '\n'); i >= 0 {
-			line, ev = ev[:i], ev[i+1:]
-		} else {
-			ev = nil
-		}
-		if d, ok := bytes.CutPrefix(line, []byte("data:")); ok {
-			return bytes.TrimSpace(d)
-		}
-	}
-	return nil
+	return keep
 }
 
 // chunkPool lends observers their read buffers.

@@ -160,3 +160,38 @@ func TestWithUsage(t *testing.T) {
 		t.Error("a JSON array accepted")
 	}
 }
+
+// TestObserverKeepsDoneAfterStrippedUsage is issue 18's ninth problem: a
+// backend that sends its usage chunk and [DONE] in one event (two data lines
+// with no blank line between) lost the [DONE] with the usage chunk llmlb
+// strips. Only the usage line goes; an event with other lines keeps them.
+func TestObserverKeepsDoneAfterStrippedUsage(t *testing.T) {
+	const token = `data: {"id":"c","choices":[{"index":0,"text":"hi"}],"usage":null}` + "\n\n"
+	const usage = `data: {"id":"c","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`
+	tests := []struct {
+		name, in, want string
+	}{
+		{"usage and DONE in one event", token + usage + "\ndata: [DONE]\n\n", token + "data: [DONE]\n\n"},
+		{"CRLF lines", token + usage + "\r\ndata: [DONE]\r\n\r\n", token + "data: [DONE]\r\n\r\n"},
+		{"id line kept with DONE", token + "id: 7\n" + usage + "\ndata: [DONE]\n\n", token + "id: 7\ndata: [DONE]\n\n"},
+		{"usage alone, then DONE", token + usage + "\n\ndata: [DONE]\n\n", token + "data: [DONE]\n\n"},
+		{"DONE unterminated at EOF", token + usage + "\ndata: [DONE]", token + "data: [DONE]"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, split := range []bool{false, true} {
+				var src io.Reader = strings.NewReader(tc.in)
+				if split {
+					src = iotest.OneByteReader(src)
+				}
+				o := newObserver(io.NopCloser(src), true, true, fakeClock(), nil)
+				if got := readObserved(t, o); got != tc.want {
+					t.Errorf("split %v: client got %q, want %q", split, got, tc.want)
+				}
+				if u := o.Usage(); !u.Known || u.Prompt != 3 || u.Completion != 1 || u.TokenEvents != 1 {
+					t.Errorf("split %v: usage %+v", split, u)
+				}
+			}
+		})
+	}
+}

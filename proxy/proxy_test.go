@@ -328,7 +328,8 @@ func TestRetryStatusGoesToNextBackend(t *testing.T) {
 }
 
 // TestAllBackendsDown: every backend refusing gives 502; none ready gives
-// 503; both as OpenAI JSON.
+// 503 with Retry-After, as it does when the backends are gone altogether;
+// all as OpenAI JSON.
 func TestAllBackendsDown(t *testing.T) {
 	t.Parallel()
 	f := newFront(t, DefaultConfig(), deadURL(t), deadURL(t))
@@ -344,6 +345,20 @@ func TestAllBackendsDown(t *testing.T) {
 	f.bal.Update(specs...)
 	resp = post(context.Background(), t, f.URL+"/v1/completions", body("completions", ""))
 	checkOpenAIError(t, resp, http.StatusServiceUnavailable)
+	if ra := resp.Header.Get("Retry-After"); ra == "" {
+		t.Error("all down: no Retry-After on the 503")
+	}
+
+	// Gone from the set (a DNS answer without them), the model was still
+	// offered once: 503, not 404.
+	for _, s := range specs {
+		f.bal.Remove(s.ID)
+	}
+	resp = post(context.Background(), t, f.URL+"/v1/completions", body("completions", ""))
+	checkOpenAIError(t, resp, http.StatusServiceUnavailable)
+	if ra := resp.Header.Get("Retry-After"); ra == "" {
+		t.Error("all gone: no Retry-After on the 503")
+	}
 }
 
 func checkOpenAIError(t *testing.T, resp *http.Response, wantStatus int) {
@@ -837,5 +852,36 @@ func TestSaturationAnswers429And503(t *testing.T) {
 	}
 	if hits != 0 {
 		t.Errorf("the saturated backend got %d requests", hits)
+	}
+}
+
+// TestStreamKeepsDoneWhenUsageShareAnEvent: through the proxy, a client
+// that did not ask for usage gets the backend's stream without the usage
+// chunk llmlb asked for, and still ends with data: [DONE], when the backend
+// sends the usage chunk and [DONE] in one event (issue 18, 9).
+func TestStreamKeepsDoneWhenUsageShareAnEvent(t *testing.T) {
+	t.Parallel()
+	var asked atomic.Bool
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		asked.Store(bytes.Contains(b, []byte(`"include_usage":true`)))
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, `data: {"id":"c","object":"text_completion","choices":[{"index":0,"text":"hi","finish_reason":"length"}],"usage":null}`+"\n\n")
+		w.(http.Flusher).Flush()
+		io.WriteString(w, `data: {"id":"c","object":"text_completion","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`+"\ndata: [DONE]\n\n")
+	}))
+	t.Cleanup(backend.Close)
+	f := newFront(t, DefaultConfig(), backend.URL)
+	resp := post(context.Background(), t, f.URL+"/v1/completions", body("completions", `,"stream":true`))
+	got, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !asked.Load() {
+		t.Fatal("llmlb did not ask the backend for usage; the test needs proxy.request_usage on")
+	}
+	if strings.Contains(string(got), `"usage":{`) || !strings.HasSuffix(string(got), "data: [DONE]\n\n") {
+		t.Errorf("client got %q, want the token chunk, no usage chunk, then data: [DONE]", got)
 	}
 }

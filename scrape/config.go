@@ -167,10 +167,8 @@ func ValidateBackends(bs []BackendConfig, engines []string) error {
 			errs = append(errs, fmt.Errorf("%s: give only one of url, dns or srv", field))
 		}
 		if b.URL != "" {
-			if u, err := url.Parse(b.URL); err != nil {
+			if u, err := checkBackendURL(b.URL); err != nil {
 				errs = append(errs, fmt.Errorf("%s.url: %w", field, err))
-			} else if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-				errs = append(errs, fmt.Errorf("%s.url: %q must be an http:// or https:// URL with a host", field, b.URL))
 			} else if j, dup := seen[normalizeURL(u)]; dup {
 				errs = append(errs, fmt.Errorf("%s.url: %q is the same backend as backends[%d]", field, b.URL, j))
 			} else {
@@ -230,6 +228,35 @@ func ValidateBackends(bs []BackendConfig, engines []string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// checkBackendURL parses a backend's base URL, explaining the usual
+// mistakes in our words rather than url.Parse's: no scheme (which url.Parse
+// reads as "first path segment in URL cannot contain colon", or as a scheme
+// named after the host) and a path ending in /v1, the form OpenAI clients
+// take, which llmlb would extend to /v1/v1/completions and a health probe
+// of /v1/health (issue 18).
+func checkBackendURL(s string) (*url.URL, error) {
+	if !strings.Contains(s, "://") {
+		return nil, fmt.Errorf("%q has no scheme; write it as %q", s, "http://"+s)
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return nil, fmt.Errorf("%q is not a URL: %w", s, err)
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("%q must be an http:// or https:// URL with a host", s)
+	}
+	if p := strings.TrimRight(u.Path, "/"); p == "/v1" || strings.HasSuffix(p, "/v1") {
+		base := *u
+		base.Path, base.RawPath = strings.TrimSuffix(p, "/v1"), ""
+		return nil, fmt.Errorf("%q ends in /v1: give the server's base URL, %q; llmlb adds /v1/... to each request and probes /health beside it", s, base.String())
+	}
+	return u, nil
 }
 
 func normalizeURL(u *url.URL) string {

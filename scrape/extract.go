@@ -32,6 +32,19 @@ type Reading struct {
 	Used map[string]string
 }
 
+// MissingExpected returns the signals of r.Missing that the backend should
+// have. LoRA information is expected only from a backend that serves
+// adapters: vLLM registers vllm:lora_requests_info only when LoRA is
+// enabled, so a server without adapters lacks it by design, and a warning
+// about it would teach operators to ignore the one that catches a wrong
+// engine (issue 18).
+func (r Reading) MissingExpected(servesAdapters bool) []string {
+	if servesAdapters || !slices.Contains(r.Missing, SignalLoRA) {
+		return r.Missing
+	}
+	return slices.DeleteFunc(slices.Clone(r.Missing), func(s string) bool { return s == SignalLoRA })
+}
+
 // Extract reads e's signals from a Prometheus text page. Families e does not
 // name are dropped line by line before the page is parsed, so a page of
 // thousands of histogram buckets costs a scan, not a parse, and a malformed

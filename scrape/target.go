@@ -293,12 +293,15 @@ func (t *Target) scrape(ctx context.Context) {
 }
 
 // reportMissing logs, once per change, signals the engine row names that
-// the page lacks, and keeps llmlb_scrape_signal_missing current.
+// the page lacks and the backend should have (see
+// [Reading.MissingExpected]), and keeps llmlb_scrape_signal_missing
+// current.
 func (t *Target) reportMissing(r Reading) {
-	if slices.Equal(r.Missing, t.missing) {
+	missing := r.MissingExpected(len(t.spec.Adapters) > 0)
+	if slices.Equal(missing, t.missing) {
 		return
 	}
-	for _, s := range r.Missing {
+	for _, s := range missing {
 		if !slices.Contains(t.missing, s) {
 			t.metrics.missing.WithLabelValues(t.spec.ID, s).Set(1)
 			t.logger.Warn("backend metrics lack a signal; check the engine row or the backend's engine", "backend", t.spec.ID,
@@ -306,12 +309,14 @@ func (t *Target) reportMissing(r Reading) {
 		}
 	}
 	for _, s := range t.missing {
-		if !slices.Contains(r.Missing, s) {
+		if !slices.Contains(missing, s) {
 			t.metrics.missing.WithLabelValues(t.spec.ID, s).Set(0)
-			t.logger.Info("backend metrics signal present again", "backend", t.spec.ID, "signal", s)
+			if !slices.Contains(r.Missing, s) { // else no longer expected: the adapters went
+				t.logger.Info("backend metrics signal present again", "backend", t.spec.ID, "signal", s)
+			}
 		}
 	}
-	t.missing = slices.Clone(r.Missing)
+	t.missing = slices.Clone(missing)
 }
 
 // Fetch GETs the metrics page at u and extracts e's signals from it, as a
@@ -370,7 +375,7 @@ type modelList struct {
 // refreshModels learns the backend's models and adapters. On failure the
 // last known lists are kept.
 func (t *Target) refreshModels(ctx context.Context) {
-	models, adapters, err := fetchModels(ctx, t.client, t.spec.URL, t.cfg.Timeout)
+	models, adapters, err := FetchModels(ctx, t.client, t.spec.URL, t.cfg.Timeout)
 	if err != nil {
 		if !t.modelsFailed {
 			t.logger.Warn("model discovery failing", "backend", t.spec.ID, "err", err)
@@ -386,9 +391,10 @@ func (t *Target) refreshModels(ctx context.Context) {
 	t.spec.Models, t.spec.Adapters = models, adapters
 }
 
-// fetchModels GETs base/v1/models and splits it into base models and
-// adapters, each sorted.
-func fetchModels(ctx context.Context, client *http.Client, base *url.URL, timeout time.Duration) ([]string, []balancer.Adapter, error) {
+// FetchModels GETs base/v1/models and splits it into base models and
+// adapters (entries with a parent, as vLLM lists them), each sorted. A
+// backend's loop and `llmlb probe` use it.
+func FetchModels(ctx context.Context, client *http.Client, base *url.URL, timeout time.Duration) ([]string, []balancer.Adapter, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	u := base.JoinPath("/v1/models")

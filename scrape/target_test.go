@@ -3,6 +3,7 @@ package scrape
 import (
 	"bytes"
 	"context"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -254,7 +256,7 @@ func TestValidateConfig(t *testing.T) {
 
 // TestMissingSignalReportedOnce: a signal the page never has is logged once
 // and shown by llmlb_scrape_signal_missing, however many scrapes find it
-// absent.
+// absent. LoRA is not expected: no adapters are known.
 func TestMissingSignalReportedOnce(t *testing.T) {
 	var queue atomic.Int64
 	var page atomic.Value
@@ -265,7 +267,7 @@ func TestMissingSignalReportedOnce(t *testing.T) {
 	for range 5 {
 		tg.round(context.Background())
 	}
-	for _, sig := range []string{"block_size", "num_blocks", "lora"} {
+	for _, sig := range []string{"block_size", "num_blocks"} {
 		if n := strings.Count(logs.String(), "signal="+sig+" "); n != 1 {
 			t.Errorf("missing %s logged %d times, want once:\n%s", sig, n, logs.String())
 		}
@@ -278,6 +280,73 @@ func TestMissingSignalReportedOnce(t *testing.T) {
 	}
 }
 
+// TestLoRAExpectedOnlyWithAdapters is issue 18's fourth problem: every vLLM
+// server without adapters logged "signal missing" for lora and held
+// llmlb_scrape_signal_missing{signal="lora"} at 1. LoRA information is
+// expected from a server whose /v1/models lists adapters (entries with a
+// parent), and only while it does.
+func TestLoRAExpectedOnlyWithAdapters(t *testing.T) {
+	// The emulated vLLM renders vllm:lora_requests_info only with adapters,
+	// as vLLM registers it only with LoRA enabled.
+	s, err := sim.NewServer(sim.ServerConfig{Model: "m"}, sim.NewSteady(sim.SteadyConfig{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain := httptest.NewServer(s.Handler())
+	defer plain.Close()
+	var logs syncLog
+	tg, _ := testTarget(t, DefaultConfig(), BackendConfig{URL: plain.URL}, logs.logger())
+	for range 3 {
+		tg.round(context.Background())
+	}
+	if strings.Contains(logs.String(), "signal=lora") {
+		t.Errorf("lora reported missing for a server with no adapters:\n%s", logs.String())
+	}
+	if n := testutil.CollectAndCount(tg.metrics.missing); n != 0 {
+		t.Errorf("llmlb_scrape_signal_missing has %d series for a server missing nothing expected, want 0", n)
+	}
+
+	// A server that lists an adapter but whose page has no LoRA info
+	// (LoRA left out of a custom engine row's page, say) is reported.
+	var queue atomic.Int64
+	var page atomic.Value
+	var adapters atomic.Bool
+	adapters.Store(true)
+	metrics := fakeVLLM(&queue, &page)
+	lora := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/models" {
+			metrics.ServeHTTP(w, r)
+			return
+		}
+		if adapters.Load() {
+			io.WriteString(w, `{"data":[{"id":"m"},{"id":"sql-lora","parent":"m"}]}`)
+		} else {
+			io.WriteString(w, `{"data":[{"id":"m"}]}`)
+		}
+	}))
+	defer lora.Close()
+	cfg := DefaultConfig()
+	cfg.ModelsInterval = time.Nanosecond // learn the model list on every round
+	tg, _ = testTarget(t, cfg, BackendConfig{URL: lora.URL}, logs.logger())
+	for range 3 {
+		tg.round(context.Background())
+	}
+	if n := strings.Count(logs.String(), "signal=lora"); n != 1 {
+		t.Errorf("lora missing from a server with adapters logged %d times, want once:\n%s", n, logs.String())
+	}
+	if v := testutil.ToFloat64(tg.metrics.missing.WithLabelValues(lora.URL, SignalLoRA)); v != 1 {
+		t.Errorf("llmlb_scrape_signal_missing{signal=\"lora\"} = %v with adapters, want 1", v)
+	}
+	adapters.Store(false)
+	tg.round(context.Background())
+	if v := testutil.ToFloat64(tg.metrics.missing.WithLabelValues(lora.URL, SignalLoRA)); v != 0 {
+		t.Errorf("llmlb_scrape_signal_missing{signal=\"lora\"} = %v once the adapters went, want 0", v)
+	}
+	if strings.Contains(logs.String(), "present again") {
+		t.Errorf("lora logged present again though the page still lacks it:\n%s", logs.String())
+	}
+}
+
 // testBalancer returns a balancer with the default policy and no prefix
 // index: the scrape tests look only at what reaches its snapshot.
 func testBalancer(t testing.TB) *balancer.Balancer {
@@ -287,4 +356,35 @@ func testBalancer(t testing.TB) *balancer.Balancer {
 		t.Fatal(err)
 	}
 	return bal
+}
+
+// TestValidateBackendURLExplainsMistakes: the two URL mistakes operators
+// make (issue 18) are answered in our words with the fix, not url.Parse's.
+func TestValidateBackendURLExplainsMistakes(t *testing.T) {
+	tests := []struct {
+		name, url, want string
+	}{
+		{"no scheme", "127.0.0.1:8001", `backends[0].url: "127.0.0.1:8001" has no scheme; write it as "http://127.0.0.1:8001"`},
+		{"no scheme, host name", "localhost:8001", `backends[0].url: "localhost:8001" has no scheme; write it as "http://localhost:8001"`},
+		{"ends in /v1", "http://127.0.0.1:8001/v1", `backends[0].url: "http://127.0.0.1:8001/v1" ends in /v1: give the server's base URL, "http://127.0.0.1:8001"`},
+		{"ends in /v1/", "https://gpu-1:8000/v1/", `backends[0].url: "https://gpu-1:8000/v1/" ends in /v1: give the server's base URL, "https://gpu-1:8000"`},
+		{"/v1 under a prefix", "http://gw/vllm/v1", `base URL, "http://gw/vllm"`},
+		{"bad port", "http://h:port", `backends[0].url: "http://h:port" is not a URL: invalid port`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := ValidateBackends([]BackendConfig{{URL: tc.url}}, engineSet(t, nil).Names())
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("ValidateBackends(%q) = %v, want it to contain %q", tc.url, err, tc.want)
+			}
+			if err != nil && strings.Contains(err.Error(), "first path segment") {
+				t.Errorf("ValidateBackends(%q) = %v, url.Parse's words", tc.url, err)
+			}
+		})
+	}
+	for _, ok := range []string{"http://127.0.0.1:8001", "http://h/v1beta", "http://h/api/v10"} {
+		if err := ValidateBackends([]BackendConfig{{URL: ok}}, engineSet(t, nil).Names()); err != nil {
+			t.Errorf("ValidateBackends(%q) = %v, want nil", ok, err)
+		}
+	}
 }
