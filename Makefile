@@ -44,12 +44,16 @@ run:
 sim:
 	$(GO) run . sim --count 3 --listen 127.0.0.1:8001
 
-# The micro-benchmarks, then the routing benchmark on its defaults (every
-# workload through every policy in virtual time; results also in
-# bench.json and bench.png).
+# The micro-benchmarks; the routing benchmark at every load level (results
+# in sweep.json and sweep-<workload>.png), with 8 replicas against one, and
+# the two published experiments; then the proxy's cost against HAProxy and
+# nginx.
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./...
-	$(GO) run . bench --json bench.json --plot bench.png
+	$(GO) run . bench --sweep --json sweep.json --plot sweep.png
+	$(GO) run . bench --replicas 8 --json replicas.json
+	$(GO) run . bench --scenario llm-d-kv-cache-wins --json llm-d-kv-cache-wins.json
+	$(GO) run . bench --scenario sglang-v04-shared-prefix --json sglang-v04-shared-prefix.json
 	$(GO) run . overhead --json overhead.json
 
 lint:

@@ -33,7 +33,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	target := fs.String("target", "", "replay over HTTP, in real time, against the balancer (or server) at this base URL instead of emulating a cluster; the lora workload needs adapters lora-00..lora-15 there")
 	model := fs.String("model", "", "with --target: the base model to ask for (default: the first base model of the target's /v1/models)")
 	label := fs.String("label", "target", "with --target: the name of the result's row")
-	sweep := fs.Bool("sweep", false, "run each workload at a ladder of arrival rates (x0.25 to x4 its default) and print TTFT p90 and output tok/s per policy at each, the default's worst ratio to each peer, and with --plot one PNG per workload")
+	sweep := fs.Bool("sweep", false, "run each workload at a ladder of arrival rates (x0.25 to x4 its default, x2 for the Mooncake traces) and print TTFT p90 and output tok/s per policy at each, the default's worst ratio to each peer, and with --plot one PNG per workload")
 	rates := fs.String("rates", "", "with --sweep: comma-separated arrival-rate factors instead of the default ladder")
 	replicas := fs.Int("replicas", 1, "independent balancers in front of the cluster, each arrival to one at random; above 1 also prints the table against one replica")
 	scenario := fs.String("scenario", "", "replay a published experiment and print its published figures beside ours: llm-d-kv-cache-wins or sglang-v04-shared-prefix")
@@ -88,9 +88,8 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	fmt.Fprintf(stdout, "llmlb bench: %d servers (%s), seed %d, virtual time\n", *backends, strings.Join(compact(bench.Presets(*backends, *slow)), " "), *seed)
 	if *sweep {
-		ladder := bench.DefaultLadder
+		var ladder []float64 // nil: each workload's default
 		if *rates != "" {
-			ladder = nil
 			for _, f := range split(*rates) {
 				var x float64
 				if _, err := fmt.Sscan(f, &x); err != nil || x <= 0 {
@@ -100,7 +99,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			}
 		}
 		opts.Replicas = *replicas
-		curves, err := bench.Sweep(ctx, opts, ladder, false)
+		curves, err := bench.Sweep(ctx, opts, ladder)
 		if err != nil {
 			return err
 		}
@@ -230,7 +229,7 @@ func compact(names []string) []string {
 // cmdOverhead measures what llmlb adds to a request against a direct
 // connection, HAProxy and nginx, in front of one fast emulated backend.
 func cmdOverhead(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("overhead", "llmlb overhead [--proxy direct,llmlb,haproxy,nginx] [--duration D] [--scale F] [--json FILE]", stderr)
+	fs := newFlagSet("overhead", "llmlb overhead [--proxy direct,llmlb,haproxy,nginx] [--duration D] [--scale F] [--json FILE] [--require] [--quiet] [--llmlb PATH]", stderr)
 	proxies := fs.String("proxy", "direct,llmlb,haproxy,nginx", "comma-separated rows: direct, llmlb (this executable), haproxy, nginx (from PATH or /usr/sbin)")
 	duration := fs.Duration("duration", 5*time.Second, "how long each scenario runs against each proxy")
 	scale := fs.Float64("scale", 1, "share of the clients of the concurrent scenarios (64 requests, 8 long prompts, 256 streams)")

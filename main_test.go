@@ -911,3 +911,43 @@ func TestOverheadCommand(t *testing.T) {
 		}
 	}
 }
+
+// TestBenchSweepAndScenarioCommands runs `llmlb bench --sweep`,
+// `--replicas` and `--scenario` small and checks what they print and write.
+func TestBenchSweepAndScenarioCommands(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"sweep", []string{"--sweep", "--rates", "0.5,2", "--workload", "burst", "--policy", "default,epp", "--backends", "3", "--scale", "0.05", "--plot", dir + "/s.png", "--json", dir + "/s.json"},
+			[]string{"x0.5", "x2", "worst TTFT p90 ratio", "plots: " + dir + "/s-burst.png"}},
+		{"replicas", []string{"--replicas", "3", "--workload", "burst", "--policy", "default,epp", "--backends", "3", "--scale", "0.05"},
+			[]string{"replicas: 3 independent balancers", "hit rate 3"}},
+		{"scenario", []string{"--scenario", "sglang-v04-shared-prefix", "--scale", "0.05"},
+			[]string{"cache-aware router (v0.4)", "158596", "best first: published"}},
+		{"bad rates", []string{"--sweep", "--rates", "0.5,fast"}, []string{`"fast" is not a positive factor`}},
+		{"bad scenario", []string{"--scenario", "nope"}, []string{`unknown scenario "nope"`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out, errb strings.Builder
+			err := run(context.Background(), append([]string{"bench", "--quiet"}, tc.args...), nil, &out, &errb)
+			got := out.String()
+			if err != nil {
+				got += err.Error()
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(got, w) {
+					t.Errorf("output lacks %q:\n%s", w, got)
+				}
+			}
+		})
+	}
+	if _, err := os.Stat(dir + "/s-burst.png"); err != nil {
+		t.Error(err)
+	}
+	if b, err := os.ReadFile(dir + "/s.json"); err != nil || !json.Valid(b) {
+		t.Errorf("sweep JSON: %v", err)
+	}
+}

@@ -201,7 +201,7 @@ func TestSweepReplicasExperiments(t *testing.T) {
 	o := Options{Workloads: []string{"shared-prefix"}, Policies: []string{"default", "epp", "round-robin"}, Backends: 4, Params: Params{Scale: 0.05, Seed: 3}}
 	run := func() string {
 		var b strings.Builder
-		curves, err := Sweep(context.Background(), o, []float64{0.5, 2}, false)
+		curves, err := Sweep(context.Background(), o, []float64{0.5, 2})
 		if err != nil {
 			t.Fatal(err)
 		}

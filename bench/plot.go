@@ -21,6 +21,16 @@ var palette = []color.RGBA{
 	{0xbc, 0xbd, 0x22, 0xff}, {0x17, 0xbe, 0xcf, 0xff},
 }
 
+// style gives row i's line its colour; rows past the palette's length are
+// dashed, and the first (the default policy) is drawn thickest.
+func style(ls *draw.LineStyle, i int) {
+	ls.Color = palette[i%len(palette)]
+	ls.Width = vg.Points(1)
+	if i >= len(palette) {
+		ls.Dashes = []vg.Length{vg.Points(4), vg.Points(2)}
+	}
+}
+
 // Plot draws, for each workload, the distribution of time to first token
 // of every policy (the share of requests answered within x seconds, x on a
 // log scale), one panel a workload, to a PNG file.
@@ -61,8 +71,7 @@ func Plot(file string, rep Report) error {
 			if err != nil {
 				return err
 			}
-			l.Color = palette[ri%len(palette)]
-			l.Width = vg.Points(1)
+			style(&l.LineStyle, ri)
 			if ri == 0 {
 				l.Width = vg.Points(2.5)
 			}
