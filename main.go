@@ -515,14 +515,26 @@ func newBalancer(cfg Config, reg prometheus.Registerer, logger *slog.Logger) (*b
 	if err != nil {
 		return nil, err
 	}
-	if reg != nil && idx != nil {
+	if reg != nil {
+		// A preset without a block index reports an empty one.
+		stats := func() (int, int64) {
+			if idx == nil {
+				return 0, 0
+			}
+			return idx.Stats()
+		}
 		reg.MustRegister(
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "llmlb_prefix_index_entries", Help: "Prompt blocks the prefix-cache index remembers, over all backends."},
-				func() float64 { n, _ := idx.Stats(); return float64(n) }),
+				func() float64 { n, _ := stats(); return float64(n) }),
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "llmlb_prefix_index_bytes", Help: "Estimated memory of the prefix-cache index (entries × prefix.EntryBytes)."},
-				func() float64 { _, b := idx.Stats(); return float64(b) }),
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "llmlb_prefix_block_bytes", Help: "Bytes of canonical prompt per hashed block (auto-tuned from the engines' cache block size unless set)."},
-				func() float64 { return float64(idx.BlockBytes()) }),
+				func() float64 { _, b := stats(); return float64(b) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "llmlb_prefix_block_bytes", Help: "Bytes of canonical prompt per hashed block (auto-tuned from the engines' cache block size unless set; 0 when the policy keeps no block index)."},
+				func() float64 {
+					if idx == nil {
+						return 0
+					}
+					return float64(idx.BlockBytes())
+				}),
 		)
 	}
 	return b, nil
