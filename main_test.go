@@ -925,7 +925,7 @@ func TestBenchSweepAndScenarioCommands(t *testing.T) {
 			[]string{"x0.5", "x2", "worst TTFT p90 ratio", "plots: " + dir + "/s-burst.png"}},
 		{"replicas", []string{"--replicas", "3", "--workload", "burst", "--policy", "default,epp", "--backends", "3", "--scale", "0.05"},
 			[]string{"replicas: 3 independent balancers", "hit rate 3"}},
-		{"scenario", []string{"--scenario", "sglang-v04-shared-prefix", "--scale", "0.05"},
+		{"scenario", []string{"--scenario", "sglang-v04-shared-prefix", "--scale", "0.05", "--json", dir + "/e.json"},
 			[]string{"cache-aware router (v0.4)", "158596", "best first: published"}},
 		{"bad rates", []string{"--sweep", "--rates", "0.5,fast"}, []string{`"fast" is not a positive factor`}},
 		{"bad scenario", []string{"--scenario", "nope"}, []string{`unknown scenario "nope"`}},
@@ -947,7 +947,9 @@ func TestBenchSweepAndScenarioCommands(t *testing.T) {
 	if _, err := os.Stat(dir + "/s-burst.png"); err != nil {
 		t.Error(err)
 	}
-	if b, err := os.ReadFile(dir + "/s.json"); err != nil || !json.Valid(b) {
-		t.Errorf("sweep JSON: %v", err)
+	for _, f := range []string{"s.json", "e.json"} {
+		if b, err := os.ReadFile(dir + "/" + f); err != nil || !json.Valid(b) {
+			t.Errorf("%s: %v, valid JSON %v", f, err, json.Valid(b))
+		}
 	}
 }
