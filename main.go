@@ -370,12 +370,7 @@ func start(ctx context.Context, cfg Config, src *configSource, stderr io.Writer)
 	if err != nil {
 		return nil, fmt.Errorf("listen: %w", err)
 	}
-	front := &http.Server{
-		Handler:           px.Handler(),
-		ReadHeaderTimeout: 30 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
-	}
+	front := px.HTTPServer(slog.NewLogLogger(logger.Handler(), slog.LevelDebug))
 	var admin *http.Server
 	var adminLn net.Listener
 	if cfg.Admin.Listen != "" {

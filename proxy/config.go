@@ -3,6 +3,8 @@ package proxy
 import (
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -42,6 +44,80 @@ type Config struct {
 	// MaxIdleConnsPerBackend is the pool of idle keep-alive connections kept
 	// per backend. (default 256)
 	MaxIdleConnsPerBackend int `mapstructure:"max_idle_conns_per_backend"`
+
+	// StreamFirstByteTimeout bounds the wait for a backend's response
+	// headers on a streaming request. vLLM, SGLang and trtllm-serve send a
+	// stream's headers as soon as they accept it, so a stream without
+	// headers after a few seconds is a hung server: the request goes to
+	// the next candidate, as after a connect failure, and with none left
+	// the client gets 504. The smaller of this and ResponseHeaderTimeout
+	// applies. 0 means ResponseHeaderTimeout alone. (default 15s)
+	StreamFirstByteTimeout time.Duration `mapstructure:"stream_first_byte_timeout"`
+	// StreamIdleTimeout bounds the time a streaming response may send
+	// nothing once its headers arrived, the wait for the first event
+	// included: a backend silent for longer has stalled, and the client's
+	// stream is cut (nothing is retried after the first byte). Time the
+	// client takes to read does not count. 0 means no limit. (default 60s)
+	StreamIdleTimeout time.Duration `mapstructure:"stream_idle_timeout"`
+
+	// ReadHeaderTimeout bounds reading a client request's headers; a
+	// client slower than that is disconnected without an answer. (default
+	// 10s)
+	ReadHeaderTimeout time.Duration `mapstructure:"read_header_timeout"`
+	// BodyReadTimeout bounds reading a client request's body, from the end
+	// of its headers: a client that announces a body and does not send it
+	// in time gets 408 and its connection is closed. (default 30s)
+	BodyReadTimeout time.Duration `mapstructure:"body_read_timeout"`
+	// IdleTimeout closes a client's keep-alive connection after this long
+	// without a request. (default 2m)
+	IdleTimeout time.Duration `mapstructure:"idle_timeout"`
+	// MaxHeaderBytes bounds a request's line and headers together; past
+	// it the client gets 431 in OpenAI's JSON shape. Go's HTTP server
+	// refuses headers past twice this (plus 4 KiB) itself, with a
+	// plain-text 431. (default 32 KiB)
+	MaxHeaderBytes int `mapstructure:"max_header_bytes"`
+	// MaxHeaderCount bounds the number of header fields a request may
+	// carry, Host aside; past it the client gets 431. (default 100)
+	MaxHeaderCount int `mapstructure:"max_header_count"`
+
+	// ExtraRoutes are further POST paths forwarded like the inference
+	// routes (balanced by the body's model), for example
+	// /v1/load_lora_adapter on a trusted network. Paths are exact, no
+	// wildcards. Engine administration routes are refused with 404 unless
+	// listed here. (default none)
+	ExtraRoutes []string `mapstructure:"extra_routes"`
+	// BackendHeaders sends x-llmlb-backend (the answering backend's ID) and
+	// x-llmlb-reason on every proxied response. A backend's ID is its URL
+	// as configured, so clients learn internal addresses; turn this off
+	// where they must not. (default true)
+	BackendHeaders bool `mapstructure:"backend_headers"`
+}
+
+// InferenceRoutes are the POST paths forwarded by default besides
+// /v1/completions and /v1/chat/completions, each balanced by the body's
+// model: vLLM's and SGLang's inference and tokenizer routes. Routes that
+// change a server (LoRA loading, cache resets, sleep, profiling) are not
+// among them; see [Config.ExtraRoutes].
+func InferenceRoutes() []string {
+	return []string{
+		"/v1/embeddings",
+		"/v1/responses",
+		"/v1/rerank",
+		"/v2/rerank",
+		"/rerank",
+		"/v1/score",
+		"/score",
+		"/classify",
+		"/pooling",
+		"/tokenize",
+		"/detokenize",
+	}
+}
+
+// builtinRoutes are the paths the client listener serves itself or
+// forwards by default, which extra_routes may not name again.
+func builtinRoutes() []string {
+	return append([]string{"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/ready"}, InferenceRoutes()...)
 }
 
 // DefaultConfig returns the proxy defaults.
@@ -56,6 +132,14 @@ func DefaultConfig() Config {
 		RequestTimeout:         30 * time.Minute,
 		MaxIdleConnsPerBackend: 256,
 		RequestUsage:           true,
+		StreamFirstByteTimeout: 15 * time.Second,
+		StreamIdleTimeout:      60 * time.Second,
+		ReadHeaderTimeout:      10 * time.Second,
+		BodyReadTimeout:        30 * time.Second,
+		IdleTimeout:            2 * time.Minute,
+		MaxHeaderBytes:         32 << 10,
+		MaxHeaderCount:         100,
+		BackendHeaders:         true,
 	}
 }
 
@@ -84,6 +168,37 @@ func (c Config) Validate() error {
 	}
 	if c.MaxIdleConnsPerBackend < 0 {
 		errs = append(errs, fmt.Errorf("proxy.max_idle_conns_per_backend: must not be negative, got %d", c.MaxIdleConnsPerBackend))
+	}
+	type named struct {
+		name string
+		d    time.Duration
+	}
+	for _, t := range []named{{"stream_first_byte_timeout", c.StreamFirstByteTimeout}, {"stream_idle_timeout", c.StreamIdleTimeout}} {
+		if t.d < 0 {
+			errs = append(errs, fmt.Errorf("proxy.%s: must not be negative, got %s", t.name, t.d))
+		}
+	}
+	for _, t := range []named{{"read_header_timeout", c.ReadHeaderTimeout}, {"body_read_timeout", c.BodyReadTimeout}, {"idle_timeout", c.IdleTimeout}} {
+		if t.d <= 0 {
+			errs = append(errs, fmt.Errorf("proxy.%s: must be positive, got %s", t.name, t.d))
+		}
+	}
+	if c.MaxHeaderBytes < 1<<10 || c.MaxHeaderBytes > 1<<20 {
+		errs = append(errs, fmt.Errorf("proxy.max_header_bytes: must be 1024..1048576, got %d", c.MaxHeaderBytes))
+	}
+	if c.MaxHeaderCount < 8 || c.MaxHeaderCount > 10000 {
+		errs = append(errs, fmt.Errorf("proxy.max_header_count: must be 8..10000, got %d", c.MaxHeaderCount))
+	}
+	builtin := builtinRoutes()
+	for i, p := range c.ExtraRoutes {
+		switch {
+		case !strings.HasPrefix(p, "/") || strings.ContainsAny(p, "{}*?#%\\ \t") || strings.Contains(p, "/../") || strings.HasSuffix(p, "/.."):
+			errs = append(errs, fmt.Errorf("proxy.extra_routes: %q must be an exact path starting with /, without wildcards, escapes or dot segments", p))
+		case slices.Contains(builtin, p):
+			errs = append(errs, fmt.Errorf("proxy.extra_routes: %q is already served", p))
+		case slices.Contains(c.ExtraRoutes[:i], p):
+			errs = append(errs, fmt.Errorf("proxy.extra_routes: %q is listed twice", p))
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -117,6 +117,10 @@ func errorFor(clientCtx context.Context, err error) *HTTPError {
 		return &HTTPError{Code: http.StatusServiceUnavailable, Type: "service_unavailable", Kind: "queue_timeout", Msg: "Every model server stayed saturated while the request waited; retry later.", Err: err}
 	case errors.Is(err, balancer.ErrNoBackend):
 		return &HTTPError{Code: http.StatusServiceUnavailable, Type: "service_unavailable", Kind: "no_backend", Msg: "No server of this model is up; try again shortly.", Err: err, RetryAfter: noBackendRetryAfter}
+	case errors.Is(err, errFirstByteTimeout):
+		return &HTTPError{Code: http.StatusGatewayTimeout, Type: "timeout", Msg: "The model server did not start the stream in time.", Err: err}
+	case errors.Is(err, errStreamStalled):
+		return &HTTPError{Code: http.StatusGatewayTimeout, Type: "timeout", Msg: "The model server's stream stalled.", Err: err}
 	case errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
 		return &HTTPError{Code: http.StatusGatewayTimeout, Type: "timeout", Msg: "The model server did not answer in time.", Err: err}
 	default:

@@ -3,6 +3,8 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -32,6 +34,9 @@ type exchange struct {
 	// did not, so the observer drops it.
 	stripUsage bool
 	obs        *observer // the answering backend's body, once it answered 200
+	// streamErr is why the proxy cut the answering backend's stream
+	// (errStreamStalled), nil if it did not.
+	streamErr error
 }
 
 type exchangeKey struct{}
@@ -59,6 +64,8 @@ type retryTransport struct {
 	maxAttempts   int
 	retryStatuses []int
 	retryBroken   bool
+	firstByte     time.Duration // streams: wait for response headers; 0: none of our own
+	idle          time.Duration // streams: silence allowed once headers arrived; 0: none
 	logger        *slog.Logger
 	metrics       *metrics
 }
@@ -77,23 +84,44 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		last := i == len(cands)-1
 		ex.attempts = i + 1
-		out := attemptRequest(req, be, ex.inURL, ex.req.Body)
+		// Each attempt has its own context: the first-byte and stall
+		// timers cancel it with their cause, and closing the response
+		// body releases it.
+		actx, cancel := context.WithCancelCause(ctx)
+		out := attemptRequest(actx, req, be, ex.inURL, ex.req.Body)
 		if i > 0 || ex.guard.Backend() != be { // the pick attached the first
 			ex.guard.Attach(be, ex.dec.Work[i], time.Now())
 		}
 		ex.sentAt = time.Now()
+		var fb *time.Timer
+		if ex.req.Stream && t.firstByte > 0 {
+			fb = time.AfterFunc(t.firstByte, func() { cancel(errFirstByteTimeout) })
+		}
 		resp, err := t.base.RoundTrip(out)
+		if fb != nil && !fb.Stop() && err == nil {
+			// The headers came as the timer fired; its cancel may land
+			// at any moment, so this answer cannot be streamed.
+			resp.Body.Close()
+			resp, err = nil, errFirstByteTimeout
+		}
 		if err != nil {
+			firstByte := errors.Is(context.Cause(actx), errFirstByteTimeout) || errors.Is(err, errFirstByteTimeout)
+			cancel(nil)
 			if ctx.Err() != nil {
 				return nil, err
+			}
+			if firstByte {
+				err = fmt.Errorf("backend %s sent no headers within %s: %w", be.ID, t.firstByte, errFirstByteTimeout)
 			}
 			be.Ledger.ObserveFailure()
 			// Nothing reached the client yet. A refused connection sent
 			// nothing; a connection that broke before the response
-			// headers (the server died or restarted) produced nothing.
-			// Either way the next candidate can take the request. A
-			// timeout is not retried: the request may be what is slow.
-			if !last && (isDialError(err) || (t.retryBroken && !isTimeout(err))) {
+			// headers (the server died or restarted) produced nothing; a
+			// stream without headers after stream_first_byte_timeout is a
+			// hung server. Each time the next candidate can take the
+			// request. Another timeout is not retried: the request may be
+			// what is slow.
+			if !last && (isDialError(err) || firstByte || (t.retryBroken && !isTimeout(err))) {
 				t.metrics.retries.WithLabelValues(be.ID).Inc()
 				t.debug(ctx, "backend failed before answering, trying next", be, err)
 				lastErr = err
@@ -111,6 +139,7 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			// Drain a little so the connection can be reused, then drop it.
 			_, _ = io.CopyN(io.Discard, resp.Body, 64<<10)
 			resp.Body.Close()
+			cancel(nil)
 			continue
 		}
 		if resp.StatusCode >= 500 {
@@ -118,6 +147,13 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		} else {
 			be.Ledger.ObserveSuccess()
 		}
+		sb := &attemptBody{ReadCloser: resp.Body, ctx: actx, cancel: cancel, be: be, ex: ex}
+		if ex.req.Stream && t.idle > 0 {
+			sb.idle = t.idle
+			sb.timer = time.AfterFunc(t.idle, func() { cancel(errStreamStalled) })
+			sb.timer.Stop() // runs only while a Read waits on the backend
+		}
+		resp.Body = sb
 		return resp, nil
 	}
 	return nil, lastErr
@@ -136,8 +172,8 @@ func (t *retryTransport) debug(ctx context.Context, msg string, be *balancer.Bac
 
 // attemptRequest returns req aimed at backend be, with a fresh reader over
 // body so that every attempt sends the whole body.
-func attemptRequest(req *http.Request, be *balancer.Backend, in *url.URL, body []byte) *http.Request {
-	out := req.Clone(req.Context())
+func attemptRequest(ctx context.Context, req *http.Request, be *balancer.Backend, in *url.URL, body []byte) *http.Request {
+	out := req.Clone(ctx)
 	u := *be.URL
 	u.Path, u.RawPath = joinPath(be.URL, in)
 	switch {
@@ -173,6 +209,55 @@ func singleJoin(a, b string) string {
 		return a + "/" + b
 	}
 	return a + b
+}
+
+// Errors the stream timers cancel an attempt with; [errorFor] maps both to
+// 504.
+var (
+	errFirstByteTimeout = errors.New("stream first byte timeout")
+	errStreamStalled    = errors.New("stream stalled")
+)
+
+// attemptBody is the answering backend's response body. Closing it
+// releases the attempt's context. On a stream with an idle limit, each Read
+// runs a timer that cuts the stream when the backend sends nothing for
+// that long; time spent outside Read (the client reading slowly) does not
+// count. Read and Close run on the handler's goroutine; only the timer's
+// cancel runs elsewhere.
+type attemptBody struct {
+	io.ReadCloser
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	be     *balancer.Backend
+	ex     *exchange
+	idle   time.Duration
+	timer  *time.Timer // nil without an idle limit
+}
+
+func (b *attemptBody) Read(p []byte) (int, error) {
+	if b.timer == nil {
+		return b.ReadCloser.Read(p)
+	}
+	b.timer.Reset(b.idle)
+	n, err := b.ReadCloser.Read(p)
+	b.timer.Stop()
+	if err != nil && err != io.EOF && errors.Is(context.Cause(b.ctx), errStreamStalled) {
+		if b.ex.streamErr == nil {
+			b.ex.streamErr = fmt.Errorf("backend %s sent nothing for %s: %w", b.be.ID, b.idle, errStreamStalled)
+			b.be.Ledger.ObserveFailure()
+		}
+		return n, b.ex.streamErr
+	}
+	return n, err
+}
+
+func (b *attemptBody) Close() error {
+	if b.timer != nil {
+		b.timer.Stop()
+	}
+	err := b.ReadCloser.Close()
+	b.cancel(nil)
+	return err
 }
 
 // firstByteBody reports the first non-empty read of a response body: for a

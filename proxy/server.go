@@ -75,8 +75,9 @@ func New(cfg Config, bal *balancer.Balancer, reg prometheus.Registerer, logger *
 		DisableCompression:    true,  // pass Content-Encoding through untouched
 	}
 	s.rp = &httputil.ReverseProxy{
-		Rewrite:        s.rewrite,
-		Transport:      &retryTransport{base: base, maxAttempts: cfg.MaxAttempts, retryStatuses: cfg.RetryStatuses, retryBroken: cfg.RetryBrokenConnections, logger: logger, metrics: s.metrics},
+		Rewrite: s.rewrite,
+		Transport: &retryTransport{base: base, maxAttempts: cfg.MaxAttempts, retryStatuses: cfg.RetryStatuses, retryBroken: cfg.RetryBrokenConnections,
+			firstByte: cfg.StreamFirstByteTimeout, idle: cfg.StreamIdleTimeout, logger: logger, metrics: s.metrics},
 		FlushInterval:  -1, // every write reaches the client at once: SSE events are never held back
 		ModifyResponse: s.modifyResponse,
 		ErrorHandler:   s.errorHandler,
@@ -89,7 +90,7 @@ func New(cfg Config, bal *balancer.Balancer, reg prometheus.Registerer, logger *
 // Handler returns the client-facing routes.
 func (s *Server) Handler() http.Handler {
 	r := chi.NewRouter()
-	r.Use(s.withAccess, s.recoverer)
+	r.Use(s.limits, s.withAccess, s.recoverer)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &HTTPError{Code: http.StatusNotFound, Type: "invalid_request_error", Msg: "Unknown route " + r.Method + " " + r.URL.Path + "."})
 	})
@@ -99,7 +100,15 @@ func (s *Server) Handler() http.Handler {
 	r.Post("/v1/completions", s.serveModel(KindCompletion))
 	r.Post("/v1/chat/completions", s.serveModel(KindChat))
 	r.Get("/v1/models", s.serveModels)
-	r.Post("/v1/*", s.serveModel(KindOther))
+	// Only inference routes: anything else under /v1/ (LoRA loading, for
+	// one) could change a server, and reaches one only when an operator
+	// lists it (issue 17).
+	for _, p := range InferenceRoutes() {
+		r.Post(p, s.serveModel(KindOther))
+	}
+	for _, p := range s.cfg.ExtraRoutes {
+		r.Post(p, s.serveModel(KindOther))
+	}
 	r.Get("/health", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -121,6 +130,8 @@ func (s *Server) serveModel(k Kind) http.HandlerFunc {
 			switch {
 			case r.Context().Err() != nil && !completed, status == StatusClientClosed:
 				status = StatusClientClosed
+			case !completed && ex != nil && ex.streamErr != nil:
+				status = errorFor(r.Context(), ex.streamErr).Code // a stall: cut by us
 			case !completed:
 				status = http.StatusBadGateway // the stream was cut by the backend after the header
 			}
@@ -299,11 +310,19 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, k Kind) (*R
 	}
 	if _, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)); err != nil {
 		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
+		switch {
+		case errors.As(err, &mbe):
 			return nil, tooLarge
+		case isTimeout(err):
+			w.Header().Set("Connection", "close")
+			return nil, &HTTPError{Code: http.StatusRequestTimeout, Type: "invalid_request_error", Kind: "request_timeout",
+				Msg: "The request body did not arrive within " + s.cfg.BodyReadTimeout.String() + " (proxy.body_read_timeout).", Err: err}
 		}
 		return nil, &HTTPError{Code: http.StatusBadRequest, Type: "invalid_request_error", Msg: "The request body could not be read.", Err: err}
 	}
+	// The body is in: lift the limits middleware's read deadline, which
+	// would otherwise end the connection's background read mid-stream.
+	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
 	req, err := ParseRequest(k, buf.Bytes())
 	if err != nil {
 		var he *HTTPError
@@ -319,6 +338,7 @@ func (s *Server) rewrite(pr *httputil.ProxyRequest) {
 	ex := exchangeFrom(pr.In.Context())
 	// The retry transport aims each attempt at its backend; this first aim
 	// keeps ReverseProxy's own bookkeeping (Host, X-Forwarded-*) right.
+	stripClientHeaders(pr.Out.Header)
 	pr.SetURL(ex.dec.Candidates[0].URL)
 	pr.SetXForwarded()
 }
@@ -326,8 +346,11 @@ func (s *Server) rewrite(pr *httputil.ProxyRequest) {
 func (s *Server) modifyResponse(resp *http.Response) error {
 	ex := exchangeFrom(resp.Request.Context())
 	be := ex.guard.Backend()
-	resp.Header.Set(HeaderBackend, be.ID)
-	resp.Header.Set(HeaderReason, ex.reason())
+	stripBackendHeaders(resp.Header)
+	if s.cfg.BackendHeaders {
+		resp.Header.Set(HeaderBackend, be.ID)
+		resp.Header.Set(HeaderReason, ex.reason())
+	}
 	if ex.target != ex.req.Model {
 		resp.Body = newModelRewriter(resp.Body, ex.target, ex.req.Model)
 		resp.ContentLength = -1
@@ -359,7 +382,7 @@ func (s *Server) errorHandler(w http.ResponseWriter, r *http.Request, err error)
 		}
 		return // nobody to answer; not an error of ours
 	}
-	if be := ex.guard.Backend(); be != nil {
+	if be := ex.guard.Backend(); be != nil && s.cfg.BackendHeaders {
 		w.Header().Set(HeaderBackend, be.ID)
 		w.Header().Set(HeaderReason, ex.reason())
 	}
