@@ -1,0 +1,234 @@
+package proxy
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// recordingBackend is an httptest vLLM stand-in that records every request
+// that reaches it.
+type recordingBackend struct {
+	*httptest.Server
+	hits atomic.Int64
+	mu   sync.Mutex
+	last *http.Request // guarded by mu
+}
+
+func newRecordingBackend(t *testing.T) *recordingBackend {
+	t.Helper()
+	rb := &recordingBackend{}
+	rb.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		rb.hits.Add(1)
+		rb.mu.Lock()
+		rb.last = r
+		rb.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Llmlb-Backend", "spoofed-by-backend")
+		io.WriteString(w, `{"choices":[{"text":"ok"}]}`)
+	}))
+	t.Cleanup(rb.Close)
+	return rb
+}
+
+func (rb *recordingBackend) lastRequest() *http.Request {
+	rb.mu.Lock()
+	defer rb.mu.Unlock()
+	return rb.last
+}
+
+// newServedFront runs the proxy behind the http.Server serve uses
+// (Server.HTTPServer, so its header limits apply) on a real TCP port.
+func newServedFront(t *testing.T, cfg Config, backendURLs ...string) *httptest.Server {
+	t.Helper()
+	px := New(cfg, newTestBalancer(t, backendURLs...), prometheus.NewRegistry(), nil)
+	srv := httptest.NewUnstartedServer(nil)
+	srv.Config = px.HTTPServer(log.New(io.Discard, "", 0))
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// rawExchange writes raw to a new connection to addr and reads the first
+// response.
+func rawExchange(t *testing.T, addr, raw string) (*http.Response, []byte, error) {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(conn, raw); err != nil {
+		return nil, nil, err
+	}
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	// A request smuggled behind the first is answered on the same
+	// connection (or the connection is closed); read on so that it has
+	// been handled before the test counts what reached the backend.
+	if resp2, err := http.ReadResponse(br, nil); err == nil {
+		io.Copy(io.Discard, resp2.Body)
+		resp2.Body.Close()
+	}
+	return resp, b, nil
+}
+
+// post builds a raw HTTP/1.1 POST with a correct Content-Length and
+// Connection: close.
+func rawPost(path, headers, body string) string {
+	return "POST " + path + " HTTP/1.1\r\nHost: llmlb\r\nConnection: close\r\n" + headers +
+		"Content-Length: " + fmt.Sprint(len(body)) + "\r\n\r\n" + body
+}
+
+const jsonCT = "Content-Type: application/json\r\n"
+
+// TestHostileRequestsNeverReachBackend sends requests a hostile or broken
+// client might send through a real llmlb in front of a backend that records
+// what reaches it: none does, and each gets an OpenAI-shaped JSON error
+// unless net/http refuses it before any handler runs (plain: true; the
+// README says which).
+func TestHostileRequestsNeverReachBackend(t *testing.T) {
+	rb := newRecordingBackend(t)
+	cfg := DefaultConfig()
+	cfg.MaxBodyBytes = 64 << 10
+	cfg.BodyReadTimeout = 300 * time.Millisecond
+	front := newServedFront(t, cfg, rb.URL)
+	addr := front.Listener.Addr().String()
+
+	ok := body("completion", "")
+	manyHeaders := strings.Repeat("X-A: b\r\n", 150)
+	tests := []struct {
+		name       string
+		raw        string
+		wantStatus int
+		plain      bool // refused by net/http itself, before our handlers
+	}{
+		// bodies
+		{"empty body", rawPost("/v1/completions", jsonCT, ""), 400, false},
+		{"not json", rawPost("/v1/completions", jsonCT, "hello"), 400, false},
+		{"json array", rawPost("/v1/completions", jsonCT, `[{"model":"`+testModel+`"}]`), 400, false},
+		{"truncated json", rawPost("/v1/completions", jsonCT, `{"model":"`+testModel+`","prompt":"hi"`), 400, false},
+		{"model a number", rawPost("/v1/completions", jsonCT, `{"model":7,"prompt":"hi"}`), 400, false},
+		{"no model", rawPost("/v1/completions", jsonCT, `{"prompt":"hi"}`), 400, false},
+		{"empty prompt", rawPost("/v1/completions", jsonCT, `{"model":"`+testModel+`","prompt":""}`), 400, false},
+		{"stream not a bool", rawPost("/v1/completions", jsonCT, `{"model":"`+testModel+`","prompt":"hi","stream":"yes"}`), 400, false},
+		{"invalid utf-8", rawPost("/v1/completions", jsonCT, "{\"model\":\""+testModel+"\",\"prompt\":\"\xff\xfe\"}"), 400, false},
+		{"nul bytes as body", rawPost("/v1/completions", jsonCT, "\x00\x00\x00\x00"), 400, false},
+		{"raw nul inside json", rawPost("/v1/completions", jsonCT, "{\"model\":\""+testModel+"\",\"prompt\":\"a\x00b\"}"), 400, false},
+		{"escaped nul in model", rawPost("/v1/completions", jsonCT, `{"model":"`+testModel+`\u0000","prompt":"hi"}`), 404, false},
+		{"unknown model", rawPost("/v1/completions", jsonCT, `{"model":"gpt-4","prompt":"hi"}`), 404, false},
+		{"chat messages not a list", rawPost("/v1/chat/completions", jsonCT, `{"model":"`+testModel+`","messages":"hi"}`), 400, false},
+		{"chat message without role", rawPost("/v1/chat/completions", jsonCT, `{"model":"`+testModel+`","messages":[{"content":"hi"}]}`), 400, false},
+		{"body over max_body_bytes", rawPost("/v1/completions", jsonCT, `{"model":"`+testModel+`","prompt":"`+strings.Repeat("a", 70<<10)+`"}`), 413, false},
+		{"content-length larger than body", "POST /v1/completions HTTP/1.1\r\nHost: llmlb\r\n" + jsonCT + "Content-Length: 100\r\n\r\n" + ok, 408, false},
+		{"bad chunk size", "POST /v1/completions HTTP/1.1\r\nHost: llmlb\r\nConnection: close\r\n" + jsonCT + "Transfer-Encoding: chunked\r\n\r\nzz\r\n" + ok + "\r\n0\r\n\r\n", 400, false},
+		// content types
+		{"text/plain", rawPost("/v1/completions", "Content-Type: text/plain\r\n", ok), 415, false},
+		{"form", rawPost("/v1/completions", "Content-Type: application/x-www-form-urlencoded\r\n", ok), 415, false},
+		{"multipart", rawPost("/v1/completions", "Content-Type: multipart/form-data; boundary=x\r\n", ok), 415, false},
+		{"garbage content type", rawPost("/v1/completions", "Content-Type: ;;;\r\n", ok), 415, false},
+		// methods
+		{"GET completions", "GET /v1/completions HTTP/1.1\r\nHost: llmlb\r\nConnection: close\r\n\r\n", 405, false},
+		{"PUT chat", "PUT" + rawPost("/v1/chat/completions", jsonCT, ok)[len("POST"):], 405, false},
+		{"DELETE completions", "DELETE /v1/completions HTTP/1.1\r\nHost: llmlb\r\nConnection: close\r\n\r\n", 405, false},
+		{"lower-case post", "post" + rawPost("/v1/completions", jsonCT, ok)[len("POST"):], 405, false},
+		{"TRACE", "TRACE /v1/completions HTTP/1.1\r\nHost: llmlb\r\nConnection: close\r\n\r\n", 405, false},
+		{"CONNECT", "CONNECT 127.0.0.1:80 HTTP/1.1\r\nHost: 127.0.0.1:80\r\nConnection: close\r\n\r\n", 404, false},
+		{"POST models", rawPost("/v1/models", jsonCT, ok), 405, false},
+		// engine administration routes
+		{"vllm load lora", rawPost("/v1/load_lora_adapter", jsonCT, `{"model":"`+testModel+`","lora_name":"x","lora_path":"/tmp/x"}`), 404, false},
+		{"vllm unload lora", rawPost("/v1/unload_lora_adapter", jsonCT, `{"model":"`+testModel+`","lora_name":"x"}`), 404, false},
+		{"vllm reset prefix cache", rawPost("/reset_prefix_cache", jsonCT, ok), 404, false},
+		{"vllm sleep", rawPost("/sleep", jsonCT, ok), 404, false},
+		{"vllm start profile", rawPost("/start_profile", jsonCT, ok), 404, false},
+		{"sglang flush cache", rawPost("/flush_cache", jsonCT, ok), 404, false},
+		{"sglang update weights", rawPost("/update_weights_from_disk", jsonCT, `{"model":"`+testModel+`","model_path":"/tmp"}`), 404, false},
+		{"unknown v1 route", rawPost("/v1/anything", jsonCT, ok), 404, false},
+		// paths
+		{"dot segments", rawPost("/v1/../v1/load_lora_adapter", jsonCT, ok), 404, false},
+		{"dot segments after a route", rawPost("/v1/completions/../load_lora_adapter", jsonCT, ok), 404, false},
+		{"encoded dot segments", rawPost("/v1/%2e%2e/load_lora_adapter", jsonCT, ok), 404, false},
+		{"encoded slash", rawPost("/v1/chat%2Fcompletions", jsonCT, ok), 404, false},
+		{"double slash", rawPost("//v1/completions", jsonCT, ok), 404, false},
+		{"trailing slash", rawPost("/v1/completions/", jsonCT, ok), 404, false},
+		{"encoded nul in path", rawPost("/v1/completions%00", jsonCT, ok), 404, false},
+		{"absolute-form admin route", "POST http://backend/v1/load_lora_adapter HTTP/1.1\r\nHost: backend\r\nConnection: close\r\n" + jsonCT + "Content-Length: " + fmt.Sprint(len(ok)) + "\r\n\r\n" + ok, 404, false},
+		{"raw nul in path", rawPost("/v1/compl\x00etions", jsonCT, ok), 400, true},
+		// headers
+		{"40 KiB header", rawPost("/v1/completions", jsonCT+"X-Big: "+strings.Repeat("a", 40<<10)+"\r\n", ok), 431, false},
+		{"200 KiB header", rawPost("/v1/completions", jsonCT+"X-Big: "+strings.Repeat("a", 200<<10)+"\r\n", ok), 431, true},
+		{"150 headers", rawPost("/v1/completions", jsonCT+manyHeaders, ok), 431, false},
+		{"bad priority header", rawPost("/v1/completions", jsonCT+"X-Llmlb-Priority: high\r\n", ok), 400, false},
+		{"nul in header value", rawPost("/v1/completions", jsonCT+"X-A: a\x00b\r\n", ok), 400, true},
+		{"header without colon", rawPost("/v1/completions", jsonCT+"NoColonHere\r\n", ok), 400, true},
+		{"space before colon", rawPost("/v1/completions", jsonCT+"X-A : b\r\n", ok), 400, true},
+		{"no host", "POST /v1/completions HTTP/1.1\r\nConnection: close\r\n" + jsonCT + "Content-Length: " + fmt.Sprint(len(ok)) + "\r\n\r\n" + ok, 400, true},
+		{"unknown http version", strings.Replace(rawPost("/v1/completions", jsonCT, ok), "HTTP/1.1", "HTTP/9.9", 1), 505, true},
+		// smuggling
+		{"content-length and chunked", "POST /v1/completions HTTP/1.1\r\nHost: llmlb\r\n" + jsonCT + "Content-Length: 6\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" +
+			rawPost("/v1/load_lora_adapter", jsonCT, `{"model":"`+testModel+`","lora_name":"x"}`), 400, false},
+		{"two content-lengths", "POST /v1/completions HTTP/1.1\r\nHost: llmlb\r\nConnection: close\r\n" + jsonCT + "Content-Length: 5\r\nContent-Length: " + fmt.Sprint(len(ok)) + "\r\n\r\n" + ok, 400, true},
+		{"transfer-encoding gzip", "POST /v1/completions HTTP/1.1\r\nHost: llmlb\r\nConnection: close\r\n" + jsonCT + "Transfer-Encoding: gzip\r\n\r\n" + ok, 501, true},
+		{"transfer-encoding chunked twice", "POST /v1/completions HTTP/1.1\r\nHost: llmlb\r\nConnection: close\r\n" + jsonCT + "Transfer-Encoding: chunked, chunked\r\n\r\n0\r\n\r\n", 501, true},
+		{"obfuscated transfer-encoding", "POST /v1/completions HTTP/1.1\r\nHost: llmlb\r\nConnection: close\r\n" + jsonCT + "Transfer-Encoding: xchunked\r\n\r\n0\r\n\r\n", 501, true},
+		{"pipelined admin route", "POST /v1/completions HTTP/1.1\r\nHost: llmlb\r\n" + jsonCT + "Content-Length: 0\r\n\r\n" +
+			rawPost("/v1/load_lora_adapter", jsonCT, ok), 400, false},
+		{"unknown expectation", rawPost("/v1/completions", jsonCT+"Expect: 200-ok\r\n", ok), 417, true},
+	}
+	if len(tests) < 40 {
+		t.Fatalf("%d hostile requests, want at least 40", len(tests))
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			resp, b, err := rawExchange(t, addr, tt.raw)
+			if err != nil {
+				t.Fatalf("no answer: %v", err)
+			}
+			if resp.StatusCode != tt.wantStatus {
+				t.Errorf("status %d, want %d; body %q", resp.StatusCode, tt.wantStatus, b)
+			}
+			if tt.plain {
+				return
+			}
+			var eb errorBody
+			if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+				t.Errorf("Content-Type %q, want application/json", ct)
+			}
+			if err := json.Unmarshal(b, &eb); err != nil || eb.Error.Message == "" || eb.Error.Type == "" {
+				t.Errorf("body %q is not an OpenAI error (%v)", b, err)
+			}
+		})
+	}
+	if n := rb.hits.Load(); n != 0 {
+		t.Errorf("%d hostile requests reached the backend, want 0; the last: %s %s", n, rb.lastRequest().Method, rb.lastRequest().URL)
+	}
+
+	// The same path, with a well-formed request, does reach it: the
+	// harness can tell.
+	resp, b, err := rawExchange(t, addr, rawPost("/v1/completions", jsonCT, ok))
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("well-formed request: %v, %v %q", err, resp, b)
+	}
+	if n := rb.hits.Load(); n != 1 {
+		t.Errorf("backend saw %d requests after a good one, want 1", n)
+	}
+}
