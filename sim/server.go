@@ -256,6 +256,13 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
+	// A real server's stream headers go out at once, before the first
+	// token (vLLM answers with Starlette's StreamingResponse, which sends
+	// http.response.start before iterating the body): llmlb's first-byte
+	// timeout for streams reads them.
+	if flusher != nil {
+		flusher.Flush()
+	}
 	var buf bytes.Buffer
 	send := func(chunk map[string]any) error {
 		buf.Reset()

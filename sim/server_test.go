@@ -372,3 +372,47 @@ func TestSteadyQueuesPastMaxRunning(t *testing.T) {
 		}
 	})
 }
+
+// gate is a Model whose requests wait until the gate opens.
+type gate struct {
+	open chan struct{}
+	Steady
+}
+
+func (g *gate) Run(ctx context.Context, j Job, emit func() error) (int, error) {
+	select {
+	case <-g.open:
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	return g.Steady.Run(ctx, j, emit)
+}
+
+// TestStreamHeadersBeforeFirstToken: a streaming answer's headers reach
+// the client while the request still waits for its first token, as a
+// real server's do.
+func TestStreamHeadersBeforeFirstToken(t *testing.T) {
+	g := &gate{open: make(chan struct{}), Steady: *NewSteady(SteadyConfig{Speed: 1000})}
+	s, err := NewServer(ServerConfig{Model: "m"}, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(s.Handler())
+	defer srv.Close()
+	// Without the headers the client would wait for the gate forever; the
+	// header timeout turns that hang into a failure.
+	client := &http.Client{Transport: &http.Transport{ResponseHeaderTimeout: 30 * time.Second}}
+	resp, err := client.Post(srv.URL+"/v1/completions", "application/json", strings.NewReader(`{"model":"m","prompt":"hi","max_tokens":2,"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		t.Fatalf("headers before the first token: %d %q", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	close(g.open)
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || !strings.Contains(string(body), "data: [DONE]") {
+		t.Fatalf("stream %q, %v", body, err)
+	}
+}
