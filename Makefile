@@ -45,13 +45,14 @@ sim:
 	$(GO) run . sim --count 3 --listen 127.0.0.1:8001
 
 # The micro-benchmarks; the routing benchmark at every load level (results
-# in sweep.json and sweep-<workload>.png), with 8 replicas against one, and
+# in sweep.json and sweep-<workload>.png), with 8 replicas against one (the
+# synthetic workloads: the traces at 8 replicas take 20 minutes more), and
 # the two published experiments; then the proxy's cost against HAProxy and
 # nginx.
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./...
 	$(GO) run . bench --sweep --json sweep.json --plot sweep.png
-	$(GO) run . bench --replicas 8 --json replicas.json
+	$(GO) run . bench --replicas 8 --workload shared-prefix,multi-turn,lora,burst --json replicas.json
 	$(GO) run . bench --scenario llm-d-kv-cache-wins --json llm-d-kv-cache-wins.json
 	$(GO) run . bench --scenario sglang-v04-shared-prefix --json sglang-v04-shared-prefix.json
 	$(GO) run . overhead --json overhead.json
