@@ -83,6 +83,7 @@ type Spec struct {
 	Adapters []Adapter
 	State    State
 	Reason   string  // why State, for /debug/backends
+	Warning  string  // a problem that leaves State alone (see Backend.Warning)
 	Metrics  Metrics // last good reading; zero At before the first
 	Stale    bool    // Metrics is too old to trust
 }
@@ -215,6 +216,7 @@ func (b *Balancer) Update(specs ...Spec) {
 			Adapters: s.Adapters,
 			State:    s.State,
 			Reason:   s.Reason,
+			Warning:  s.Warning,
 			Metrics:  s.Metrics,
 			Stale:    s.Stale,
 			Since:    now,
