@@ -175,10 +175,12 @@ func (e environ) get(key string) string {
 // read by a command or by the tests (which run this binary), so the
 // environment that sets them must still load a config.
 var otherEnv = []string{
-	"LLMLB_REQUIRE_PROXIES",   // llmlb overhead: fail when HAProxy or nginx is missing
-	"LLMLB_REQUIRE_CHROMIUM",  // tests: the status page test may not skip
-	"LLMLB_STATUS_SCREENSHOT", // tests: where the status page test saves its screenshot
-	"LLMLB_TEST_RUN_MAIN",     // tests: the test binary runs main
+	"LLMLB_REQUIRE_PROXIES",    // llmlb overhead: fail when HAProxy or nginx is missing
+	"LLMLB_REQUIRE_CHROMIUM",   // tests: the status page test may not skip
+	"LLMLB_REQUIRE_PROMETHEUS", // tests: the promtool and dashboard tests may not skip
+	"LLMLB_REQUIRE_NODE",       // tests: the Node SDK test may not skip
+	"LLMLB_STATUS_SCREENSHOT",  // tests: where the status page test saves its screenshot
+	"LLMLB_TEST_RUN_MAIN",      // tests: the test binary runs main
 }
 
 // envName is the environment variable that overrides key:
