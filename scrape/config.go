@@ -52,6 +52,10 @@ type BackendConfig struct {
 	// MetricsPath overrides the engine's metrics path; "none" turns
 	// scraping off for this backend.
 	MetricsPath string `mapstructure:"metrics_path"`
+	// Labels name the backend for operators, e.g. gpu: h100; they are
+	// shown on the status page and in /debug/backends and change no
+	// routing. Empty means none.
+	Labels map[string]string `mapstructure:"labels"`
 }
 
 // Config is the `scrape:` section of config.yaml.

@@ -8,6 +8,7 @@ import (
 	"hash/fnv"
 	"io"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
@@ -85,6 +86,7 @@ func newTarget(cfg Config, id string, u *url.URL, g *group, d deps) *Target {
 			URL:    u,
 			Engine: Auto,
 			State:  balancer.StateUnknown,
+			Labels: maps.Clone(bc.Labels),
 		},
 	}
 	if t.metricsPath == "none" {
@@ -212,6 +214,7 @@ func (t *Target) passive(ctx context.Context) {
 			return
 		}
 		t.ejections++
+		t.spec.Ejections++
 		t.ejected, t.ejectedUntil = true, now.Add(t.backoff())
 		t.spec.State = balancer.StateDown
 		t.spec.Reason = fmt.Sprintf("ejected after %d consecutive failed requests", streak)
