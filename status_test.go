@@ -68,7 +68,7 @@ func TestStatusPageInChromium(t *testing.T) {
 	// it between the DOM dump and the screenshot on a loaded machine).
 	ctx, stop := context.WithCancel(t.Context())
 	go func() {
-		err := run(ctx, []string{"demo", "--duration", "2m", "--speed", "4", "--concurrency", "8"}, noEnv, pw, io.Discard)
+		err := run(ctx, []string{"demo", "--duration", "2m", "--speed", "4", "--concurrency", "8", "--status", "127.0.0.1:0"}, noEnv, pw, io.Discard)
 		pw.CloseWithError(err)
 		done <- err
 	}()
