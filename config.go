@@ -32,7 +32,9 @@ type Config struct {
 	// ShutdownGrace is how long in-flight requests, streams included, may
 	// run after SIGINT or SIGTERM before they are cut. (default 30s)
 	ShutdownGrace time.Duration `mapstructure:"shutdown_grace"`
-	// DefaultEngine applies to backends that name no engine. (default vllm)
+	// DefaultEngine applies to backends that name no engine: an engine
+	// row, or auto to tell each backend's engine from its own metrics
+	// page. (default auto)
 	DefaultEngine string `mapstructure:"default_engine"`
 	// Log sets the log level and format.
 	Log LogConfig `mapstructure:"log"`
@@ -82,7 +84,7 @@ func DefaultConfig() Config {
 		Listen:        "127.0.0.1:8080",
 		Admin:         AdminConfig{Listen: "127.0.0.1:9090"},
 		ShutdownGrace: 30 * time.Second,
-		DefaultEngine: "vllm",
+		DefaultEngine: scrape.Auto,
 		Log:           LogConfig{Level: "info", Format: "text", Access: true},
 		Proxy:         proxy.DefaultConfig(),
 		Scrape:        scrape.DefaultConfig(),
@@ -109,8 +111,10 @@ func (c Config) Validate() error {
 	}
 	engines, err := scrape.NewEngineSet(c.Engines)
 	errs = append(errs, err)
-	if !slices.Contains(engines.Names(), c.DefaultEngine) {
-		errs = append(errs, fmt.Errorf("default_engine: unknown engine %q (known: %s)", c.DefaultEngine, strings.Join(engines.Names(), ", ")))
+	names := append(engines.Names(), scrape.Auto) // auto: detected per backend
+	slices.Sort(names)
+	if !slices.Contains(names, c.DefaultEngine) {
+		errs = append(errs, fmt.Errorf("default_engine: unknown engine %q (known: %s)", c.DefaultEngine, strings.Join(names, ", ")))
 	}
 	if _, err := parseLevel(c.Log.Level); err != nil {
 		errs = append(errs, err)
@@ -121,7 +125,7 @@ func (c Config) Validate() error {
 	if len(c.Backends) == 0 {
 		errs = append(errs, errors.New("backends: at least one backend is required"))
 	}
-	errs = append(errs, c.Proxy.Validate(), c.Scrape.Validate(), scrape.ValidateBackends(c.Backends, engines.Names()),
+	errs = append(errs, c.Proxy.Validate(), c.Scrape.Validate(), scrape.ValidateBackends(c.Backends, names),
 		c.Balancer.Validate(), c.Prefix.Validate(), balancer.ValidateModels(c.Models))
 	return errors.Join(errs...)
 }
@@ -171,10 +175,12 @@ func (e environ) get(key string) string {
 // read by a command or by the tests (which run this binary), so the
 // environment that sets them must still load a config.
 var otherEnv = []string{
-	"LLMLB_REQUIRE_PROXIES",   // llmlb overhead: fail when HAProxy or nginx is missing
-	"LLMLB_REQUIRE_CHROMIUM",  // tests: the status page test may not skip
-	"LLMLB_STATUS_SCREENSHOT", // tests: where the status page test saves its screenshot
-	"LLMLB_TEST_RUN_MAIN",     // tests: the test binary runs main
+	"LLMLB_REQUIRE_PROXIES",    // llmlb overhead: fail when HAProxy or nginx is missing
+	"LLMLB_REQUIRE_CHROMIUM",   // tests: the status page test may not skip
+	"LLMLB_REQUIRE_PROMETHEUS", // tests: the promtool and dashboard tests may not skip
+	"LLMLB_REQUIRE_NODE",       // tests: the Node SDK test may not skip
+	"LLMLB_STATUS_SCREENSHOT",  // tests: where the status page test saves its screenshot
+	"LLMLB_TEST_RUN_MAIN",      // tests: the test binary runs main
 }
 
 // envName is the environment variable that overrides key:

@@ -15,15 +15,21 @@ import (
 	"github.com/llmlb/llmlb/sim"
 )
 
+// defaultDemoStatus is where the demo's status page listens unless
+// --status says otherwise: a fixed address, so a browser tab kept open
+// across runs finds it again (issue 18, 8).
+const defaultDemoStatus = "127.0.0.1:9091"
+
 // cmdDemo wires emulated servers, the balancer and a load generator
 // together and shows a live per-backend view until the duration ends or ctx
 // does (Ctrl-C).
 func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("demo", "llmlb demo [--backends N] [--duration D] [--concurrency C] [--speed X]", stderr)
+	fs := newFlagSet("demo", "llmlb demo [--backends N] [--duration D] [--concurrency C] [--speed X] [--status ADDR]", stderr)
 	n := fs.Int("backends", 4, "emulated servers (h100-8b engine model); the last one is the slower a100-8b")
 	duration := fs.Duration("duration", 20*time.Second, "how long to send traffic")
 	concurrency := fs.Int("concurrency", 24, "concurrent clients")
 	speed := fs.Float64("speed", 1, "run the emulated servers this many times faster than real time")
+	status := fs.String("status", defaultDemoStatus, "address of the admin status page (host:port; port 0 picks a free one)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -34,7 +40,7 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 
 	cfg := DefaultConfig()
 	cfg.Listen = "127.0.0.1:0"
-	cfg.Admin.Listen = "127.0.0.1:0"
+	cfg.Admin.Listen = *status
 	cfg.Log.Level = "warn"
 	cfg.ShutdownGrace = 5 * time.Second
 	cfg.Scrape.HealthInterval = 500 * time.Millisecond
@@ -71,7 +77,7 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		wg.Go(func() { _ = hs.Serve(ln) })
 		u := "http://" + ln.Addr().String()
 		engines[u] = live
-		cfg.Backends = append(cfg.Backends, scrape.BackendConfig{URL: u, Engine: "vllm"})
+		cfg.Backends = append(cfg.Backends, scrape.BackendConfig{URL: u, Labels: map[string]string{"gpu": preset}})
 	}
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("demo config: %w", err)
@@ -81,10 +87,11 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	defer stopLB()
 	inst, err := start(lbCtx, cfg, nil, stderr)
 	if err != nil {
-		return err
+		return fmt.Errorf("demo: %w (choose another status page address with --status, e.g. --status 127.0.0.1:0)", err)
 	}
-	fmt.Fprintf(stdout, "llmlb demo: %d emulated vLLM servers behind http://%s (status page http://%s/), %d clients for %s; Ctrl-C stops\n",
-		*n, inst.addr, inst.adminAddr, *concurrency, *duration)
+	head := demoHeader{proxy: "http://" + inst.addr, status: "http://" + inst.adminAddr + "/", clients: *concurrency, duration: *duration}
+	fmt.Fprintf(stdout, "llmlb demo: %d emulated vLLM servers behind %s (status page %s), %d clients for %s; Ctrl-C stops\n",
+		*n, head.proxy, head.status, *concurrency, *duration)
 
 	if err := waitReady(ctx, "http://"+inst.addr+"/ready", 10*time.Second); err != nil {
 		return err
@@ -112,7 +119,7 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		} else {
 			b.WriteString("\n")
 		}
-		sim.RenderView(&b, time.Since(begin), bs, load.Results(), func(url string) (sim.Stats, bool) {
+		renderView(&b, head, time.Since(begin), bs, load.Results(), func(url string) (sim.Stats, bool) {
 			if l := engines[strings.TrimSuffix(url, "/")]; l != nil {
 				return l.Stats(), true
 			}

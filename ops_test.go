@@ -87,11 +87,12 @@ func sum(ss map[string][]sample, name string, want ...string) (total float64, n 
 // TestOperationsMixedRun drives a mixed run through the balancer: streams
 // with and without the client asking for usage, a plain completion, chat,
 // an alias, a LoRA adapter, errors, and a backend that answers 503 to
-// everything and so is retried past and ejected, a dead backend, and DNS
-// discovery. Then: every metric README documents is on /metrics with
-// sensible values; the access log has exactly one line per request and no
-// prompt text; request IDs reach the backend and come back; the usage
-// chunk llmlb asked for never reaches a client that did not.
+// everything and so is retried past and ejected, a dead backend, a vLLM
+// backend declared sglang, and DNS discovery. Then: every metric README
+// documents is on /metrics with sensible values; the access log has
+// exactly one line per request and no prompt text; request IDs reach the
+// backend and come back; the usage chunk llmlb asked for never reaches a
+// client that did not.
 func TestOperationsMixedRun(t *testing.T) {
 	var idsMu sync.Mutex
 	seenIDs := map[string]bool{}
@@ -150,6 +151,7 @@ func TestOperationsMixedRun(t *testing.T) {
 	// learned may serve any name, which would turn the unknown model's 404
 	// below into a 503 (issue 18).
 	cfg.Backends[3].Models = []string{testModel}
+	cfg.Backends[0].Engine = "sglang"                                                               // a vLLM server: reported as a mismatch and read as vllm
 	cfg.Backends = append(cfg.Backends, scrape.BackendConfig{DNS: "localhost", Ports: []int{port}}) // 127.0.0.1 is g2 again
 	cfg.Balancer.Policy = "round-robin"                                                             // every backend is first in turn
 	cfg.Models = []balancer.ModelRoute{{Name: "chat-alias", Targets: []balancer.ModelTarget{{Model: testModel}}}}
@@ -305,6 +307,9 @@ func TestOperationsMixedRun(t *testing.T) {
 	check("KV use per backend that reports it", kn >= 2 && kv >= 0 && kv <= float64(kn))
 	missing, _ := sum(ss, "llmlb_scrape_signal_missing", `backend="`+bad.URL+`"`, `signal="kv_usage"`)
 	check("the missing KV signal is flagged", missing == 1)
+	mismatch, mn := sum(ss, "llmlb_backend_engine_mismatch", `backend="`+g1+`"`, `declared="sglang"`, `detected="vllm"`)
+	check("the backend declared sglang is flagged as vllm, and no other", mismatch == 1 && mn == 1 && len(ss["llmlb_backend_engine_mismatch"]) == 1)
+	check("the engine mismatch is logged once", strings.Count(logs.String(), "backend engine contradicts its metrics") == 1)
 	reloads, rn2 := sum(ss, "llmlb_config_reloads_total")
 	check("no reloads (none asked), both results present", reloads == 0 && rn2 == 2)
 	entries, en := sum(ss, "llmlb_prefix_index_entries")

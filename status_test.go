@@ -6,14 +6,17 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/llmlb/llmlb/scrape"
 	"github.com/llmlb/llmlb/sim"
 )
 
@@ -65,7 +68,7 @@ func TestStatusPageInChromium(t *testing.T) {
 	// it between the DOM dump and the screenshot on a loaded machine).
 	ctx, stop := context.WithCancel(t.Context())
 	go func() {
-		err := run(ctx, []string{"demo", "--duration", "2m", "--speed", "4", "--concurrency", "8"}, noEnv, pw, io.Discard)
+		err := run(ctx, []string{"demo", "--duration", "2m", "--speed", "4", "--concurrency", "8", "--status", "127.0.0.1:0"}, noEnv, pw, io.Discard)
 		pw.CloseWithError(err)
 		done <- err
 	}()
@@ -117,7 +120,7 @@ func TestStatusPageInChromium(t *testing.T) {
 		t.Errorf("page shows %d backend rows, want 4:\n%s", got, dom)
 	}
 	for _, id := range ids {
-		row := regexp.MustCompile(`(?s)<tr class="backend">\s*<td class="l">` + regexp.QuoteMeta(id) + `</td><td class="l">vllm</td>\s*<td class="l"><span class="ready">ready</span>`)
+		row := regexp.MustCompile(`(?s)<tr class="backend">\s*<td class="l wrap">` + regexp.QuoteMeta(id) + `</td><td class="l">vllm( <span class="sub">gpu=[ah]100-8b</span>)?</td>\s*<td class="l"><span class="ready">ready</span>`)
 		if !row.MatchString(dom) {
 			t.Errorf("no ready vllm row for %s", id)
 		}
@@ -133,6 +136,141 @@ func TestStatusPageInChromium(t *testing.T) {
 	}
 	abs, _ := filepath.Abs(shot)
 	headless(t, bin, admin, "--screenshot="+abs, "--window-size=1500,700", "--hide-scrollbars")
+	if b, err := os.ReadFile(abs); err != nil || !bytes.HasPrefix(b, []byte("\x89PNG")) {
+		t.Errorf("screenshot: %v", err)
+	}
+}
+
+// TestStatusPageWithDownBackendFits loads the status page at 1,280 px in
+// headless Chromium with what widened it past 1,400 px (issue 18, 5): a
+// backend down with a long reason, one whose declared engine its metrics
+// contradict, labels, and llmlb's own rejections beside answered
+// requests. Nothing may reach past the viewport: a script injected by the
+// test records the document's scroll width and any element whose right
+// edge passes 1,280 px. The page must also show the failures and
+// ejections columns, the rejected requests with the model asked for, and
+// a duration for the non-streaming one. A screenshot is kept where
+// LLMLB_STATUS_SCREENSHOT points (with -down before its extension).
+func TestStatusPageWithDownBackendFits(t *testing.T) {
+	bin := chromium(t)
+	urls := simBackends(t, 2, sim.SteadyConfig{Speed: 100})
+	cfg := testConfig(urls)
+	cfg.Backends[0].Labels = map[string]string{"gpu": "h100-8b"}
+	cfg.Backends[1].Engine = "sglang" // a vLLM server: an engine mismatch
+	// A backend whose name does not resolve: down, with a long reason.
+	cfg.Backends = append(cfg.Backends, scrape.BackendConfig{URL: "http://gpu-node-0417.rack-b.inference-cluster.example.invalid:8000",
+		Models: []string{testModel}})
+	cfg.Scrape.UnhealthyAfter = 1
+	inst := startTest(t, cfg, 2)
+	waitFor := func(what string, cond func([]sim.BackendView) bool) {
+		t.Helper()
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			bs, err := sim.FetchBackends(http.DefaultClient, "http://"+inst.adminAddr)
+			if err == nil && cond(bs) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s: %+v %v", what, bs, err)
+			}
+			<-time.After(20 * time.Millisecond)
+		}
+	}
+	waitFor("the unresolvable backend down", func(bs []sim.BackendView) bool {
+		for _, b := range bs {
+			if strings.Contains(b.ID, "invalid") && b.State == "down" {
+				return true
+			}
+		}
+		return false
+	})
+	post := func(body string) int {
+		resp, err := http.Post("http://"+inst.addr+"/v1/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, c := range []struct {
+		body string
+		want int
+	}{
+		{`{"model":"` + testModel + `","prompt":"hello","max_tokens":3}`, 200},
+		{`{"model":"` + testModel + `","prompt":"hello","max_tokens":-1}`, 400},
+		{`{"model":"no-such-model","prompt":"hello"}`, 404},
+		{`{"model":`, 400},
+	} {
+		if got := post(c.body); got != c.want {
+			t.Fatalf("POST %s = %d, want %d", c.body, got, c.want)
+		}
+	}
+
+	// The page as served, with a script that measures it once laid out.
+	admin := "http://" + inst.adminAddr + "/"
+	const probe = `<script>addEventListener('load', () => {
+  const vw = document.documentElement.clientWidth, wide = [];
+  for (const el of document.body.querySelectorAll('*')) {
+    const r = el.getBoundingClientRect();
+    if (r.right > vw + 0.5) wide.push(el.tagName + (el.id ? '#' + el.id : '') + ':' + Math.round(r.right));
+  }
+  const out = document.createElement('pre');
+  out.id = 'fit';
+  out.textContent = 'viewport=' + vw + ' scrollWidth=' + document.documentElement.scrollWidth + ' wide=' + wide.slice(0, 10).join(',');
+  document.body.appendChild(out);
+});</script>`
+	page := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		resp, err := http.Get(admin)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		b = bytes.Replace(b, []byte(`<meta http-equiv="refresh" content="2">`), nil, 1)
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.Write(bytes.Replace(b, []byte("</body>"), []byte(probe+"</body>"), 1))
+	}))
+	defer page.Close()
+	dom := string(headless(t, bin, page.URL, "--dump-dom", "--window-size=1280,900", "--hide-scrollbars"))
+	m := regexp.MustCompile(`viewport=(\d+) scrollWidth=(\d+) wide=([^<\s]*)`).FindStringSubmatch(dom)
+	if m == nil {
+		t.Fatalf("the measuring script did not run:\n%s", dom)
+	}
+	vw, _ := strconv.Atoi(m[1])
+	sw, _ := strconv.Atoi(m[2])
+	if vw != 1280 {
+		t.Errorf("viewport %d px wide, want 1280", vw)
+	}
+	if sw > vw || m[3] != "" {
+		t.Errorf("the page overflows %d px: scrollWidth %d, elements past the edge: %s", vw, sw, m[3])
+	}
+	for _, want := range []string{
+		"<th>failures</th>", "<th>ejections</th>", "<th>duration</th>",
+		"gpu=h100-8b",
+		"declared engine sglang, but the server exposes vllm", // the mismatch, on its detail line
+		"no such host", // the down backend's reason, on its detail line
+		`<td class="l wrap">no-such-model</td><td class="l">-</td><td class="l">rejected by llmlb</td><td>404</td>`,
+		`<td class="l wrap">` + testModel + `</td><td class="l">-</td><td class="l">rejected by llmlb</td><td>400</td>`,
+	} {
+		if !strings.Contains(dom, want) {
+			t.Errorf("page lacks %q", want)
+		}
+	}
+	// The answered non-streaming request has no TTFT but a duration.
+	if !regexp.MustCompile(`<td class="l">`+regexp.QuoteMeta(urls[0])+`</td>.*?<td>200</td><td>-</td><td>\d+ms</td>`).MatchString(dom) &&
+		!regexp.MustCompile(`<td class="l">`+regexp.QuoteMeta(urls[1])+`</td>.*?<td>200</td><td>-</td><td>\d+ms</td>`).MatchString(dom) {
+		t.Errorf("the non-streaming request shows no duration:\n%s", dom)
+	}
+
+	shot := os.Getenv("LLMLB_STATUS_SCREENSHOT")
+	if shot == "" {
+		shot = filepath.Join(t.TempDir(), "status.png")
+	}
+	shot = strings.TrimSuffix(shot, filepath.Ext(shot)) + "-down.png"
+	abs, _ := filepath.Abs(shot)
+	headless(t, bin, page.URL, "--screenshot="+abs, "--window-size=1280,900", "--hide-scrollbars")
 	if b, err := os.ReadFile(abs); err != nil || !bytes.HasPrefix(b, []byte("\x89PNG")) {
 		t.Errorf("screenshot: %v", err)
 	}

@@ -76,6 +76,17 @@ type Backend struct {
 	// Reason says why the backend is in State, e.g. "health check failed"
 	// or "ejected after 5 consecutive failures"; empty when ready.
 	Reason string
+	// Warning is a problem an operator must fix that does not take the
+	// backend out of rotation, such as a declared engine that its metrics
+	// page contradicts; empty when there is none.
+	Warning string
+	// Labels are the operator's names for the backend from config (a GPU
+	// type, a rack), shown on the status page; nil when none. Never
+	// written once published.
+	Labels map[string]string
+	// Ejections counts the times passive health took the backend out of
+	// rotation since its watch began.
+	Ejections int
 	// Metrics is the last good reading of the backend's /metrics page.
 	// Metrics.At is zero before the first one.
 	Metrics Metrics

@@ -22,6 +22,9 @@ type BackendStatus struct {
 	Adapters    []balancer.Adapter `json:"adapters"`
 	State       balancer.State     `json:"state"`
 	Reason      string             `json:"reason,omitempty"`
+	Warning     string             `json:"warning,omitempty"`
+	Labels      map[string]string  `json:"labels,omitempty"`
+	Ejections   int                `json:"ejections_total"`
 	Since       time.Time          `json:"since"`
 	Metrics     *balancer.Metrics  `json:"metrics"` // null before the first reading
 	Stale       bool               `json:"metrics_stale"`
@@ -43,6 +46,9 @@ func Statuses(snap *balancer.Snapshot) []BackendStatus {
 			Adapters:    be.Adapters,
 			State:       be.State,
 			Reason:      be.Reason,
+			Warning:     be.Warning,
+			Labels:      be.Labels,
+			Ejections:   be.Ejections,
 			Since:       be.Since,
 			Metrics:     metricsOrNil(be.Metrics),
 			Stale:       be.Stale,

@@ -106,6 +106,10 @@ func checkContentType(h http.Header) *HTTPError {
 
 // ParseRequest validates body as an OpenAI request of kind k and decodes the
 // fields llmlb routes on. Every failure is an [*HTTPError] with status 400.
+//
+// An error found after the model field was read comes with a Request that
+// carries the Model, so that a rejection can be counted and listed under
+// the model the client asked for; other errors come with nil.
 func ParseRequest(k Kind, body []byte) (*Request, error) {
 	trimmed := bytes.TrimLeft(body, " \t\r\n")
 	if len(trimmed) == 0 {
@@ -147,14 +151,14 @@ func ParseRequest(k Kind, body []byte) (*Request, error) {
 	}
 	if !isNull(w.Stream) {
 		if err := json.Unmarshal(w.Stream, &r.Stream); err != nil {
-			return nil, badRequest("stream", "stream must be a boolean.")
+			return r, badRequest("stream", "stream must be a boolean.")
 		}
 	}
 	if !isNull(w.StreamOptions) {
 		var so map[string]json.RawMessage
 		var include *bool
 		if err := json.Unmarshal(w.StreamOptions, &so); err != nil || (!isNull(so["include_usage"]) && json.Unmarshal(so["include_usage"], &include) != nil) {
-			return nil, badRequest("stream_options", "stream_options must be an object with a boolean include_usage.")
+			return r, badRequest("stream_options", "stream_options must be an object with a boolean include_usage.")
 		}
 		r.IncludeUsage = include != nil && *include
 	}
@@ -168,7 +172,7 @@ func ParseRequest(k Kind, body []byte) (*Request, error) {
 		}
 		var n int
 		if err := json.Unmarshal(f.raw, &n); err != nil || n < 0 {
-			return nil, badRequest(f.name, "%s must be a non-negative integer.", f.name)
+			return r, badRequest(f.name, "%s must be a non-negative integer.", f.name)
 		}
 		if r.MaxTokens == 0 || f.name == "max_completion_tokens" {
 			r.MaxTokens = n
@@ -176,7 +180,7 @@ func ParseRequest(k Kind, body []byte) (*Request, error) {
 	}
 	if !isNull(w.CacheSalt) {
 		if err := json.Unmarshal(w.CacheSalt, &r.CacheSalt); err != nil {
-			return nil, badRequest("cache_salt", "cache_salt must be a string.")
+			return r, badRequest("cache_salt", "cache_salt must be a string.")
 		}
 	}
 	var err error
@@ -188,7 +192,7 @@ func ParseRequest(k Kind, body []byte) (*Request, error) {
 	}
 	var fe *prefix.FormatError
 	if errors.As(err, &fe) {
-		return nil, badRequest(fe.Field, "%s", fe.Msg)
+		return r, badRequest(fe.Field, "%s", fe.Msg)
 	}
 	return r, nil
 }

@@ -136,16 +136,27 @@ func (s *Server) serveModel(k Kind) http.HandlerFunc {
 				status = http.StatusBadGateway // the stream was cut by the backend after the header
 			}
 			a.status = status
+			if backendLabel == "none" && status != StatusClientClosed { // llmlb answered itself: list it too
+				reason := "rejected by llmlb"
+				if ex != nil {
+					reason = "no backend answered"
+				}
+				s.picks.add(pickEntry{At: time.Now(), ID: a.id, Model: a.model, Backend: "-", Reason: reason, Status: status, Duration: time.Since(start)}, Usage{})
+			}
 			s.metrics.requests.WithLabelValues(modelLabel, targetLabel, backendLabel, statusLabel(status)).Inc()
 			if backendLabel != "none" {
 				s.metrics.duration.WithLabelValues(backendLabel, modelLabel).Observe(time.Since(start).Seconds())
 			}
 			if ex != nil {
-				s.observed(ex, a, backendLabel, modelLabel)
+				s.observed(ex, a, backendLabel, modelLabel, time.Since(start))
 			}
 		}()
 
 		req, herr := s.readRequest(rec, r, k)
+		if req != nil {
+			a.model = req.Model
+			modelLabel, targetLabel = s.modelLabel(req.Model), s.modelLabel(req.Model)
+		}
 		if herr != nil {
 			writeError(rec, herr)
 			completed = true
@@ -174,6 +185,9 @@ func (s *Server) serveModel(k Kind) http.HandlerFunc {
 		if err != nil {
 			if !errors.Is(err, balancer.ErrUnknownModel) {
 				modelLabel, targetLabel = req.Model, target
+			}
+			if errors.Is(err, balancer.ErrUnknownModel) {
+				modelLabel, targetLabel = unknownModel, unknownModel
 			}
 			he := errorFor(r.Context(), err)
 			switch {
@@ -225,13 +239,28 @@ func (s *Server) serveModel(k Kind) http.HandlerFunc {
 	}
 }
 
+// unknownModel is the model label of requests for a name no backend has
+// ever offered: the names clients send are unbounded, a label's values
+// must not be (each is a series kept for ever).
+const unknownModel = "unknown"
+
+// modelLabel is the model label of a request for name that llmlb refused
+// before routing it (400, 413, 415): the name when a backend offers it or
+// it is a configured alias, else [unknownModel].
+func (s *Server) modelLabel(name string) string {
+	if s.bal.Snapshot().Offered(name) || s.bal.RouteTargets(name) != nil {
+		return name
+	}
+	return unknownModel
+}
+
 // maxLoggedPrompt bounds the prompt text a debug access line carries.
 const maxLoggedPrompt = 2 << 10
 
 // observed records what the observer saw of the answering backend's
 // response: time to first token, tokens from usage, and the prefix match
 // the balancer predicted against the cache hits the backend reported.
-func (s *Server) observed(ex *exchange, a *access, backend, model string) {
+func (s *Server) observed(ex *exchange, a *access, backend, model string, took time.Duration) {
 	if backend == "none" || ex.attempts == 0 {
 		return
 	}
@@ -245,7 +274,7 @@ func (s *Server) observed(ex *exchange, a *access, backend, model string) {
 		a.ttft = u.FirstToken.Sub(ex.sentAt)
 		s.metrics.ttft.WithLabelValues(backend, model).Observe(a.ttft.Seconds())
 	}
-	s.picks.add(pickEntry{At: time.Now(), ID: a.id, Model: model, Backend: backend, Reason: a.reason, Status: a.status, TTFT: a.ttft}, u)
+	s.picks.add(pickEntry{At: time.Now(), ID: a.id, Model: model, Backend: backend, Reason: a.reason, Status: a.status, TTFT: a.ttft, Duration: took}, u)
 	if !u.Known {
 		return
 	}
@@ -327,7 +356,7 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, k Kind) (*R
 	if err != nil {
 		var he *HTTPError
 		if errors.As(err, &he) {
-			return nil, he
+			return req, he // req carries the model when it was read
 		}
 		return nil, badRequest("", "%s", err.Error())
 	}

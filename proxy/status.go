@@ -3,6 +3,7 @@ package proxy
 import (
 	"fmt"
 	"html/template"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -33,21 +34,28 @@ type pickEntry struct {
 	Backend string
 	Reason  string
 	Status  int
-	TTFT    time.Duration
+	TTFT    time.Duration // streams: to the first token; 0 otherwise
+	// Duration is from the request's arrival to its last byte, so a
+	// non-streaming request, which has no TTFT, still shows its time.
+	Duration time.Duration
 }
 
 func newPickLog() *pickLog {
 	return &pickLog{reasons: map[string]int64{}, tokens: map[string][2]int64{}}
 }
 
-// add records a finished request that a backend answered.
+// add records a finished request: answered by a backend, or by llmlb
+// itself (a rejection, or no backend could answer). Only answers from a
+// backend count towards the picks by reason.
 func (p *pickLog) add(e pickEntry, u Usage) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.ring[p.next] = e
 	p.next = (p.next + 1) % recentPicks
 	p.n = min(p.n+1, recentPicks)
-	p.reasons[e.Reason]++
+	if e.Backend != "-" {
+		p.reasons[e.Reason]++
+	}
 	if u.Known && u.CachedKnown {
 		t := p.tokens[e.Backend]
 		t[0] += int64(u.Prompt)
@@ -84,12 +92,13 @@ type reasonCount struct {
 
 // statusRow is one backend's line on the status page.
 type statusRow struct {
-	ID, Engine, State, Reason string
-	Queued, Running, KV       string
-	InFlight, Requests        int64
-	TTFT, HitRate             string
-	Models, LoRA              string
-	Stale                     bool
+	ID, Engine, Labels, State, Reason, Warning string
+	Queued, Running, KV                        string
+	InFlight, Requests, Failures               int64
+	Ejections                                  int
+	TTFT, HitRate                              string
+	Models, LoRA                               string
+	Stale                                      bool
 }
 
 var statusPage = template.Must(template.New("status").Funcs(template.FuncMap{"ms": fmtMS}).Parse(`<!doctype html>
@@ -97,41 +106,57 @@ var statusPage = template.Must(template.New("status").Funcs(template.FuncMap{"ms
 <meta http-equiv="refresh" content="2">
 <title>llmlb status</title>
 <style>
-body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
+body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222;max-width:1240px}
 h1{font-size:1.3em;margin:0 0 .2em} h2{font-size:1.05em;margin:1.4em 0 .4em}
 .sub{color:#666}
-table{border-collapse:collapse} th,td{padding:.25em .7em;border-bottom:1px solid #ddd;text-align:right;white-space:nowrap}
+table{border-collapse:collapse;max-width:100%} th,td{padding:.25em .6em;border-bottom:1px solid #ddd;text-align:right;white-space:nowrap}
 th{background:#f4f4f4} td.l,th.l{text-align:left}
+td.wrap{white-space:normal;overflow-wrap:anywhere;max-width:16em}
+tr.backend.detail td{border-bottom-color:transparent}
+tr.why td{white-space:normal;overflow-wrap:anywhere;text-align:left;padding-top:0;color:#555}
 .ready{color:#08702a;font-weight:600} .down{color:#b00020;font-weight:600} .draining{color:#a65e00;font-weight:600} .unknown{color:#666}
-.stale{color:#a65e00}
+.stale{color:#a65e00} .warn{color:#b00020}
+dl{display:grid;grid-template-columns:max-content auto;gap:.1em 1em;color:#555;margin:.4em 0} dt{font-weight:600}
 </style></head><body>
 <h1>llmlb</h1>
 <div class="sub">policy <b>{{.Policy}}</b> · {{len .Rows}} backends, {{.Ready}} ready · admission queue {{.Queue}} · up {{.Uptime}} · {{.Now}}</div>
 <h2>Backends</h2>
 <table id="backends">
-<tr><th class="l">backend</th><th class="l">engine</th><th class="l">health</th><th>queued</th><th>running</th><th>KV use</th><th>in flight</th><th>requests</th><th>TTFT</th><th>prefix hits</th><th class="l">models</th><th class="l">LoRA (running / waiting / max)</th></tr>
-{{range .Rows}}<tr class="backend">
-<td class="l">{{.ID}}</td><td class="l">{{.Engine}}</td>
-<td class="l"><span class="{{.State}}">{{.State}}</span>{{if .Reason}} <span class="sub">({{.Reason}})</span>{{end}}</td>
+<tr><th class="l">backend</th><th class="l">engine</th><th class="l">health</th><th>queued</th><th>running</th><th>KV use</th><th>in flight</th><th>requests</th><th>failures</th><th>ejections</th><th>TTFT</th><th>prefix hits</th><th class="l">models</th><th class="l">LoRA</th></tr>
+{{range .Rows}}<tr class="backend{{if or .Reason .Warning}} detail{{end}}">
+<td class="l wrap">{{.ID}}</td><td class="l">{{.Engine}}{{if .Labels}} <span class="sub">{{.Labels}}</span>{{end}}{{if .Warning}} <span class="warn" title="{{.Warning}}">&#9888;</span>{{end}}</td>
+<td class="l"><span class="{{.State}}">{{.State}}</span></td>
 <td>{{.Queued}}</td><td>{{.Running}}</td><td>{{.KV}}{{if .Stale}} <span class="stale" title="metrics stale">stale</span>{{end}}</td>
-<td>{{.InFlight}}</td><td>{{.Requests}}</td><td>{{.TTFT}}</td><td>{{.HitRate}}</td>
-<td class="l">{{.Models}}</td><td class="l">{{.LoRA}}</td></tr>
-{{else}}<tr><td class="l" colspan="12">no backends</td></tr>{{end}}
+<td>{{.InFlight}}</td><td>{{.Requests}}</td><td>{{.Failures}}</td><td>{{.Ejections}}</td><td>{{.TTFT}}</td><td>{{.HitRate}}</td>
+<td class="l wrap">{{.Models}}</td><td class="l wrap">{{.LoRA}}</td></tr>
+{{if or .Reason .Warning}}<tr class="why"><td colspan="14">{{if .Reason}}<span class="{{.State}}">{{.State}}:</span> {{.Reason}}{{end}}{{if and .Reason .Warning}}<br>{{end}}{{if .Warning}}<span class="warn">&#9888; {{.Warning}}</span>{{end}}</td></tr>{{end}}
+{{else}}<tr><td class="l" colspan="14">no backends</td></tr>{{end}}
 </table>
+<dl class="legend">
+<dt>engine</dt><dd>the engine row the backend's metrics are read with (auto: not detected yet), and its labels from config (gpu=...)</dd>
+<dt>queued, running, KV use</dt><dd>from the backend's own metrics page; - when unknown, stale when too old to trust</dd>
+<dt>in flight, requests, failures</dt><dd>counted by llmlb: sent and not finished, sent since start, answered with a connect failure or a 5xx</dd>
+<dt>ejections</dt><dd>times the backend was taken out of rotation after consecutive failed requests</dd>
+<dt>TTFT, prefix hits</dt><dd>smoothed time to first byte; share of prompt tokens the backend reported served from its cache</dd>
+<dt>LoRA</dt><dd>adapters running / waiting / max</dd>
+</dl>
 <h2>Picks by reason</h2>
 <table id="reasons"><tr><th class="l">reason</th><th>picks</th></tr>
 {{range .Reasons}}<tr><td class="l">{{.Reason}}</td><td>{{.N}}</td></tr>{{else}}<tr><td class="l" colspan="2">none yet</td></tr>{{end}}
 </table>
 <h2>Recent requests</h2>
-<table id="recent"><tr><th class="l">time</th><th class="l">request id</th><th class="l">model</th><th class="l">backend</th><th class="l">reason</th><th>status</th><th>TTFT</th></tr>
-{{range .Recent}}<tr><td class="l">{{.At.Format "15:04:05.000"}}</td><td class="l">{{.ID}}</td><td class="l">{{.Model}}</td><td class="l">{{.Backend}}</td><td class="l">{{.Reason}}</td><td>{{.Status}}</td><td>{{if .TTFT}}{{ms .TTFT}}{{else}}-{{end}}</td></tr>
-{{else}}<tr><td class="l" colspan="7">none yet</td></tr>{{end}}
+<table id="recent"><tr><th class="l">time</th><th class="l">request id</th><th class="l">model</th><th class="l">backend</th><th class="l">reason</th><th>status</th><th>TTFT</th><th>duration</th></tr>
+{{range .Recent}}<tr><td class="l">{{.At.Format "15:04:05.000"}}</td><td class="l">{{.ID}}</td><td class="l wrap">{{.Model}}</td><td class="l">{{.Backend}}</td><td class="l">{{.Reason}}</td><td>{{.Status}}</td><td>{{if .TTFT}}{{ms .TTFT}}{{else}}-{{end}}</td><td>{{ms .Duration}}</td></tr>
+{{else}}<tr><td class="l" colspan="8">none yet</td></tr>{{end}}
 </table>
 <p class="sub">JSON: <a href="/debug/backends">/debug/backends</a> · metrics: <a href="/metrics">/metrics</a></p>
 </body></html>
 `))
 
 func fmtMS(d time.Duration) string {
+	if d < time.Millisecond {
+		return "<1ms"
+	}
 	if d >= 10*time.Second {
 		return fmt.Sprintf("%.1fs", d.Seconds())
 	}
@@ -154,8 +179,9 @@ func (s *Server) serveStatus(w http.ResponseWriter, r *http.Request) {
 		if be.State == balancer.StateReady {
 			data.Ready++
 		}
-		row := statusRow{ID: be.ID, Engine: be.Engine, State: be.State.String(), Reason: be.Reason, Stale: be.Stale,
-			InFlight: be.Ledger.InFlight(), Requests: be.Ledger.Total(), Queued: "-", Running: "-", KV: "-", TTFT: "-", HitRate: "-", LoRA: "-"}
+		row := statusRow{ID: be.ID, Engine: be.Engine, Labels: labelText(be.Labels), State: be.State.String(), Reason: be.Reason, Warning: be.Warning,
+			Stale: be.Stale, InFlight: be.Ledger.InFlight(), Requests: be.Ledger.Total(), Failures: be.Ledger.Failures(), Ejections: be.Ejections,
+			Queued: "-", Running: "-", KV: "-", TTFT: "-", HitRate: "-", LoRA: "-"}
 		m := be.Metrics
 		if !m.At.IsZero() {
 			if m.Queued.Known {
@@ -189,6 +215,15 @@ func (s *Server) serveStatus(w http.ResponseWriter, r *http.Request) {
 	if err := statusPage.Execute(w, data); err != nil {
 		s.logger.Warn("status page", "err", err)
 	}
+}
+
+// labelText renders a backend's labels as k=v pairs sorted by key.
+func labelText(labels map[string]string) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(labels)) {
+		parts = append(parts, k+"="+labels[k])
+	}
+	return strings.Join(parts, " ")
 }
 
 func listOrDash(names []string) string {

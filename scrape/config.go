@@ -37,7 +37,11 @@ type BackendConfig struct {
 	// scrape.dns_interval)
 	RefreshInterval time.Duration `mapstructure:"refresh_interval"`
 	// Engine names the engine row the server is scraped with: vllm,
-	// sglang, triton-tensorrt-llm, trtllm-serve or one from `engines:`.
+	// sglang, triton-tensorrt-llm, trtllm-serve, one from `engines:`, or
+	// auto to tell it from the server's own metrics page (and, when the
+	// page does not tell, its /v1/models). A declared engine that the
+	// page contradicts is reported (log, llmlb_backend_engine_mismatch,
+	// status page) and the page read as the engine it matches.
 	// (default: default_engine)
 	Engine string `mapstructure:"engine"`
 	// Models are the model names the server answers to. Empty means learn
@@ -48,6 +52,10 @@ type BackendConfig struct {
 	// MetricsPath overrides the engine's metrics path; "none" turns
 	// scraping off for this backend.
 	MetricsPath string `mapstructure:"metrics_path"`
+	// Labels name the backend for operators, e.g. gpu: h100; they are
+	// shown on the status page and in /debug/backends and change no
+	// routing. Empty means none.
+	Labels map[string]string `mapstructure:"labels"`
 }
 
 // Config is the `scrape:` section of config.yaml.

@@ -184,6 +184,10 @@ func NewEngineSet(overrides map[string]EngineConfig) (EngineSet, error) {
 		}
 	}
 	for _, name := range names {
+		if name == Auto {
+			errs = append(errs, fmt.Errorf("engines.%s: %q is reserved for engine detection; name the row otherwise", name, Auto))
+			continue
+		}
 		cfg := overlay(builtinEngines[name], overrides[name])
 		e, err := compileEngine(name, cfg)
 		if err != nil {

@@ -27,9 +27,11 @@ type Resolver interface {
 
 // Setup is what [NewManager] needs.
 type Setup struct {
-	Config        Config
-	Backends      []BackendConfig
-	Engines       EngineSet
+	Config   Config
+	Backends []BackendConfig
+	Engines  EngineSet
+	// DefaultEngine is the engine of backends that name none; "" is
+	// [Auto].
 	DefaultEngine string
 	Balancer      *balancer.Balancer
 	// Registerer takes scrape's metrics; nil registers none.
@@ -77,11 +79,13 @@ type Manager struct {
 
 // group is one `backends:` entry.
 type group struct {
-	index  int // unique over the manager's life, so a reload never reuses one
-	bc     BackendConfig
-	engine *Engine
-	static *url.URL           // nil for dns and srv entries
-	cancel context.CancelFunc // stops its discovery loop; nil for static
+	index    int // unique over the manager's life, so a reload never reuses one
+	bc       BackendConfig
+	declared string             // the engine name in force, Auto to detect
+	engine   *Engine            // the declared row; nil for Auto
+	engines  EngineSet          // every row, for detection
+	static   *url.URL           // nil for dns and srv entries
+	cancel   context.CancelFunc // stops its discovery loop; nil for static
 }
 
 // member is one backend the manager runs, and the group that found it.
@@ -136,7 +140,7 @@ func NewManager(s Setup) (*Manager, error) {
 		g.index = m.nextGroup
 		m.nextGroup++
 		if g.static != nil {
-			t := newTarget(m.cfg, g.bc.URL, g.static, g.bc, g.engine, m.deps)
+			t := newTarget(m.cfg, g.bc.URL, g.static, g, m.deps)
 			m.running[g.bc.URL] = &member{group: g.index, target: t}
 			specs = append(specs, t.spec)
 		}
@@ -155,11 +159,14 @@ func (m *Manager) buildGroups(backends []BackendConfig, engines EngineSet, defau
 		if name == "" {
 			name = defaultEngine
 		}
+		if name == "" {
+			name = Auto
+		}
 		e := engines[name]
-		if e == nil {
+		if e == nil && name != Auto {
 			return nil, fmt.Errorf("backends[%d].engine: unknown engine %q", i, name)
 		}
-		g := &group{bc: bc, engine: e}
+		g := &group{bc: bc, declared: name, engine: e, engines: engines}
 		if bc.URL != "" {
 			u, err := url.Parse(bc.URL)
 			if err != nil {
@@ -244,7 +251,7 @@ func (m *Manager) Reload(backends []BackendConfig, engines EngineSet, defaultEng
 				}
 				old.cancel() // came back while draining: stop the drain
 			}
-			t := newTarget(m.cfg, id, g.static, g.bc, g.engine, m.deps)
+			t := newTarget(m.cfg, id, g.static, g, m.deps)
 			mb := &member{group: g.index, target: t}
 			m.running[id] = mb
 			m.deps.bal.Update(t.spec)
@@ -260,7 +267,7 @@ func (m *Manager) Started() <-chan struct{} { return m.started }
 // sameGroup reports whether two entries would watch the same backends the
 // same way.
 func sameGroup(a, b *group) bool {
-	return reflect.DeepEqual(a.bc, b.bc) && reflect.DeepEqual(*a.engine, *b.engine)
+	return reflect.DeepEqual(a.bc, b.bc) && a.declared == b.declared && reflect.DeepEqual(a.engines, b.engines)
 }
 
 // startGroupLocked runs g's discovery loop. Caller must hold m.mu.
@@ -456,7 +463,7 @@ func (m *Manager) reconcile(ctx context.Context, g *group, urls []string) {
 		if err != nil {
 			continue
 		}
-		t := newTarget(m.cfg, id, u, g.bc, g.engine, m.deps)
+		t := newTarget(m.cfg, id, u, g, m.deps)
 		nm := &member{group: g.index, target: t}
 		m.running[id] = nm
 		m.startLocked(ctx, nm)

@@ -13,6 +13,7 @@ type metrics struct {
 	duration   *prometheus.HistogramVec // backend
 	errors     *prometheus.CounterVec   // backend, reason
 	missing    *prometheus.GaugeVec     // backend, signal
+	mismatch   *prometheus.GaugeVec     // backend, declared, detected
 	ejections  *prometheus.CounterVec   // backend
 	dnsErrors  *prometheus.CounterVec   // name
 	dnsTargets *prometheus.GaugeVec     // name
@@ -33,6 +34,10 @@ func newMetrics(reg prometheus.Registerer, bal *balancer.Balancer, now func() ti
 			Name: "llmlb_scrape_signal_missing",
 			Help: "1 when the backend's metrics page lacks a signal its engine row names (the spec may be wrong for this server version), else 0.",
 		}, []string{"backend", "signal"}),
+		mismatch: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "llmlb_backend_engine_mismatch",
+			Help: "1 while a backend's metrics page contradicts its declared engine: the page has none of the declared row's signals and is read with the row it matches (detected); absent otherwise.",
+		}, []string{"backend", "declared", "detected"}),
 		ejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmlb_backend_ejections_total",
 			Help: "Times a backend was taken out of rotation after consecutive failed requests.",
@@ -47,7 +52,7 @@ func newMetrics(reg prometheus.Registerer, bal *balancer.Balancer, now func() ti
 		}, []string{"name"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.duration, m.errors, m.missing, m.ejections, m.dnsErrors, m.dnsTargets, &ageCollector{bal: bal, now: now})
+		reg.MustRegister(m.duration, m.errors, m.missing, m.mismatch, m.ejections, m.dnsErrors, m.dnsTargets, &ageCollector{bal: bal, now: now})
 	}
 	return m
 }

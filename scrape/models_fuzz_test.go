@@ -16,10 +16,11 @@ func FuzzParseModelList(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		models, adapters, err := parseModelList(strings.NewReader(string(body)))
+		sv, err := parseModelList(strings.NewReader(string(body)))
 		if err != nil {
 			return
 		}
+		models, adapters := sv.models, sv.adapters
 		if models == nil || !slices.IsSorted(models) || slices.Contains(models, "") {
 			t.Fatalf("models %q", models)
 		}

@@ -13,8 +13,9 @@ import (
 // TestReloadBackends swaps the backends entries of a running manager: an
 // unchanged entry keeps running untouched (same ledger, still ready), a
 // removed one drains while its request is in flight and goes once it ends,
-// a discovered backend that becomes a static entry with another engine is
-// restarted under its ID, and a reload naming an unknown engine changes
+// a discovered backend that becomes a static entry with another engine (a
+// row of its own that reads the same page, so that no engine mismatch
+// switches it back) is restarted under its ID, and a reload naming an unknown engine changes
 // nothing.
 func TestReloadBackends(t *testing.T) {
 	ports, _ := hostBackends(t, 3)
@@ -22,7 +23,7 @@ func TestReloadBackends(t *testing.T) {
 	d := newDNSServer(t)
 	d.setA("c.test", "127.0.0.1")
 	bal := testBalancer(t)
-	engines, err := NewEngineSet(nil)
+	engines, err := NewEngineSet(map[string]EngineConfig{"vllm-queue-only": {Queued: ptr("vllm:num_requests_waiting")}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,12 +62,12 @@ func TestReloadBackends(t *testing.T) {
 		t.Fatalf("a refused reload changed the backends: %v", got)
 	}
 
-	if err := m.Reload([]BackendConfig{{URL: url(1)}, {URL: url(2), Engine: "sglang"}}, engines, "vllm"); err != nil {
+	if err := m.Reload([]BackendConfig{{URL: url(1)}, {URL: url(2), Engine: "vllm-queue-only"}}, engines, "vllm"); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the removed backend draining, the new entry ready", func() bool {
 		c := byID(url(2))
-		return slices.Equal(ids(bal, balancer.StateDraining), []string{url(0)}) && c != nil && c.Engine == "sglang" && c.State == balancer.StateReady
+		return slices.Equal(ids(bal, balancer.StateDraining), []string{url(0)}) && c != nil && c.Engine == "vllm-queue-only" && c.State == balancer.StateReady
 	})
 	if nb := byID(url(1)); nb.Ledger != b.Ledger || nb.State != balancer.StateReady || !nb.Since.Equal(b.Since) {
 		t.Errorf("unchanged entry disturbed: %+v", nb)

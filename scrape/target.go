@@ -8,6 +8,7 @@ import (
 	"hash/fnv"
 	"io"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
@@ -28,65 +29,93 @@ const maxPageBytes = 32 << 20
 // change. Its fields are owned by its Run goroutine.
 type Target struct {
 	// immutable after newTarget
-	cfg        Config
-	client     *http.Client
-	bal        *balancer.Balancer
-	logger     *slog.Logger
-	metrics    *metrics
-	engine     *Engine
-	healthPath string
-	metricsURL string // empty: scraping off
-	configured bool   // models come from config, not /v1/models
-	now        func() time.Time
+	cfg         Config
+	client      *http.Client
+	bal         *balancer.Balancer
+	logger      *slog.Logger
+	metrics     *metrics
+	engines     EngineSet // the rows detection chooses from
+	declared    string    // the engine config names; Auto to detect it
+	healthPath  string
+	metricsPath string // the backend's own metrics_path; "" uses the engine's
+	scrapeOff   bool   // metrics_path: none
+	configured  bool   // models come from config, not /v1/models
+	now         func() time.Time
 
+	engine       *Engine // the row the page is read with; nil until detected
+	metricsURL   string  // engine's page; empty: scraping off
 	spec         balancer.Spec
 	ledger       *balancer.Ledger
 	failures     int       // consecutive failed health probes
 	modelsAt     time.Time // last successful /v1/models
 	modelsFailed bool      // the last /v1/models failed (for logging transitions)
+	owners       []string  // owned_by values of the last /v1/models
 	lastGood     time.Time // last readable metrics page
 	scrapeErr    string    // the last scrape's error, "" after a good one
 	missing      []string  // signals reported missing, sorted
+	detectedAt   time.Time // the last detection attempt
+	mismatch     string    // the engine the page shows when it contradicts declared
+	undetected   bool      // logged that no engine could be detected
 	ejected      bool      // out of rotation after failed requests
 	ejectedUntil time.Time // no readmission probe before this
 	ejections    int       // ejections in a row, for the backoff
 	readmitted   time.Time // when the last ejection ended
 }
 
-func newTarget(cfg Config, id string, u *url.URL, bc BackendConfig, e *Engine, d deps) *Target {
+func newTarget(cfg Config, id string, u *url.URL, g *group, d deps) *Target {
+	bc := g.bc
 	hp := bc.HealthPath
 	if hp == "" {
 		hp = cfg.HealthPath
 	}
-	mp := e.MetricsPath
-	if bc.MetricsPath != "" {
-		mp = bc.MetricsPath
-	}
 	t := &Target{
-		cfg:        cfg,
-		client:     d.client,
-		bal:        d.bal,
-		logger:     d.logger,
-		metrics:    d.metrics,
-		engine:     e,
-		healthPath: hp,
-		configured: len(bc.Models) > 0,
-		now:        d.now,
+		cfg:         cfg,
+		client:      d.client,
+		bal:         d.bal,
+		logger:      d.logger,
+		metrics:     d.metrics,
+		engines:     g.engines,
+		declared:    g.declared,
+		healthPath:  hp,
+		metricsPath: bc.MetricsPath,
+		scrapeOff:   bc.MetricsPath == "none",
+		configured:  len(bc.Models) > 0,
+		now:         d.now,
 		spec: balancer.Spec{
 			ID:     id,
 			URL:    u,
-			Engine: e.Name,
+			Engine: Auto,
 			State:  balancer.StateUnknown,
+			Labels: maps.Clone(bc.Labels),
 		},
 	}
-	if mp != "" && mp != "none" {
-		t.metricsURL = u.JoinPath(mp).String()
+	if t.metricsPath == "none" {
+		t.metricsPath = ""
+	}
+	if g.engine != nil {
+		t.setEngine(g.engine)
+	}
+	if !t.scrapeOff && (t.engine == nil || t.metricsURL != "") {
 		t.spec.Stale = true // until the first reading
 	}
 	if t.configured {
 		t.spec.Models = slices.Clone(bc.Models)
 	}
 	return t
+}
+
+// setEngine makes e the row the backend's page is read with.
+func (t *Target) setEngine(e *Engine) {
+	t.engine = e
+	t.spec.Engine = e.Name
+	mp := e.MetricsPath
+	if t.metricsPath != "" {
+		mp = t.metricsPath
+	}
+	t.metricsURL = ""
+	if mp != "" && !t.scrapeOff {
+		t.metricsURL = t.spec.URL.JoinPath(mp).String()
+	}
 }
 
 // offset spreads targets over the interval by a hash of their URL, as
@@ -107,6 +136,7 @@ func (t *Target) jitter() time.Duration {
 // then keeps probing every health interval and scraping every (jittered)
 // scrape interval until ctx ends.
 func (t *Target) Run(ctx context.Context) {
+	defer t.clearMismatch() // a reload restarts a changed backend under the same ID
 	t.ledger = t.bal.Ledger(t.spec.ID)
 	t.probeRound(ctx)
 	t.scrape(ctx)
@@ -184,6 +214,7 @@ func (t *Target) passive(ctx context.Context) {
 			return
 		}
 		t.ejections++
+		t.spec.Ejections++
 		t.ejected, t.ejectedUntil = true, now.Add(t.backoff())
 		t.spec.State = balancer.StateDown
 		t.spec.Reason = fmt.Sprintf("ejected after %d consecutive failed requests", streak)
@@ -254,8 +285,17 @@ func (e *scrapeError) Unwrap() error { return e.err }
 // scrape reads the metrics page once. A readable page replaces the
 // backend's metrics; an unreadable one (garbage, empty, too large) marks
 // them stale at once; a page that could not be fetched leaves the last
-// reading until it is older than StaleAfter.
+// reading until it is older than StaleAfter. A backend whose engine is not
+// known yet is detected instead, and one whose row reads nothing from its
+// page (or whose page is JSON) is checked against the other rows.
 func (t *Target) scrape(ctx context.Context) {
+	if t.scrapeOff {
+		return
+	}
+	if t.engine == nil {
+		t.detect(ctx)
+		return
+	}
 	if t.metricsURL == "" {
 		return
 	}
@@ -266,22 +306,38 @@ func (t *Target) scrape(ctx context.Context) {
 	}
 	t.metrics.duration.WithLabelValues(t.spec.ID).Observe(t.now().Sub(start).Seconds())
 	if err != nil {
-		var se *scrapeError
-		reason := "connect"
-		if errors.As(err, &se) {
-			reason = se.reason
+		t.failed(err)
+		if errors.Is(err, errJSONPage) {
+			_ = t.recheck(ctx)
 		}
-		t.metrics.errors.WithLabelValues(t.spec.ID, reason).Inc()
-		if t.scrapeErr == "" {
-			t.logger.Warn("metrics scrape failing", "backend", t.spec.ID, "err", err)
-		}
-		t.scrapeErr = err.Error()
-		if reason != "connect" {
-			t.lastGood = time.Time{} // what the server says cannot be read: do not trust the old reading
-		}
-		t.spec.Stale = t.lastGood.IsZero() || t.now().Sub(t.lastGood) > t.cfg.StaleAfter
 		return
 	}
+	if len(r.Used) == 0 && t.recheck(ctx) {
+		return
+	}
+	t.accept(r)
+}
+
+// failed records a scrape that did not give a reading.
+func (t *Target) failed(err error) {
+	var se *scrapeError
+	reason := "connect"
+	if errors.As(err, &se) {
+		reason = se.reason
+	}
+	t.metrics.errors.WithLabelValues(t.spec.ID, reason).Inc()
+	if t.scrapeErr == "" {
+		t.logger.Warn("metrics scrape failing", "backend", t.spec.ID, "err", err)
+	}
+	t.scrapeErr = err.Error()
+	if reason != "connect" {
+		t.lastGood = time.Time{} // what the server says cannot be read: do not trust the old reading
+	}
+	t.spec.Stale = t.lastGood.IsZero() || t.now().Sub(t.lastGood) > t.cfg.StaleAfter
+}
+
+// accept makes r the backend's metrics.
+func (t *Target) accept(r Reading) {
 	if t.scrapeErr != "" {
 		t.logger.Info("metrics scrape recovered", "backend", t.spec.ID)
 	}
@@ -290,6 +346,118 @@ func (t *Target) scrape(ctx context.Context) {
 	t.spec.Metrics = r.Metrics
 	t.spec.Stale = false
 	t.reportMissing(r)
+}
+
+// detectDue reports whether a detection may run now: the first at once,
+// then at most one a health interval, so a page that names no engine is
+// not fetched at every path on every scrape.
+func (t *Target) detectDue() bool {
+	if !t.detectedAt.IsZero() && t.now().Sub(t.detectedAt) < t.cfg.HealthInterval {
+		return false
+	}
+	t.detectedAt = t.now()
+	return true
+}
+
+// runDetect fetches the backend's pages at every row's metrics path and
+// ranks the rows on them (see [EngineSet.Detect]); the model list's owners
+// decide when the pages do not.
+func (t *Target) runDetect(ctx context.Context) (Detection, error) {
+	pages, err := t.engines.fetchPages(ctx, t.client, t.spec.URL, t.metricsPath, t.cfg.ScrapeTimeout)
+	if err != nil {
+		return Detection{}, err
+	}
+	return t.engines.detect(pages, t.metricsPath, t.owners, t.now()), nil
+}
+
+// detect chooses the engine of a backend declared auto.
+func (t *Target) detect(ctx context.Context) {
+	if !t.detectDue() {
+		return
+	}
+	d, err := t.runDetect(ctx)
+	if ctx.Err() != nil {
+		return
+	}
+	if err != nil {
+		t.failed(fmt.Errorf("detect engine: %w", err))
+		return
+	}
+	if d.Engine == nil {
+		if !t.undetected {
+			t.logger.Warn("backend engine not detected; name it with engine: in the backend's entry", "backend", t.spec.ID, "err", errNotDetected)
+		}
+		t.undetected = true
+		t.spec.Warning = "engine not detected: " + errNotDetected.Error()
+		return
+	}
+	t.undetected = false
+	t.spec.Warning = ""
+	t.setEngine(d.Engine)
+	t.logger.Info("backend engine detected", "backend", t.spec.ID, "engine", d.Engine.Name, "by", d.By)
+	if d.By != "models" {
+		t.accept(d.Reading)
+	}
+}
+
+// recheck runs when the backend's row reads nothing from its page. A
+// backend declared auto takes the row that now reads its page (the server
+// behind the address changed). A declared engine that the page
+// contradicts is reported once, loudly (log, metric, status page), and the
+// page is read with the row it matches until the config is fixed: reading
+// it with the declared row would leave every signal unknown and the
+// backend looking idle (issue 18). A mismatch by the model list alone is
+// not reported: owned_by is a weaker witness than the metrics. It reports
+// whether the backend now has another row, its page already read.
+func (t *Target) recheck(ctx context.Context) bool {
+	if !t.detectDue() {
+		return false
+	}
+	d, err := t.runDetect(ctx)
+	if ctx.Err() != nil || err != nil || d.Engine == nil || d.Engine == t.engine {
+		return false
+	}
+	switch {
+	case t.declared == Auto:
+		t.logger.Info("backend engine changed", "backend", t.spec.ID, "from", t.engine.Name, "to", d.Engine.Name, "by", d.By)
+	case d.Engine.Name == t.declared: // the server is what config says again
+		t.clearMismatch()
+		t.logger.Info("backend engine matches its declaration again", "backend", t.spec.ID, "engine", t.declared)
+	case d.By == "models":
+		return false
+	default:
+		t.clearMismatch()
+		t.mismatch = d.Engine.Name
+		t.metrics.mismatch.WithLabelValues(t.spec.ID, t.declared, d.Engine.Name).Set(1)
+		t.spec.Warning = fmt.Sprintf("declared engine %s, but the server exposes %s's metrics (%s); read as %s: set engine: %s or auto",
+			t.declared, d.Engine.Name, d.By, d.Engine.Name, d.Engine.Name)
+		t.logger.Error("backend engine contradicts its metrics; reading them as the engine they match", "backend", t.spec.ID,
+			"declared", t.declared, "detected", d.Engine.Name, "by", d.By)
+	}
+	t.resetMissing()
+	t.setEngine(d.Engine)
+	if d.By == "models" {
+		return false
+	}
+	t.accept(d.Reading)
+	return true
+}
+
+// clearMismatch withdraws a reported engine mismatch.
+func (t *Target) clearMismatch() {
+	if t.mismatch == "" {
+		return
+	}
+	t.metrics.mismatch.DeleteLabelValues(t.spec.ID, t.declared, t.mismatch)
+	t.mismatch, t.spec.Warning = "", ""
+}
+
+// resetMissing forgets the signals reported missing, for a new engine row.
+func (t *Target) resetMissing() {
+	for _, s := range t.missing {
+		t.metrics.missing.WithLabelValues(t.spec.ID, s).Set(0)
+	}
+	t.missing = nil
 }
 
 // reportMissing logs, once per change, signals the engine row names that
@@ -327,31 +495,9 @@ func Fetch(ctx context.Context, client *http.Client, u string, e *Engine, timeou
 
 // fetchReading GETs a metrics page and extracts e's signals from it.
 func fetchReading(ctx context.Context, client *http.Client, u string, e *Engine, timeout time.Duration, now func() time.Time) (Reading, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	page, err := fetchPage(ctx, client, u, timeout)
 	if err != nil {
-		return Reading{}, &scrapeError{"connect", err}
-	}
-	req.Header.Set("Accept", "text/plain;version=0.0.4")
-	resp, err := client.Do(req)
-	if err != nil {
-		return Reading{}, &scrapeError{"connect", err}
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
-		return Reading{}, &scrapeError{"status", fmt.Errorf("metrics %s: status %d", u, resp.StatusCode)}
-	}
-	page, err := io.ReadAll(io.LimitReader(resp.Body, maxPageBytes+1))
-	if err != nil {
-		return Reading{}, &scrapeError{"read", fmt.Errorf("metrics %s: %w", u, err)}
-	}
-	if len(page) > maxPageBytes {
-		return Reading{}, &scrapeError{"read", fmt.Errorf("metrics %s: page larger than %d MiB", u, maxPageBytes>>20)}
-	}
-	if ct := resp.Header.Get("Content-Type"); strings.HasPrefix(ct, "application/json") {
-		return Reading{}, &scrapeError{"parse", fmt.Errorf("metrics %s: answered JSON, not Prometheus text (trtllm-serve serves Prometheus at /prometheus/metrics)", u)}
+		return Reading{}, err
 	}
 	r, err := e.Extract(page, now())
 	if errors.Is(err, ErrNoData) {
@@ -363,19 +509,64 @@ func fetchReading(ctx context.Context, client *http.Client, u string, e *Engine,
 	return r, nil
 }
 
+// errJSONPage is a metrics page answered as JSON.
+var errJSONPage = errors.New("answered JSON, not Prometheus text")
+
+// fetchPage GETs a Prometheus text page. A page answered as JSON is an
+// error: trtllm-serve's /metrics is JSON, its Prometheus text lives at
+// /prometheus/metrics.
+func fetchPage(ctx context.Context, client *http.Client, u string, timeout time.Duration) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, &scrapeError{"connect", err}
+	}
+	req.Header.Set("Accept", "text/plain;version=0.0.4")
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, &scrapeError{"connect", err}
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
+		return nil, &scrapeError{"status", fmt.Errorf("metrics %s: status %d", u, resp.StatusCode)}
+	}
+	page, err := io.ReadAll(io.LimitReader(resp.Body, maxPageBytes+1))
+	if err != nil {
+		return nil, &scrapeError{"read", fmt.Errorf("metrics %s: %w", u, err)}
+	}
+	if len(page) > maxPageBytes {
+		return nil, &scrapeError{"read", fmt.Errorf("metrics %s: page larger than %d MiB", u, maxPageBytes>>20)}
+	}
+	if ct := resp.Header.Get("Content-Type"); strings.HasPrefix(ct, "application/json") {
+		return nil, &scrapeError{"parse", fmt.Errorf("metrics %s: %w (trtllm-serve serves Prometheus at /prometheus/metrics)", u, errJSONPage)}
+	}
+	return page, nil
+}
+
 // modelList is the body of GET /v1/models as vLLM, SGLang and trtllm-serve
-// answer it. vLLM lists each LoRA adapter with its base model in parent.
+// answer it. vLLM lists each LoRA adapter with its base model in parent;
+// owned_by names the engine ("vllm", "sglang", "tensorrt_llm").
 type modelList struct {
 	Data []struct {
-		ID     string  `json:"id"`
-		Parent *string `json:"parent"`
+		ID      string  `json:"id"`
+		Parent  *string `json:"parent"`
+		OwnedBy string  `json:"owned_by"`
 	} `json:"data"`
+}
+
+// served is what a /v1/models answer says a server serves.
+type served struct {
+	models   []string           // base models, sorted; never nil
+	adapters []balancer.Adapter // entries with a parent, sorted by name
+	owners   []string           // distinct owned_by values, sorted
 }
 
 // refreshModels learns the backend's models and adapters. On failure the
 // last known lists are kept.
 func (t *Target) refreshModels(ctx context.Context) {
-	models, adapters, err := FetchModels(ctx, t.client, t.spec.URL, t.cfg.Timeout)
+	sv, err := fetchModels(ctx, t.client, t.spec.URL, t.cfg.Timeout)
 	if err != nil {
 		if !t.modelsFailed {
 			t.logger.Warn("model discovery failing", "backend", t.spec.ID, "err", err)
@@ -388,56 +579,64 @@ func (t *Target) refreshModels(ctx context.Context) {
 	}
 	t.modelsFailed = false
 	t.modelsAt = t.now()
-	t.spec.Models, t.spec.Adapters = models, adapters
+	t.spec.Models, t.spec.Adapters, t.owners = sv.models, sv.adapters, sv.owners
 }
 
 // FetchModels GETs base/v1/models and splits it into base models and
 // adapters (entries with a parent, as vLLM lists them), each sorted. A
 // backend's loop and `llmlb probe` use it.
 func FetchModels(ctx context.Context, client *http.Client, base *url.URL, timeout time.Duration) ([]string, []balancer.Adapter, error) {
+	sv, err := fetchModels(ctx, client, base, timeout)
+	return sv.models, sv.adapters, err
+}
+
+func fetchModels(ctx context.Context, client *http.Client, base *url.URL, timeout time.Duration) (served, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	u := base.JoinPath("/v1/models")
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
 	if err != nil {
-		return nil, nil, err
+		return served{}, err
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return nil, nil, err
+		return served{}, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, nil, fmt.Errorf("models %s: status %d", u, resp.StatusCode)
+		return served{}, fmt.Errorf("models %s: status %d", u, resp.StatusCode)
 	}
-	models, adapters, err := parseModelList(io.LimitReader(resp.Body, 8<<20))
+	sv, err := parseModelList(io.LimitReader(resp.Body, 8<<20))
 	if err != nil {
-		return nil, nil, fmt.Errorf("models %s: %w", u, err)
+		return served{}, fmt.Errorf("models %s: %w", u, err)
 	}
-	return models, adapters, nil
+	return sv, nil
 }
 
 // parseModelList reads a /v1/models body and splits it into base models and
 // adapters (entries with a parent), each sorted. Entries without an id are
 // skipped.
-func parseModelList(r io.Reader) ([]string, []balancer.Adapter, error) {
+func parseModelList(r io.Reader) (served, error) {
 	var ml modelList
 	if err := json.NewDecoder(r).Decode(&ml); err != nil {
-		return nil, nil, err
+		return served{}, err
 	}
-	models := []string{}
-	var adapters []balancer.Adapter
+	sv := served{models: []string{}}
 	for _, d := range ml.Data {
 		if d.ID == "" {
 			continue
 		}
 		if d.Parent != nil && *d.Parent != "" {
-			adapters = append(adapters, balancer.Adapter{Name: d.ID, Parent: *d.Parent})
+			sv.adapters = append(sv.adapters, balancer.Adapter{Name: d.ID, Parent: *d.Parent})
 		} else {
-			models = append(models, d.ID)
+			sv.models = append(sv.models, d.ID)
+		}
+		if d.OwnedBy != "" && !slices.Contains(sv.owners, d.OwnedBy) {
+			sv.owners = append(sv.owners, d.OwnedBy)
 		}
 	}
-	slices.Sort(models)
-	slices.SortFunc(adapters, func(a, b balancer.Adapter) int { return strings.Compare(a.Name, b.Name) })
-	return models, adapters, nil
+	slices.Sort(sv.models)
+	slices.Sort(sv.owners)
+	slices.SortFunc(sv.adapters, func(a, b balancer.Adapter) int { return strings.Compare(a.Name, b.Name) })
+	return sv, nil
 }
