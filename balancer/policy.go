@@ -183,7 +183,7 @@ func mix(x uint64) uint64 {
 }
 
 // RoundRobinPicker cycles through the candidates in snapshot order, as
-// nginx's and HAProxy's default round-robin do (unweighted).
+// nginx's default round-robin does (unweighted).
 type RoundRobinPicker struct {
 	pos interface{ Add(uint64) uint64 }
 }
@@ -201,7 +201,8 @@ func (r *RoundRobinPicker) Choose(p *Pick, _ []float64) (int, string) {
 	return int(n % uint64(len(p.Cands))), "round-robin"
 }
 
-// RandomPicker picks uniformly at random, as sglang-router's random policy.
+// RandomPicker picks uniformly at random, as the SGLang model gateway's
+// random policy does.
 type RandomPicker struct{ rand func() uint64 }
 
 var _ Picker = (*RandomPicker)(nil)
@@ -233,7 +234,7 @@ func (LeastRequestPicker) Choose(p *Pick, _ []float64) (int, string) {
 // PowerOfTwoPicker samples two distinct candidates at random and takes the
 // one with fewer requests in flight (Mitzenmacher, "The Power of Two
 // Choices in Randomized Load Balancing", 2001; grpc-go's leastrequest with
-// choiceCount 2; sglang-router's power_of_two). Ties go to the first drawn.
+// choiceCount 2). Ties go to the first drawn.
 type PowerOfTwoPicker struct{ rand func() uint64 }
 
 var _ Picker = (*PowerOfTwoPicker)(nil)

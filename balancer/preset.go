@@ -91,24 +91,24 @@ var presets = []Preset{
 	},
 	{
 		Name:    "round-robin",
-		Follows: "nginx's and HAProxy's default round-robin, unweighted, with no queue of their own",
+		Follows: "nginx's default round-robin, unweighted (nginx/nginx src/http/ngx_http_upstream_round_robin.c at 8f3dfde7), with no queue of its own",
 		build: func(b *Balancer, cfg Config, d Deps) *policy {
 			return &policy{picker: &RoundRobinPicker{pos: &b.rr}}
 		},
 	},
 	{
 		Name:    "random",
-		Follows: "sglang-router's random policy",
+		Follows: "the SGLang model gateway's random policy: uniform over healthy workers (smg-project/smg model_gateway/src/policies/random.rs at 50899277)",
 		build:   func(b *Balancer, cfg Config, d Deps) *policy { return &policy{picker: &RandomPicker{rand: d.Rand}} },
 	},
 	{
 		Name:    "least-request",
-		Follows: "nginx's least_conn",
+		Follows: "nginx's least_conn, unweighted (nginx/nginx src/http/modules/ngx_http_upstream_least_conn_module.c at dc0e4989)",
 		build:   func(b *Balancer, cfg Config, d Deps) *policy { return &policy{picker: LeastRequestPicker{}} },
 	},
 	{
 		Name:    "power-of-two",
-		Follows: "grpc-go balancer/leastrequest with choiceCount 2; sglang-router's power_of_two",
+		Follows: "grpc-go's least-request balancer with choiceCount 2 (grpc/grpc-go balancer/leastrequest/leastrequest.go at d49b2141)",
 		build: func(b *Balancer, cfg Config, d Deps) *policy {
 			return &policy{picker: &PowerOfTwoPicker{rand: d.Rand}}
 		},
@@ -119,7 +119,7 @@ var presets = []Preset{
 		// in the profile, so prefix weight 3 over queue weight 2 keeps a
 		// hot prefix on one server however long its queue.
 		Name: "epp", Index: eppIndex(131072), ScrapeInterval: 50 * time.Millisecond,
-		Follows: "llm-d/llm-d-router at ebab6879: default profile queue-scorer 2, kv-cache-utilization-scorer 2, prefix-cache-scorer 3, max-score-picker; approximateprefix plugin types.go:115, plugin.go:303-313",
+		Follows: "llm-d/llm-d-router at ebab6879: default profile (pkg/epp/config/loader/defaults.go:47-91) queue-scorer 2, kv-cache-utilization-scorer 2, prefix-cache-scorer 3, max-score-picker; approximateprefix plugin types.go:115, plugin.go:303-313",
 		build: func(b *Balancer, cfg Config, d Deps) *policy {
 			return &policy{scorers: []weighted{{QueueScorer{}, 2}, {KVScorer{}, 2}, {PrefixScorer{}, 3}}, picker: &MaxScorePicker{rand: d.Rand}}
 		},
@@ -129,14 +129,14 @@ var presets = []Preset{
 		// engines' KV events (ZMQ), so it knows what each server holds, a
 		// moment late.
 		Name: "llm-d-precise", TrueCache: true, ScrapeInterval: 50 * time.Millisecond,
-		Follows: "llm-d/llm-d guides/precise-prefix-cache-aware: precise-prefix-cache-scorer 2, kv-cache-utilization-scorer 1, queue-scorer 1, max-score-picker",
+		Follows: "llm-d/llm-d guides/precise-prefix-cache-aware/scheduler/precise-prefix-cache-aware.values.yaml at 955190d9: precise-prefix-cache-scorer 2, kv-cache-utilization-scorer 1, queue-scorer 1, max-score-picker",
 		build: func(b *Balancer, cfg Config, d Deps) *policy {
 			return &policy{scorers: []weighted{{PrefixScorer{}, 2}, {KVScorer{}, 1}, {QueueScorer{}, 1}}, picker: &MaxScorePicker{rand: d.Rand}}
 		},
 	},
 	{
 		Name: "llm-d-load", Index: eppIndex(100000), ScrapeInterval: 50 * time.Millisecond,
-		Follows: "llm-d/llm-d-router test/perf router configs at ebab6879: queue-scorer 2, kv-cache-utilization-scorer 2, prefix-cache-scorer 3 (100,000-token match cap), no-hit-lru-scorer 2, max-score-picker",
+		Follows: "llm-d/llm-d-router test/perf/config/router-configs/optimized-baseline.yaml at ebab6879: queue-scorer 2, kv-cache-utilization-scorer 2, prefix-cache-scorer 3 (100,000-token match cap), no-hit-lru-scorer 2, max-score-picker",
 		build: func(b *Balancer, cfg Config, d Deps) *policy {
 			return &policy{scorers: []weighted{{QueueScorer{}, 2}, {KVScorer{}, 2}, {PrefixScorer{}, 3}, {&NoHitLRUScorer{lru: &b.cold}, 2}},
 				picker: &MaxScorePicker{rand: d.Rand}}
@@ -144,7 +144,7 @@ var presets = []Preset{
 	},
 	{
 		Name: "sglang-cache-aware", Tree: true,
-		Follows: "lightseekorg/smg policies/cache_aware.rs (sglang PR #14650, 2025-12-08): a miss goes to the least loaded worker",
+		Follows: "the SGLang model gateway's cache_aware (smg-project/smg model_gateway/src/policies/cache_aware.rs at f8daa883; sglang PR #14650, 2025-12-08: a miss goes to the least loaded worker)",
 		build: func(b *Balancer, cfg Config, d Deps) *policy {
 			return &policy{tree: d.Tree, picker: &SGLangPicker{cfg: cfg.SGLang, tree: d.Tree, rand: d.Rand}}
 		},
@@ -186,7 +186,7 @@ var presets = []Preset{
 	},
 	{
 		Name: "consistent-hash", UserKeyed: true,
-		Follows: "KubeAI's CHWBL: internal/loadbalancer, api/openai/v1/chat_completions.go",
+		Follows: "KubeAI's CHWBL (kubeai-project/kubeai internal/loadbalancer and api/openai/v1/chat_completions.go at f442a2cd)",
 		build: func(b *Balancer, cfg Config, d Deps) *policy {
 			return &policy{picker: &RingPicker{cfg: cfg.ConsistentHash, ring: &b.ring}}
 		},

@@ -2,6 +2,7 @@ package balancer
 
 import (
 	"errors"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -67,10 +68,16 @@ func TestNoHitLRUSpreadsColdRequests(t *testing.T) {
 	}
 }
 
+// TestPresetsCiteWhatTheyFollow: every peer's preset names the file and
+// commit (or the publication) it follows.
 func TestPresetsCiteWhatTheyFollow(t *testing.T) {
+	cite := regexp.MustCompile(` at [0-9a-f]{7,40}\b|lmsys\.org/blog/`)
 	for _, p := range Presets() {
-		if p.Follows == "" {
-			t.Errorf("preset %s cites nothing", p.Name)
+		if strings.HasPrefix(p.Name, "ttft") {
+			continue // llmlb's own
+		}
+		if !cite.MatchString(p.Follows) {
+			t.Errorf("preset %s follows %q: no file at a commit, nor a publication", p.Name, p.Follows)
 		}
 	}
 	if _, err := LookupPreset("nope"); err == nil {
