@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"runtime"
 	"slices"
+	"sort"
 	"sync"
 	"time"
 
@@ -29,6 +31,10 @@ type Options struct {
 	// Replicas is how many independent balancers front the cluster
 	// ([Cluster.Replicas]). (default 1)
 	Replicas int
+	// Loads, when set, are the workloads to run, already built (the
+	// sweep's rungs); Workloads and Params are then not used to build
+	// them.
+	Loads []*Workload
 	// Progress, if set, gets a progress line as runs finish.
 	Progress io.Writer
 }
@@ -65,7 +71,7 @@ func Presets(n, slow int) []string {
 	return out
 }
 
-// Bench runs every workload through every policy, two runs at a time per
+// Bench runs every workload through every policy, one run at a time per
 // CPU, and returns one table per workload, rows in policy order.
 func Bench(ctx context.Context, o Options) (Report, error) {
 	if len(o.Workloads) == 0 {
@@ -90,14 +96,18 @@ func Bench(ctx context.Context, o Options) (Report, error) {
 		w, p   int
 		closed bool
 	}
-	var loads []*Workload
-	for _, name := range o.Workloads {
-		w, err := Build(name, o.Params)
-		if err != nil {
-			return Report{}, err
+	loads := o.Loads
+	if loads == nil {
+		for _, name := range o.Workloads {
+			w, err := Build(name, o.Params)
+			if err != nil {
+				return Report{}, err
+			}
+			loads = append(loads, w)
 		}
-		loads = append(loads, w)
-		t := Table{Name: name, Backends: o.Backends, Requests: len(w.Requests), Rate: w.Rate, Clients: max(0, o.Clients),
+	}
+	for _, w := range loads {
+		t := Table{Name: w.Name, Backends: o.Backends, Requests: len(w.Requests), Rate: w.Rate, Clients: max(0, o.Clients),
 			Results: make([]Row, len(o.Policies)), ttfts: make([][]time.Duration, len(o.Policies))}
 		rep.Workloads = append(rep.Workloads, t)
 	}
@@ -142,9 +152,23 @@ func Bench(ctx context.Context, o Options) (Report, error) {
 			}
 		})
 	}
+	// The longest runs first, so that the last to finish is a short one:
+	// a run's cost grows with its prompt tokens and its arrival rate.
+	order := make([]int, len(loads))
+	cost := make([]float64, len(loads))
+	for i, w := range loads {
+		order[i] = i
+		for r := range w.Requests {
+			cost[i] += float64(w.Requests[r].Tokens())
+		}
+		if !math.IsInf(w.Rate, 0) {
+			cost[i] *= w.Rate
+		}
+	}
+	sort.SliceStable(order, func(a, b int) bool { return cost[order[a]] > cost[order[b]] })
 feed:
 	for pass := range passes {
-		for wi := range loads {
+		for _, wi := range order {
 			for pi := range o.Policies {
 				select {
 				case jobs <- job{wi, pi, pass == 1}:

@@ -41,26 +41,38 @@ func Sweep(ctx context.Context, o Options, ladder []float64) ([]Curve, error) {
 		o.Workloads = WorkloadNames()
 	}
 	o.Clients = 0
-	var out []Curve
+	// Every rung of every workload goes into one pool of runs, so a long
+	// run of one rung does not leave the other CPUs idle.
+	var curves []Curve
+	o.Loads = nil
 	for _, name := range o.Workloads {
-		c := Curve{Name: name}
 		rungs := ladder
 		if rungs == nil {
 			rungs = DefaultLadder(name)
 		}
 		for _, f := range rungs {
-			oo := o
-			oo.Workloads = []string{name}
-			oo.Params.Rate = f * defaultRate[name]
-			rep, err := Bench(ctx, oo)
+			p := o.Params
+			p.Rate = f * defaultRate[name]
+			w, err := Build(name, p)
 			if err != nil {
-				return out, err
+				return nil, err
 			}
-			c.Tables = append(c.Tables, rep.Workloads[0])
+			o.Loads = append(o.Loads, w)
 		}
-		out = append(out, c)
+		curves = append(curves, Curve{Name: name})
 	}
-	return out, nil
+	rep, err := Bench(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range rep.Workloads {
+		for i := range curves {
+			if curves[i].Name == t.Name {
+				curves[i].Tables = append(curves[i].Tables, t)
+			}
+		}
+	}
+	return curves, nil
 }
 
 // WriteSweep prints each workload's TTFT p90 and output tokens/s per
