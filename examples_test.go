@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"io"
 	"net"
@@ -279,32 +278,15 @@ func TestDeploymentFiles(t *testing.T) {
 			t.Errorf("unit lacks %q", want)
 		}
 	}
-	b, err := os.ReadFile("examples/grafana-dashboard.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var dash struct {
-		Panels []struct {
-			Title   string `json:"title"`
-			Targets []struct {
-				Expr string `json:"expr"`
-			} `json:"targets"`
-		} `json:"panels"`
-	}
-	if err := json.Unmarshal(b, &dash); err != nil || len(dash.Panels) == 0 {
-		t.Fatalf("dashboard: %v", err)
-	}
 	documented := documentedMetrics(t)
 	used := map[string]bool{}
-	for _, p := range dash.Panels {
-		for _, tg := range p.Targets {
-			for _, m := range regexp.MustCompile(`llmlb_[a-z_]+`).FindAllString(tg.Expr, -1) {
-				base := strings.TrimSuffix(m, "_bucket")
-				if !slices.Contains(documented, base) {
-					t.Errorf("panel %q queries %s, which README does not document", p.Title, m)
-				}
-				used[base] = true
+	for _, q := range dashboardQueries(t) {
+		for _, m := range regexp.MustCompile(`llmlb_[a-z_]+`).FindAllString(q[1], -1) {
+			base := strings.TrimSuffix(m, "_bucket")
+			if !slices.Contains(documented, base) {
+				t.Errorf("panel %q queries %s, which README does not document", q[0], m)
 			}
+			used[base] = true
 		}
 	}
 	if len(used) < 20 {

@@ -106,23 +106,7 @@ func WriteTable(w io.Writer, t Table) {
 		}
 		rows = append(rows, row)
 	}
-	widths := make([]int, len(head))
-	for _, row := range rows {
-		for i, c := range row {
-			widths[i] = max(widths[i], len(c))
-		}
-	}
-	for _, row := range rows {
-		var b strings.Builder
-		for i, c := range row {
-			if i == 0 {
-				fmt.Fprintf(&b, "%-*s", widths[i], c)
-			} else {
-				fmt.Fprintf(&b, "  %*s", widths[i], c)
-			}
-		}
-		fmt.Fprintln(w, b.String())
-	}
+	writeAligned(w, rows)
 }
 
 func secs(s float64) string {
@@ -179,4 +163,26 @@ func NewTable(w *Workload, backends int, results ...Result) Table {
 		t.ttfts = append(t.ttfts, ttft)
 	}
 	return t
+}
+
+// writeAligned prints rows as a table: the first column left-aligned, the
+// others right-aligned, each as wide as its widest cell.
+func writeAligned(w io.Writer, rows [][]string) {
+	widths := make([]int, len(rows[0]))
+	for _, row := range rows {
+		for i, c := range row {
+			widths[i] = max(widths[i], len(c))
+		}
+	}
+	for _, row := range rows {
+		var b strings.Builder
+		for i, c := range row {
+			if i == 0 {
+				fmt.Fprintf(&b, "%-*s", widths[i], c)
+			} else {
+				fmt.Fprintf(&b, "  %*s", widths[i], c)
+			}
+		}
+		fmt.Fprintln(w, b.String())
+	}
 }

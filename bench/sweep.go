@@ -122,26 +122,6 @@ func WriteSweep(w io.Writer, curves []Curve) {
 	writeAligned(w, rows)
 }
 
-func writeAligned(w io.Writer, rows [][]string) {
-	widths := make([]int, len(rows[0]))
-	for _, row := range rows {
-		for i, c := range row {
-			widths[i] = max(widths[i], len(c))
-		}
-	}
-	for _, row := range rows {
-		var b strings.Builder
-		for i, c := range row {
-			if i == 0 {
-				fmt.Fprintf(&b, "%-*s", widths[i], c)
-			} else {
-				fmt.Fprintf(&b, "  %*s", widths[i], c)
-			}
-		}
-		fmt.Fprintln(w, b.String())
-	}
-}
-
 // PlotSweep draws one PNG per workload, prefix + "-" + workload + ".png":
 // TTFT p90 against the arrival rate and output tokens/s against it, one
 // line per policy.
