@@ -79,7 +79,9 @@ type TTFTConfig struct {
 	DecodeCost time.Duration `mapstructure:"decode_cost"`
 }
 
-// SaturationConfig says when a backend is saturated: the queue it reports
+// SaturationConfig says when a backend is saturated, for the presets that
+// have llmlb's saturation filter and admission queue ([Preset.Admission]:
+// ttft): the queue it reports
 // or its KV use is at a threshold, counting what the balancer sent since
 // the last scrape. A backend that reports no queue (no metrics, or an
 // engine without the signal) is not saturated by queue: our own requests
