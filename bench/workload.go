@@ -1,6 +1,3 @@
-// Package bench replays workloads through the real balancer in front of
-// emulated engines, in virtual time, and reports how each routing policy
-// does: the routing benchmark behind `llmlb bench`.
 package bench
 
 import (

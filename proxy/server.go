@@ -1,6 +1,3 @@
-// Package proxy is llmlb's HTTP front: the chi routes, OpenAI request
-// parsing, forwarding with httputil.ReverseProxy, retries before the first
-// byte, SSE streaming, OpenAI-shaped errors and the balancer's own metrics.
 package proxy
 
 import (

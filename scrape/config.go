@@ -1,7 +1,3 @@
-// Package scrape watches the backends: which exist (static list), whether
-// each is alive (active health checks) and what each serves (configured, or
-// learned from its /v1/models). It hands complete backend states to
-// [balancer.Balancer.Update].
 package scrape
 
 import (

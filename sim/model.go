@@ -1,6 +1,3 @@
-// Package sim emulates LLM model servers (the OpenAI API, /v1/models,
-// /health and each engine's /metrics) so llmlb can be run, tested and shown
-// on machines with no GPU.
 package sim
 
 import (

@@ -1,0 +1,7 @@
+// Package sim emulates LLM model servers so llmlb can be run, tested and
+// shown on machines with no GPU: an engine model after vLLM V1 (continuous
+// batching with chunked prefill, a paged KV cache with prefix caching,
+// preemption, LoRA, a step-cost model held to published measurements by
+// its calibration), driven in real time behind the OpenAI API, /v1/models,
+// /health and each engine's /metrics, or in virtual time by package bench.
+package sim
