@@ -133,7 +133,7 @@ func benchTarget(ctx context.Context, url, model, label string, backends int, wo
 	if len(workloads) == 0 {
 		workloads = bench.WorkloadNames()
 	}
-	t := &bench.Target{URL: url, Model: model, Label: label}
+	t := &bench.HTTPReplay{URL: url, Model: model, Label: label}
 	if !quiet {
 		t.Progress = stderr
 	}

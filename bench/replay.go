@@ -15,9 +15,9 @@ import (
 	"time"
 )
 
-// Target replays workloads over real HTTP against a running balancer (or
+// HTTPReplay replays workloads over real HTTP against a running balancer (or
 // any OpenAI-compatible server), in real time.
-type Target struct {
+type HTTPReplay struct {
 	// URL is the server's base URL, without /v1.
 	URL string
 	// Model is the base model every request without a LoRA adapter asks
@@ -42,7 +42,7 @@ const BackendHeader = "X-Llmlb-Backend"
 // and which backend answered. Refused counts 429 and 503 answers (the
 // balancer's admission queue); Failed counts every other error, including
 // a stream that ends without [DONE]. The result's Policy is the Label.
-func (t *Target) Replay(ctx context.Context, w *Workload) (Result, error) {
+func (t *HTTPReplay) Replay(ctx context.Context, w *Workload) (Result, error) {
 	client := t.Client
 	if client == nil {
 		client = &http.Client{}

@@ -30,7 +30,7 @@ func TestReplayAgainstEmulatedServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := (&Target{URL: srv.URL}).Replay(context.Background(), w)
+	res, err := (&HTTPReplay{URL: srv.URL}).Replay(context.Background(), w)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +90,7 @@ func TestReplayCountsRefusalsAndFailures(t *testing.T) {
 	for range 12 {
 		w.Requests = append(w.Requests, Request{Parts: []Part{{ID: 1, Tokens: 10}}, MaxTokens: 1})
 	}
-	res, err := (&Target{URL: srv.URL + "/", Label: "haproxy"}).Replay(context.Background(), w)
+	res, err := (&HTTPReplay{URL: srv.URL + "/", Label: "haproxy"}).Replay(context.Background(), w)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +102,7 @@ func TestReplayCountsRefusalsAndFailures(t *testing.T) {
 	}
 	all := &Workload{Name: "y", Requests: w.Requests[:1]}
 	n.Store(1) // the next is i%6==2: a 502
-	if _, err := (&Target{URL: srv.URL}).Replay(context.Background(), all); err == nil {
+	if _, err := (&HTTPReplay{URL: srv.URL}).Replay(context.Background(), all); err == nil {
 		t.Error("a run in which every request failed returned no error")
 	}
 }
