@@ -1,9 +1,12 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -14,6 +17,13 @@ import (
 	"testing"
 
 	"go.yaml.in/yaml/v3"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	sigsyaml "sigs.k8s.io/yaml"
 )
 
 // loadExampleConfig validates an llmlb config given as text, as `llmlb
@@ -51,6 +61,66 @@ func readYAML(t *testing.T, path string) []map[string]any {
 		}
 	}
 	return docs
+}
+
+// manifestDecoder decodes Kubernetes manifests into the k8s.io/api types of
+// the apiVersion and kind they name, strictly: an unknown or misspelt field,
+// a duplicate key, or a kind outside core/v1 and apps/v1 is an error.
+var manifestDecoder = func() runtime.Decoder {
+	s := runtime.NewScheme()
+	utilruntime.Must(corev1.AddToScheme(s))
+	utilruntime.Must(appsv1.AddToScheme(s))
+	return serializer.NewCodecFactory(s, serializer.EnableStrict).UniversalDeserializer()
+}()
+
+// decodeManifests decodes every document of a multi-document manifest;
+// documents that hold only comments are skipped.
+func decodeManifests(b []byte) ([]runtime.Object, error) {
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(b)))
+	var objs []runtime.Object
+	for i := 0; ; i++ {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			return objs, nil
+		} else if err != nil {
+			return nil, err
+		}
+		j, err := sigsyaml.YAMLToJSONStrict(doc)
+		if err != nil {
+			return nil, fmt.Errorf("document %d: %w", i, err)
+		}
+		if s := string(bytes.TrimSpace(j)); s == "null" || s == "" {
+			continue
+		}
+		obj, _, err := manifestDecoder.Decode(j, nil, nil)
+		if err != nil {
+			return nil, fmt.Errorf("document %d: %w", i, err)
+		}
+		objs = append(objs, obj)
+	}
+}
+
+// isManifest: every document of the YAML file names an apiVersion and a kind.
+func isManifest(docs []map[string]any) bool {
+	for _, d := range docs {
+		if d["apiVersion"] == nil || d["kind"] == nil {
+			return false
+		}
+	}
+	return len(docs) > 0
+}
+
+func readManifests(t *testing.T, path string) []runtime.Object {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := decodeManifests(b)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return objs
 }
 
 // dig walks maps and lists by key or index.
@@ -94,10 +164,13 @@ func TestExampleConfigsValidate(t *testing.T) {
 			loadExampleConfig(t, path, string(b))
 			n++
 		}
-		for _, doc := range readYAML(t, path) {
-			if doc["kind"] == "ConfigMap" {
-				if text, ok := dig(doc, "data", "config.yaml").(string); ok {
-					loadExampleConfig(t, path+" ConfigMap", text)
+		if !isManifest(readYAML(t, path)) {
+			return nil
+		}
+		for _, obj := range readManifests(t, path) {
+			if cm, ok := obj.(*corev1.ConfigMap); ok {
+				if text, ok := cm.Data["config.yaml"]; ok {
+					loadExampleConfig(t, path+" ConfigMap "+cm.Name, text)
 					n++
 				}
 			}
@@ -198,60 +271,160 @@ func toStrings(v any) []string {
 	return out
 }
 
-// TestKubernetesExample: the manifests parse; llmlb's container ports and
-// probes are the ones its ConfigMap config listens on, with /health and
-// /ready; the config discovers the headless Service of vllm.yaml by its
-// cluster DNS name at the port the vLLM pods serve on.
+// TestKubernetesExample: the manifests decode strictly into the k8s.io/api
+// types; llmlb's container ports and probes are the ones its ConfigMap
+// config listens on, with /health and /ready; its config volume is that
+// ConfigMap and its Service selects its pods; the config discovers the
+// headless Service of vllm.yaml by its cluster DNS name at the port the vLLM
+// pods serve on.
 func TestKubernetesExample(t *testing.T) {
-	byKind := map[string]map[string]any{}
+	cms := map[string]*corev1.ConfigMap{}
+	deps := map[string]*appsv1.Deployment{}
+	svcs := map[string]*corev1.Service{}
 	for _, f := range []string{"examples/kubernetes/llmlb.yaml", "examples/kubernetes/vllm.yaml"} {
-		for _, d := range readYAML(t, f) {
-			byKind[d["kind"].(string)+"/"+dig(d, "metadata", "name").(string)] = d
+		for _, obj := range readManifests(t, f) {
+			switch o := obj.(type) {
+			case *corev1.ConfigMap:
+				cms[o.Name] = o
+			case *appsv1.Deployment:
+				deps[o.Name] = o
+			case *corev1.Service:
+				svcs[o.Name] = o
+			default:
+				t.Errorf("%s: unexpected %T", f, obj)
+			}
 		}
 	}
-	cm, dep, vsvc, vdep := byKind["ConfigMap/llmlb"], byKind["Deployment/llmlb"], byKind["Service/vllm"], byKind["Deployment/vllm"]
-	if cm == nil || dep == nil || vsvc == nil || vdep == nil || byKind["Service/llmlb"] == nil {
-		t.Fatalf("manifests: %v", byKind)
+	cm, dep, lsvc, vsvc, vdep := cms["llmlb"], deps["llmlb"], svcs["llmlb"], svcs["vllm"], deps["vllm"]
+	if cm == nil || dep == nil || lsvc == nil || vsvc == nil || vdep == nil {
+		t.Fatalf("manifests: ConfigMaps %v, Deployments %v, Services %v", slices.Collect(maps.Keys(cms)), slices.Collect(maps.Keys(deps)), slices.Collect(maps.Keys(svcs)))
 	}
-	cfg := loadExampleConfig(t, "ConfigMap llmlb", dig(cm, "data", "config.yaml").(string))
-	c := dig(dep, "spec", "template", "spec", "containers", 0)
+	text, ok := cm.Data["config.yaml"]
+	if !ok {
+		t.Fatal("ConfigMap llmlb has no config.yaml")
+	}
+	cfg := loadExampleConfig(t, "ConfigMap llmlb", text)
+	pod := dep.Spec.Template
+	if len(pod.Spec.Containers) != 1 {
+		t.Fatalf("llmlb pod: %d containers", len(pod.Spec.Containers))
+	}
+	c := pod.Spec.Containers[0]
 	named := map[string]int{}
-	for _, p := range dig(c, "ports").([]any) {
-		named[dig(p, "name").(string)] = dig(p, "containerPort").(int)
+	for _, p := range c.Ports {
+		named[p.Name] = int(p.ContainerPort)
 	}
 	if named["http"] != port(t, cfg.Listen) || named["admin"] != port(t, cfg.Admin.Listen) || !strings.HasPrefix(cfg.Listen, "0.0.0.0:") {
 		t.Errorf("container ports %v, config listens on %s and %s", named, cfg.Listen, cfg.Admin.Listen)
 	}
-	if p := dig(c, "livenessProbe", "httpGet"); dig(p, "path") != "/health" || dig(p, "port") != "http" {
-		t.Errorf("liveness probe %v", p)
+	for _, pr := range []struct {
+		name, path string
+		probe      *corev1.Probe
+	}{{"liveness", "/health", c.LivenessProbe}, {"readiness", "/ready", c.ReadinessProbe}} {
+		if pr.probe == nil || pr.probe.HTTPGet == nil || pr.probe.HTTPGet.Path != pr.path || pr.probe.HTTPGet.Port.String() != "http" {
+			t.Errorf("%s probe %+v, want GET %s on port http", pr.name, pr.probe, pr.path)
+		}
 	}
-	if p := dig(c, "readinessProbe", "httpGet"); dig(p, "path") != "/ready" || dig(p, "port") != "http" {
-		t.Errorf("readiness probe %v", p)
-	}
-	if dig(dep, "spec", "template", "metadata", "annotations", "prometheus.io/port") != strconv.Itoa(port(t, cfg.Admin.Listen)) {
+	if pod.Annotations["prometheus.io/port"] != strconv.Itoa(port(t, cfg.Admin.Listen)) {
 		t.Error("the scrape annotation does not name the admin port")
 	}
-	mount := dig(c, "volumeMounts", 0, "mountPath")
-	if args := toStrings(dig(c, "args")); !slices.Equal(args, []string{"serve", "--config", mount.(string) + "/config.yaml"}) {
-		t.Errorf("args %v with the ConfigMap at %v", args, mount)
+	if len(c.VolumeMounts) == 0 {
+		t.Fatal("llmlb mounts no volume")
+	}
+	mount := c.VolumeMounts[0]
+	if !slices.Equal(c.Args, []string{"serve", "--config", mount.MountPath + "/config.yaml"}) {
+		t.Errorf("args %v with the ConfigMap at %v", c.Args, mount.MountPath)
+	}
+	vi := slices.IndexFunc(pod.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == mount.Name })
+	if vi < 0 || pod.Spec.Volumes[vi].ConfigMap == nil || pod.Spec.Volumes[vi].ConfigMap.Name != cm.Name {
+		t.Errorf("volume %q is not ConfigMap %q: %+v", mount.Name, cm.Name, pod.Spec.Volumes)
+	}
+	for _, d := range []*appsv1.Deployment{dep, vdep} {
+		for k, v := range d.Spec.Selector.MatchLabels {
+			if d.Spec.Template.Labels[k] != v {
+				t.Errorf("Deployment %s selects %s=%s, which its pods lack", d.Name, k, v)
+			}
+		}
+	}
+	for _, s := range []struct {
+		svc *corev1.Service
+		dep *appsv1.Deployment
+	}{{lsvc, dep}, {vsvc, vdep}} {
+		for k, v := range s.svc.Spec.Selector {
+			if s.dep.Spec.Template.Labels[k] != v {
+				t.Errorf("Service %s selects %s=%s, which the pods of %s lack", s.svc.Name, k, v, s.dep.Name)
+			}
+		}
+		for _, p := range s.svc.Spec.Ports {
+			if !slices.ContainsFunc(s.dep.Spec.Template.Spec.Containers[0].Ports, func(cp corev1.ContainerPort) bool { return cp.Name == p.TargetPort.String() }) {
+				t.Errorf("Service %s targets port %s, which %s does not name", s.svc.Name, p.TargetPort.String(), s.dep.Name)
+			}
+		}
 	}
 	if len(cfg.Backends) != 1 || cfg.Backends[0].DNS == "" {
 		t.Fatalf("backends %+v: want one DNS entry", cfg.Backends)
 	}
-	if dig(vsvc, "spec", "clusterIP") != "None" {
+	if vsvc.Spec.ClusterIP != corev1.ClusterIPNone {
 		t.Error("the vLLM Service is not headless: DNS would give one virtual IP")
 	}
 	if want := "vllm.default.svc.cluster.local"; cfg.Backends[0].DNS != want {
 		t.Errorf("discovers %q, want the headless Service %q", cfg.Backends[0].DNS, want)
 	}
-	svcPort := dig(vsvc, "spec", "ports", 0, "port").(int)
-	vc := dig(vdep, "spec", "template", "spec", "containers", 0)
-	if !slices.Equal(cfg.Backends[0].Ports, []int{svcPort}) || dig(vc, "ports", 0, "containerPort") != svcPort ||
-		!slices.Contains(toStrings(dig(vc, "args")), "--port="+strconv.Itoa(svcPort)) {
-		t.Errorf("ports: config %v, Service %d, container %v", cfg.Backends[0].Ports, svcPort, dig(vc, "ports"))
+	if len(vsvc.Spec.Ports) == 0 || len(vdep.Spec.Template.Spec.Containers) == 0 || len(vdep.Spec.Template.Spec.Containers[0].Ports) == 0 {
+		t.Fatal("the vLLM Service or container names no port")
 	}
-	if dig(vc, "resources", "limits", "nvidia.com/gpu") == nil {
+	svcPort := int(vsvc.Spec.Ports[0].Port)
+	vc := vdep.Spec.Template.Spec.Containers[0]
+	if !slices.Equal(cfg.Backends[0].Ports, []int{svcPort}) || int(vc.Ports[0].ContainerPort) != svcPort ||
+		!slices.Contains(vc.Args, "--port="+strconv.Itoa(svcPort)) {
+		t.Errorf("ports: config %v, Service %d, container %v", cfg.Backends[0].Ports, svcPort, vc.Ports)
+	}
+	if _, ok := vc.Resources.Limits["nvidia.com/gpu"]; !ok {
 		t.Error("vLLM pods request no GPU")
+	}
+}
+
+// TestKubernetesManifestStrict: the manifest decoder refuses a misspelt or
+// unknown field, a duplicate key and an unknown kind, where reading the YAML
+// by hand let them through; the same manifest spelt right decodes.
+func TestKubernetesManifestStrict(t *testing.T) {
+	const good = `apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: x
+spec:
+  selector:
+    matchLabels: {app: x}
+  template:
+    metadata:
+      labels: {app: x}
+    spec:
+      containers:
+        - name: x
+          image: x
+`
+	objs, err := decodeManifests([]byte("# a comment only\n---\n" + good))
+	if err != nil || len(objs) != 1 {
+		t.Fatalf("the correct manifest: %d objects, %v", len(objs), err)
+	}
+	if d, ok := objs[0].(*appsv1.Deployment); !ok || len(d.Spec.Template.Spec.Containers) != 1 || d.Spec.Template.Spec.Containers[0].Image != "x" {
+		t.Fatalf("decoded %#v", objs[0])
+	}
+	for name, bad := range map[string]string{
+		"misspelt containers": strings.Replace(good, "containers:", "contianers:", 1),
+		"misspelt metadata":   strings.Replace(good, "metadata:\n  name", "metdata:\n  name", 1),
+		"unknown field":       strings.Replace(good, "image: x", "image: x\n          imagePolicy: Always", 1),
+		"duplicate key":       strings.Replace(good, "image: x", "image: x\n          image: y", 1),
+		"unknown kind":        strings.Replace(good, "kind: Deployment", "kind: Deploymnet", 1),
+		"second document":     good + "---\n" + strings.Replace(good, "containers:", "contianers:", 1),
+	} {
+		if bad == good {
+			t.Fatalf("%s: the replacement did not apply", name)
+		}
+		if _, err := decodeManifests([]byte(bad)); err == nil {
+			t.Errorf("%s: decoded without error", name)
+		} else {
+			t.Logf("%s: %v", name, err)
+		}
 	}
 }
 
