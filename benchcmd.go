@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb/bench"
+	"github.com/llmlb/llmlb/overhead"
 )
 
 // cmdBench replays workloads through every policy on an emulated cluster in
@@ -250,16 +251,16 @@ func cmdOverhead(ctx context.Context, args []string, getenv func(string) string,
 		}
 		*self = exe
 	}
-	o := bench.OverheadOptions{LLMLB: *self, Proxies: split(*proxies), Duration: *duration, Scale: *scale,
+	o := overhead.Options{LLMLB: *self, Proxies: split(*proxies), Duration: *duration, Scale: *scale,
 		Require: *require || getenv("LLMLB_REQUIRE_PROXIES") == "1"}
 	if !*quiet {
 		o.Progress = stderr
 	}
-	rep, err := bench.Overhead(ctx, o)
+	rep, err := overhead.Run(ctx, o)
 	if err != nil {
 		return err
 	}
-	bench.WriteOverhead(stdout, rep)
+	overhead.Write(stdout, rep)
 	if *jsonFile != "" {
 		b, err := json.MarshalIndent(rep, "", "  ")
 		if err == nil {

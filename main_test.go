@@ -24,7 +24,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
-	"github.com/llmlb/llmlb/bench"
+	"github.com/llmlb/llmlb/overhead"
 	"github.com/llmlb/llmlb/scrape"
 	"github.com/llmlb/llmlb/sim"
 )
@@ -876,7 +876,7 @@ func TestOverheadCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rep bench.OverheadReport
+	var rep overhead.Report
 	if err := json.Unmarshal(b, &rep); err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,7 @@
 // real balancer, with each policy's preset as serve builds it, in front of
 // emulated engines in virtual time, with any number of independent
 // replicas; it sweeps arrival rates ([Sweep]) and replays published
-// experiments beside their published figures ([Experiments]). [Target]
-// replays the same workloads over HTTP in real time, and [Overhead]
-// measures what a proxy adds per request against HAProxy and nginx.
+// experiments beside their published figures ([Experiments]). [HTTPReplay]
+// replays the same workloads over HTTP in real time. What a proxy adds per
+// request, against HAProxy and nginx, is package overhead's.
 package bench

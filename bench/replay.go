@@ -243,7 +243,7 @@ func sendOne(ctx context.Context, client *http.Client, base, model string, r *Re
 		return o
 	}
 	events := 0
-	u, err := readStream(resp.Body, func() {
+	u, err := ReadStream(resp.Body, func() {
 		if events == 0 {
 			o.ttft = time.Since(sent)
 		}
@@ -256,7 +256,7 @@ func sendOne(ctx context.Context, client *http.Client, base, model string, r *Re
 		o.err = err
 		return o
 	}
-	o.prompt, o.completion, o.cached = u.prompt, u.completion, u.cached
+	o.prompt, o.completion, o.cached = u.Prompt, u.Completion, u.Cached
 	if o.completion == 0 { // a server that ignored include_usage
 		o.completion = events
 	}
@@ -266,15 +266,16 @@ func sendOne(ctx context.Context, client *http.Client, base, model string, r *Re
 	return o
 }
 
-// streamUsage is what a stream's usage chunk says; zero when it had none.
-type streamUsage struct{ prompt, completion, cached int }
+// StreamUsage is what a stream's usage chunk says; zero when it had none.
+type StreamUsage struct{ Prompt, Completion, Cached int }
 
-// readStream reads a streamed completion to its [DONE], calling token as
-// each event carrying text arrives, and returns the usage chunk's counts.
-// An error event, an event that is not JSON, or an end before [DONE] is
-// an error.
-func readStream(body io.Reader, token func()) (streamUsage, error) {
-	var u streamUsage
+// ReadStream reads a streamed completion (OpenAI server-sent events) to
+// its [DONE], calling token as each event carrying text arrives, and
+// returns the usage chunk's counts. An error event, an event that is not
+// JSON, or an end before [DONE] is an error. The HTTP replay and the
+// overhead benchmark's load generator both read streams with it.
+func ReadStream(body io.Reader, token func()) (StreamUsage, error) {
+	var u StreamUsage
 	sc := bufio.NewScanner(body)
 	sc.Buffer(make([]byte, 64<<10), 16<<20)
 	for sc.Scan() {
@@ -297,9 +298,9 @@ func readStream(body io.Reader, token func()) (streamUsage, error) {
 			token()
 		}
 		if cu := c.Usage; cu != nil {
-			u.prompt, u.completion = cu.PromptTokens, cu.CompletionTokens
+			u.Prompt, u.Completion = cu.PromptTokens, cu.CompletionTokens
 			if cu.PromptTokensDetails != nil {
-				u.cached = cu.PromptTokensDetails.CachedTokens
+				u.Cached = cu.PromptTokensDetails.CachedTokens
 			}
 		}
 	}

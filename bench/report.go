@@ -48,8 +48,8 @@ type Report struct {
 	Workloads []Table `json:"workloads"`
 }
 
-// quantile returns the q-quantile of sorted ds (nearest rank), in seconds.
-func quantile(ds []time.Duration, q float64) float64 {
+// Quantile returns the q-quantile of sorted ds (nearest rank), in seconds.
+func Quantile(ds []time.Duration, q float64) float64 {
 	if len(ds) == 0 {
 		return math.NaN()
 	}
@@ -65,8 +65,8 @@ func Summarize(r Result) Row {
 	slices.Sort(e2e)
 	row := Row{
 		Policy: r.Policy, Refused: r.Refused, Failed: r.Failed,
-		TTFTP50: quantile(ttft, .5), TTFTP90: quantile(ttft, .9), TTFTP99: quantile(ttft, .99),
-		E2EP50: quantile(e2e, .5), E2EP99: quantile(e2e, .99),
+		TTFTP50: Quantile(ttft, .5), TTFTP90: Quantile(ttft, .9), TTFTP99: Quantile(ttft, .99),
+		E2EP50: Quantile(e2e, .5), E2EP99: Quantile(e2e, .99),
 	}
 	if r.Duration > 0 {
 		row.Throughput = float64(r.OutputTokens) / r.Duration.Seconds()

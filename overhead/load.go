@@ -1,4 +1,4 @@
-package bench
+package overhead
 
 import (
 	"bytes"
@@ -9,6 +9,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/llmlb/llmlb/bench"
 )
 
 // Load is a closed-loop HTTP load: Clients connections each POST Body to
@@ -112,7 +114,7 @@ func (l Load) one(ctx context.Context, client *http.Client, r *LoadResult) {
 		return
 	}
 	var last time.Time
-	_, err = readStream(resp.Body, func() {
+	_, err = bench.ReadStream(resp.Body, func() {
 		now := time.Now()
 		if last.IsZero() {
 			r.TTFT = append(r.TTFT, now.Sub(t0))

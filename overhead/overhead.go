@@ -1,4 +1,4 @@
-package bench
+package overhead
 
 import (
 	"bufio"
@@ -16,11 +16,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/llmlb/llmlb/bench"
 	"github.com/llmlb/llmlb/sim"
 )
 
-// OverheadOptions choose what `llmlb overhead` runs.
-type OverheadOptions struct {
+// Options choose what `llmlb overhead` runs.
+type Options struct {
 	// LLMLB is the llmlb executable to run as a proxy (`serve`); "" skips
 	// it.
 	LLMLB string
@@ -46,12 +47,12 @@ type Scenario struct {
 	Stream  bool
 }
 
-// OverheadScenarios are the scenarios of DESIGN.md's overhead benchmark:
+// Scenarios are the scenarios of DESIGN.md's overhead benchmark:
 // added latency at low concurrency, throughput at high concurrency, long
 // prompts, and many concurrent streams. The backend answers one token at
 // once; streams ask for 50, which it paces 10ms apart, as a busy server
 // does.
-func OverheadScenarios(scale float64) []Scenario {
+func Scenarios(scale float64) []Scenario {
 	clients := func(n int) int { return max(1, int(float64(n)*scale)) }
 	small := completionBody(1024, false)
 	return []Scenario{
@@ -64,8 +65,8 @@ func OverheadScenarios(scale float64) []Scenario {
 
 // completionBody is a /v1/completions request with a prompt of n bytes.
 func completionBody(n int, stream bool) []byte {
-	prompt := appendPart(nil, Part{ID: 77, Tokens: n / 4})
-	req := map[string]any{"model": Model, "prompt": string(prompt), "max_tokens": 1}
+	prompt := (&bench.Request{Parts: []bench.Part{{ID: 77, Tokens: n / 4}}}).AppendText(nil)
+	req := map[string]any{"model": bench.Model, "prompt": string(prompt), "max_tokens": 1}
 	if stream {
 		req["stream"] = true
 		req["max_tokens"] = 50
@@ -74,8 +75,8 @@ func completionBody(n int, stream bool) []byte {
 	return b
 }
 
-// OverheadCell is one scenario against one proxy. Times are seconds.
-type OverheadCell struct {
+// Cell is one scenario against one proxy. Times are seconds.
+type Cell struct {
 	Scenario   string  `json:"scenario"`
 	Clients    int     `json:"clients"`
 	Requests   int     `json:"requests"`
@@ -90,23 +91,23 @@ type OverheadCell struct {
 	FirstError string  `json:"first_error,omitempty"`
 }
 
-// OverheadRow is one proxy's results.
-type OverheadRow struct {
-	Proxy   string         `json:"proxy"`
-	Version string         `json:"version"`
-	Skipped string         `json:"skipped,omitempty"` // why there are no cells
-	Cells   []OverheadCell `json:"cells"`
+// Row is one proxy's results.
+type Row struct {
+	Proxy   string `json:"proxy"`
+	Version string `json:"version"`
+	Skipped string `json:"skipped,omitempty"` // why there are no cells
+	Cells   []Cell `json:"cells"`
 }
 
-// OverheadReport is the whole run.
-type OverheadReport struct {
-	Duration float64       `json:"seconds_per_cell"`
-	Rows     []OverheadRow `json:"rows"`
+// Report is the whole run.
+type Report struct {
+	Duration float64 `json:"seconds_per_cell"`
+	Rows     []Row   `json:"rows"`
 }
 
-// Overhead starts a fast emulated backend, puts each proxy in front of it
+// Run starts a fast emulated backend, puts each proxy in front of it
 // and runs every scenario through each, one at a time.
-func Overhead(ctx context.Context, o OverheadOptions) (OverheadReport, error) {
+func Run(ctx context.Context, o Options) (Report, error) {
 	if o.Duration <= 0 {
 		o.Duration = 5 * time.Second
 	}
@@ -116,7 +117,7 @@ func Overhead(ctx context.Context, o OverheadOptions) (OverheadReport, error) {
 	if len(o.Proxies) == 0 {
 		o.Proxies = []string{"direct", "llmlb", "haproxy", "nginx"}
 	}
-	rep := OverheadReport{Duration: o.Duration.Seconds()}
+	rep := Report{Duration: o.Duration.Seconds()}
 	dir, err := os.MkdirTemp("", "llmlb-overhead-")
 	if err != nil {
 		return rep, err
@@ -129,9 +130,9 @@ func Overhead(ctx context.Context, o OverheadOptions) (OverheadReport, error) {
 	}
 	defer stopBackend()
 
-	scenarios := OverheadScenarios(o.Scale)
+	scenarios := Scenarios(o.Scale)
 	for _, name := range o.Proxies {
-		row := OverheadRow{Proxy: name}
+		row := Row{Proxy: name}
 		url, version, stop, err := startProxy(ctx, name, o.LLMLB, backend, dir)
 		var missing errMissing
 		switch {
@@ -145,11 +146,11 @@ func Overhead(ctx context.Context, o OverheadOptions) (OverheadReport, error) {
 		row.Version = version
 		for _, sc := range scenarios {
 			res := Load{URL: url + "/v1/completions", Body: sc.Body, Stream: sc.Stream, Clients: sc.Clients, Duration: o.Duration}.Run(ctx)
-			cell := OverheadCell{Scenario: sc.Name, Clients: sc.Clients, Requests: res.Requests, Errors: res.Errors, FirstError: res.FirstErr,
-				PerSecond: float64(res.Requests) / res.Elapsed.Seconds(), P50: quantile(res.Latency, .5), P99: quantile(res.Latency, .99)}
+			cell := Cell{Scenario: sc.Name, Clients: sc.Clients, Requests: res.Requests, Errors: res.Errors, FirstError: res.FirstErr,
+				PerSecond: float64(res.Requests) / res.Elapsed.Seconds(), P50: bench.Quantile(res.Latency, .5), P99: bench.Quantile(res.Latency, .99)}
 			if sc.Stream {
-				cell.TTFTP50, cell.TTFTP99 = quantile(res.TTFT, .5), quantile(res.TTFT, .99)
-				cell.GapP99 = quantile(res.Gaps, .99)
+				cell.TTFTP50, cell.TTFTP99 = bench.Quantile(res.TTFT, .5), bench.Quantile(res.TTFT, .99)
+				cell.GapP99 = bench.Quantile(res.Gaps, .99)
 				cell.EventsPerS = float64(res.Events) / res.Elapsed.Seconds()
 			}
 			row.Cells = append(row.Cells, cell)
@@ -175,7 +176,7 @@ func Overhead(ctx context.Context, o OverheadOptions) (OverheadReport, error) {
 func fastBackend() (string, func(), error) {
 	model := sim.NewSteady(sim.SteadyConfig{DecodeTokensPerSecond: 100, PrefillTokensPerSecond: 1e12,
 		FirstTokenLatency: time.Nanosecond, MaxRunning: 1 << 16})
-	srv, err := sim.NewServer(sim.ServerConfig{Model: Model}, model)
+	srv, err := sim.NewServer(sim.ServerConfig{Model: bench.Model}, model)
 	if err != nil {
 		return "", nil, err
 	}
@@ -422,10 +423,10 @@ func (w *limitedWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// WriteOverhead prints the report as a table: one row a proxy, latency at
+// Write prints the report as a table: one row a proxy, latency at
 // one client, requests per second at high concurrency and with long
 // prompts, and first-token and inter-token times of concurrent streams.
-func WriteOverhead(w io.Writer, rep OverheadReport) {
+func Write(w io.Writer, rep Report) {
 	ms := func(s float64) string {
 		if math.IsNaN(s) {
 			return "-"
@@ -450,7 +451,7 @@ func WriteOverhead(w io.Writer, rep OverheadReport) {
 			rows = append(rows, []string{r.Proxy, "skipped: " + r.Skipped})
 			continue
 		}
-		by := map[string]OverheadCell{}
+		by := map[string]Cell{}
 		errs := 0
 		for _, c := range r.Cells {
 			by[c.Scenario] = c
