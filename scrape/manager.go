@@ -219,13 +219,14 @@ func (m *Manager) Reload(backends []BackendConfig, engines EngineSet, defaultEng
 		}
 	}
 	m.groups = next
+	stopping := map[string]<-chan struct{}{} // IDs restarted below: the old watcher's end
 	for id, mb := range m.running {
 		if live[mb.group] || mb.draining {
 			continue
 		}
 		if newStatic[id] { // restarted below under the same ID
 			mb.cancel()
-			<-mb.done
+			stopping[id] = mb.done
 			delete(m.running, id)
 			continue
 		}
@@ -238,17 +239,21 @@ func (m *Manager) Reload(backends []BackendConfig, engines EngineSet, defaultEng
 			m.startGroupLocked(g)
 		default:
 			id := g.bc.URL
+			after := stopping[id]
 			if old := m.running[id]; old != nil {
 				if !old.draining {
 					continue // a kept entry serves it already
 				}
 				old.cancel() // came back while draining: stop the drain
+				after = old.done
 			}
 			t := newTarget(m.cfg, id, g.static, g, m.deps)
 			mb := &member{group: g.index, target: t}
 			m.running[id] = mb
-			m.deps.bal.Update(t.spec)
-			m.startLocked(m.runCtx, mb)
+			if after == nil {
+				m.deps.bal.Update(t.spec)
+			}
+			m.startLocked(m.runCtx, mb, after, after != nil)
 		}
 	}
 	return nil
@@ -277,7 +282,7 @@ func (m *Manager) Run(ctx context.Context) error {
 	m.runCtx = ctx
 	close(m.started)
 	for _, mb := range m.running {
-		m.startLocked(ctx, mb)
+		m.startLocked(ctx, mb, nil, false)
 	}
 	for _, g := range m.groups {
 		if g.static == nil {
@@ -301,12 +306,27 @@ func (m *Manager) Run(ctx context.Context) error {
 	return nil
 }
 
-// startLocked runs mb's target in its own goroutine. Caller must hold m.mu.
-func (m *Manager) startLocked(ctx context.Context, mb *member) {
+// startLocked runs mb's target in its own goroutine. When after is not
+// nil the target first waits for it to close (the watcher it replaces has
+// stopped), then publishes its spec if publish says so, so two watchers
+// of one backend never overlap and no one waits while holding m.mu.
+// Caller must hold m.mu.
+func (m *Manager) startLocked(ctx context.Context, mb *member, after <-chan struct{}, publish bool) {
 	tctx, cancel := context.WithCancel(ctx)
-	mb.cancel, mb.done = cancel, make(chan struct{})
+	done := make(chan struct{})
+	mb.cancel, mb.done = cancel, done
 	go func() {
-		defer close(mb.done)
+		defer close(done)
+		if after != nil {
+			select {
+			case <-after:
+			case <-tctx.Done():
+				return
+			}
+		}
+		if publish {
+			m.deps.bal.Update(mb.target.spec)
+		}
 		mb.target.Run(tctx)
 	}()
 }
@@ -327,8 +347,10 @@ func (m *Manager) reconcile(ctx context.Context, g *group, urls []string) {
 		if mb != nil && !mb.draining {
 			continue
 		}
+		var after <-chan struct{}
 		if mb != nil { // came back while draining: stop the drain, watch it again
 			mb.cancel()
+			after = mb.done
 		}
 		u, err := url.Parse(id)
 		if err != nil {
@@ -337,7 +359,7 @@ func (m *Manager) reconcile(ctx context.Context, g *group, urls []string) {
 		t := newTarget(m.cfg, id, u, g, m.deps)
 		nm := &member{group: g.index, target: t}
 		m.running[id] = nm
-		m.startLocked(ctx, nm)
+		m.startLocked(ctx, nm, after, false)
 		m.deps.logger.Info("backend discovered", "backend", id, "name", g.bc.DNS+g.bc.SRV)
 	}
 	for id, mb := range m.running {
@@ -350,20 +372,32 @@ func (m *Manager) reconcile(ctx context.Context, g *group, urls []string) {
 
 // drainLocked stops watching a backend that left discovery, marks it
 // draining so it takes no new requests, and removes it once its requests in
-// flight are done. Caller must hold m.mu.
+// flight are done. It waits for nothing itself: the drain runs in a
+// goroutine of its own, once the backend's watcher has stopped. Caller must
+// hold m.mu.
 func (m *Manager) drainLocked(ctx context.Context, id string, mb *member) {
 	mb.cancel()
-	<-mb.done
+	watcher := mb.done
 	mb.draining = true
-	spec := mb.target.spec
-	spec.State, spec.Reason = balancer.StateDraining, "left discovery"
-	m.deps.bal.Update(spec)
-	m.deps.logger.Info("backend draining", "backend", id, "in_flight", mb.target.ledger.InFlight())
 	dctx, cancel := context.WithCancel(ctx)
-	mb.cancel, mb.done = cancel, make(chan struct{})
-	ledger := mb.target.ledger
+	done := make(chan struct{})
+	mb.cancel, mb.done = cancel, done
 	go func() {
-		defer close(mb.done)
+		defer close(done)
+		select {
+		case <-watcher: // it stops promptly once cancelled
+		case <-dctx.Done():
+			<-watcher
+			return
+		}
+		if dctx.Err() != nil {
+			return // it came back before the drain began
+		}
+		spec := mb.target.spec // the watcher, its only writer, has stopped
+		spec.State, spec.Reason = balancer.StateDraining, "left discovery"
+		m.deps.bal.Update(spec)
+		ledger := mb.target.ledger
+		m.deps.logger.Info("backend draining", "backend", id, "in_flight", ledger.InFlight())
 		for ledger.InFlight() > 0 {
 			select {
 			case <-dctx.Done():
