@@ -353,6 +353,11 @@ func TestAccessLogPromptsOnlyAtDebug(t *testing.T) {
 		}
 		waitBackends(t, inst.adminAddr, 1)
 		completeWith(t, inst.addr, secret)
+		// The access line is written as the handler returns, which can be
+		// after the client has read the whole answer.
+		for deadline := time.Now().Add(10 * time.Second); !strings.Contains(logs.String(), "msg=request") && time.Now().Before(deadline); {
+			<-time.After(10 * time.Millisecond)
+		}
 		if got := strings.Contains(logs.String(), secret); got != (level == "debug") {
 			t.Errorf("level %s with log.prompts: prompt logged %v", level, got)
 		}
