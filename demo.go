@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/llmlb/llmlb/internal/config"
 	"github.com/llmlb/llmlb/scrape"
 	"github.com/llmlb/llmlb/sim"
 )
@@ -38,7 +39,7 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	const model = "llama-3.1-8b"
 
-	cfg := DefaultConfig()
+	cfg := config.DefaultConfig()
 	cfg.Listen = "127.0.0.1:0"
 	cfg.Admin.Listen = *status
 	cfg.Log.Level = "warn"

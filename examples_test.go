@@ -16,6 +16,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/llmlb/llmlb/internal/config"
 	"go.yaml.in/yaml/v3"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -28,13 +29,13 @@ import (
 
 // loadExampleConfig validates an llmlb config given as text, as `llmlb
 // validate` would the file, and returns it.
-func loadExampleConfig(t *testing.T, name, text string) Config {
+func loadExampleConfig(t *testing.T, name, text string) config.Config {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), filepath.Base(name))
 	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := loadConfig(path, noEnv)
+	cfg, err := config.Load(path, noEnv)
 	if err != nil {
 		t.Fatalf("%s: %v", name, err)
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/llmlb/llmlb/balancer"
+	"github.com/llmlb/llmlb/internal/config"
 	"github.com/llmlb/llmlb/internal/wire"
 	"github.com/llmlb/llmlb/proxy"
 	"github.com/llmlb/llmlb/scrape"
@@ -98,7 +99,7 @@ func usage() string {
 
 // run is the whole program: main only supplies the process's arguments,
 // environment and streams. SIGINT and SIGTERM end it gracefully.
-func run(ctx context.Context, args []string, env environ, stdout, stderr io.Writer) error {
+func run(ctx context.Context, args []string, env config.Environ, stdout, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if len(args) == 0 {
@@ -130,7 +131,7 @@ func run(ctx context.Context, args []string, env environ, stdout, stderr io.Writ
 	case "bench":
 		return cmdBench(ctx, args, stdout, stderr)
 	case "overhead":
-		return cmdOverhead(ctx, args, env.get, stdout, stderr)
+		return cmdOverhead(ctx, args, env.Get, stdout, stderr)
 	case "version":
 		return cmdVersion(args, stdout, stderr)
 	case "help":
@@ -248,13 +249,13 @@ func versionText(info *debug.BuildInfo) string {
 	return b.String()
 }
 
-func cmdValidate(args []string, env environ, stdout, stderr io.Writer) error {
+func cmdValidate(args []string, env config.Environ, stdout, stderr io.Writer) error {
 	fs := newFlagSet("validate", "llmlb validate [--config] PATH", stderr)
-	config := fs.String("config", "", "config file (or give it as the argument; default config.yaml)")
+	configPath := fs.String("config", "", "config file (or give it as the argument; default config.yaml)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	path := *config
+	path := *configPath
 	switch {
 	case fs.NArg() > 1 || fs.NArg() == 1 && path != "":
 		fs.Usage()
@@ -264,7 +265,7 @@ func cmdValidate(args []string, env environ, stdout, stderr io.Writer) error {
 	case path == "":
 		path = "config.yaml"
 	}
-	cfg, err := loadConfig(path, env)
+	cfg, err := config.Load(path, env)
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return errReported
@@ -273,7 +274,7 @@ func cmdValidate(args []string, env environ, stdout, stderr io.Writer) error {
 	return nil
 }
 
-func cmdServe(ctx context.Context, args []string, env environ, stdout, stderr io.Writer) error {
+func cmdServe(ctx context.Context, args []string, env config.Environ, stdout, stderr io.Writer) error {
 	fs := newFlagSet("serve", "llmlb serve [--config PATH]", stderr)
 	path := fs.String("config", "config.yaml", "config file")
 	if err := fs.Parse(args); err != nil {
@@ -282,7 +283,7 @@ func cmdServe(ctx context.Context, args []string, env environ, stdout, stderr io
 	if fs.NArg() > 0 {
 		return fmt.Errorf("serve: unexpected argument %q", fs.Arg(0))
 	}
-	cfg, err := loadConfig(*path, env)
+	cfg, err := config.Load(*path, env)
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return errReported
@@ -292,8 +293,8 @@ func cmdServe(ctx context.Context, args []string, env environ, stdout, stderr io
 
 // newLogger returns the logger c asks for; its level can be changed
 // while it runs through the returned LevelVar.
-func newLogger(c LogConfig, w io.Writer) (*slog.Logger, *slog.LevelVar) {
-	level, _ := parseLevel(c.Level) // validated
+func newLogger(c config.LogConfig, w io.Writer) (*slog.Logger, *slog.LevelVar) {
+	level, _ := config.ParseLevel(c.Level) // validated
 	lv := new(slog.LevelVar)
 	lv.Set(level)
 	opts := &slog.HandlerOptions{Level: lv}
@@ -306,7 +307,7 @@ func newLogger(c LogConfig, w io.Writer) (*slog.Logger, *slog.LevelVar) {
 // serve runs the balancer for cfg until ctx ends, then shuts down
 // gracefully: it stops accepting, lets in-flight requests and streams finish
 // within cfg.ShutdownGrace, cuts what remains, and returns nil.
-func serve(ctx context.Context, cfg Config, src *configSource, stdout, stderr io.Writer) error {
+func serve(ctx context.Context, cfg config.Config, src *configSource, stdout, stderr io.Writer) error {
 	inst, err := start(ctx, cfg, src, stderr)
 	if err != nil {
 		return err
@@ -327,7 +328,7 @@ func (in *instance) wait() error { return <-in.done }
 // start brings up the balancer for cfg and returns once it listens. It shuts
 // down gracefully when ctx ends; wait reports the end. With a source, it
 // reloads the config from it on SIGHUP and when the file changes.
-func start(ctx context.Context, cfg Config, src *configSource, stderr io.Writer) (*instance, error) {
+func start(ctx context.Context, cfg config.Config, src *configSource, stderr io.Writer) (*instance, error) {
 	logger, level := newLogger(cfg.Log, stderr)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -494,7 +495,7 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 
 // newBalancer builds the balancer for cfg's policy with the prefix index or
 // tree its preset needs, and registers the index's size metrics on reg.
-func newBalancer(cfg Config, reg prometheus.Registerer, logger *slog.Logger) (*balancer.Balancer, error) {
+func newBalancer(cfg config.Config, reg prometheus.Registerer, logger *slog.Logger) (*balancer.Balancer, error) {
 	b, idx, err := wire.Balancer(cfg.Balancer, cfg.Prefix, balancer.Deps{}, cfg.Models, logger)
 	if err != nil {
 		return nil, err

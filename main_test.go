@@ -24,6 +24,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/llmlb/llmlb/internal/config"
 	"github.com/llmlb/llmlb/overhead"
 	"github.com/llmlb/llmlb/scrape"
 	"github.com/llmlb/llmlb/sim"
@@ -32,7 +33,7 @@ import (
 const testModel = "llama-3.1-8b"
 
 // noEnv is an environment without LLMLB_* variables.
-var noEnv environ
+var noEnv config.Environ
 
 func writeConfig(t *testing.T, body string) string {
 	t.Helper()
@@ -44,7 +45,7 @@ func writeConfig(t *testing.T, body string) string {
 }
 
 // runCmd runs the program with args and returns its error and output.
-func runCmd(t *testing.T, env environ, args ...string) (err error, stdout, stderr string) {
+func runCmd(t *testing.T, env config.Environ, args ...string) (err error, stdout, stderr string) {
 	t.Helper()
 	var out, errOut bytes.Buffer
 	err = run(context.Background(), args, env, &out, &errOut)
@@ -166,7 +167,7 @@ func isLLMLBConfig(t *testing.T, path string) bool {
 
 func TestEnvOverrides(t *testing.T) {
 	path := writeConfig(t, "backends:\n  - url: http://127.0.0.1:8001\nproxy:\n  max_attempts: 2\n")
-	env := environ{
+	env := config.Environ{
 		"LLMLB_LISTEN=0.0.0.0:8000",
 		"LLMLB_PROXY_MAX_ATTEMPTS=5",
 		"LLMLB_PROXY_RETRY_STATUSES=500,502",
@@ -175,7 +176,7 @@ func TestEnvOverrides(t *testing.T) {
 		"LLMLB_REQUIRE_PROXIES=1", // not a key, but llmlb's own
 		"HOME=/root",
 	}
-	cfg, err := loadConfig(path, env)
+	cfg, err := config.Load(path, env)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,7 +187,7 @@ func TestEnvOverrides(t *testing.T) {
 	if cfg.Admin.Listen != "127.0.0.1:9090" || cfg.ShutdownGrace != 30*time.Second {
 		t.Errorf("defaults lost: %+v", cfg)
 	}
-	_, err = loadConfig(path, environ{"LLMLB_PROXY_DIAL_TIMEOUT=soon"})
+	_, err = config.Load(path, config.Environ{"LLMLB_PROXY_DIAL_TIMEOUT=soon"})
 	if want := `proxy.dial_timeout: "soon" (from LLMLB_PROXY_DIAL_TIMEOUT) is not a duration`; err == nil || !strings.Contains(err.Error(), want) {
 		t.Errorf("bad env value: %v, want %q", err, want)
 	}
@@ -196,7 +197,7 @@ func TestEnvOverrides(t *testing.T) {
 // default in force without a word (issue 18, 6).
 func TestUnknownEnvIsAnError(t *testing.T) {
 	path := writeConfig(t, "backends:\n  - url: http://127.0.0.1:8001\n")
-	err, _, stderr := runCmd(t, environ{"LLMLB_PROXY_MAX_ATTEMPT=3", "LLMLB_LISTEN=127.0.0.1:8000"}, "validate", path)
+	err, _, stderr := runCmd(t, config.Environ{"LLMLB_PROXY_MAX_ATTEMPT=3", "LLMLB_LISTEN=127.0.0.1:8000"}, "validate", path)
 	want := path + ": environment: unknown variable LLMLB_PROXY_MAX_ATTEMPT (did you mean LLMLB_PROXY_MAX_ATTEMPTS?)"
 	if err == nil || !strings.Contains(stderr, want) {
 		t.Errorf("validate with LLMLB_PROXY_MAX_ATTEMPT set: err %v, stderr %q, want %q", err, stderr, want)
@@ -367,8 +368,8 @@ func simBackends(t *testing.T, n int, sc sim.SteadyConfig, adapters ...string) [
 	return urls
 }
 
-func testConfig(urls []string) Config {
-	cfg := DefaultConfig()
+func testConfig(urls []string) config.Config {
+	cfg := config.DefaultConfig()
 	cfg.Listen = "127.0.0.1:0"
 	cfg.Admin.Listen = "127.0.0.1:0"
 	cfg.Log.Level = "warn"
@@ -381,13 +382,13 @@ func testConfig(urls []string) Config {
 
 // startTest runs the balancer for cfg until the test ends, then checks it
 // shut down cleanly; it returns once n backends are ready.
-func startTest(t *testing.T, cfg Config, n int) *instance {
+func startTest(t *testing.T, cfg config.Config, n int) *instance {
 	t.Helper()
 	return startSource(t, cfg, nil, n)
 }
 
 // startSource is startTest with a config source to reload from.
-func startSource(t *testing.T, cfg Config, src *configSource, n int) *instance {
+func startSource(t *testing.T, cfg config.Config, src *configSource, n int) *instance {
 	t.Helper()
 	inst, err := start(t.Context(), cfg, src, io.Discard)
 	if err != nil {
@@ -723,7 +724,7 @@ backends:
     engine: sglang
     refresh_interval: 5s
 `)
-	cfg, err := loadConfig(path, noEnv)
+	cfg, err := config.Load(path, noEnv)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -739,7 +740,7 @@ backends:
 		t.Errorf("engines.my-engine = %+v", e)
 	}
 	bad := writeConfig(t, "listen: 127.0.0.1:8080\nengines:\n  sglang:\n    queued: 'x{'\nbackends:\n  - url: http://a:1\n    engine: nope\n")
-	_, err = loadConfig(bad, noEnv)
+	_, err = config.Load(bad, noEnv)
 	for _, want := range []string{"engines.sglang.queued", `backends[0].engine: unknown engine "nope"`} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error %v, want it to name %s", err, want)

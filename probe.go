@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb/balancer"
+	"github.com/llmlb/llmlb/internal/config"
 	"github.com/llmlb/llmlb/scrape"
 )
 
@@ -32,10 +33,10 @@ type probeResult struct {
 
 // cmdProbe scrapes a live server, or reads a saved page, with an engine row
 // and prints what the balancer would read.
-func cmdProbe(ctx context.Context, args []string, env environ, stdout, stderr io.Writer) error {
+func cmdProbe(ctx context.Context, args []string, env config.Environ, stdout, stderr io.Writer) error {
 	fs := newFlagSet("probe", "llmlb probe [--engine E] [--config PATH] [--json] URL|FILE", stderr)
 	engine := fs.String("engine", "vllm", "engine row to read the page with")
-	config := fs.String("config", "", "config file whose engines: section applies (optional)")
+	configPath := fs.String("config", "", "config file whose engines: section applies (optional)")
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	timeout := fs.Duration("timeout", 5*time.Second, "timeout for fetching a URL")
 	if err := fs.Parse(args); err != nil {
@@ -46,8 +47,8 @@ func cmdProbe(ctx context.Context, args []string, env environ, stdout, stderr io
 		return errors.New("probe takes one URL or file")
 	}
 	var overrides map[string]scrape.EngineConfig
-	if *config != "" {
-		cfg, err := loadConfig(*config, env)
+	if *configPath != "" {
+		cfg, err := config.Load(*configPath, env)
 		if err != nil {
 			return err
 		}

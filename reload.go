@@ -14,13 +14,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/llmlb/llmlb/balancer"
+	"github.com/llmlb/llmlb/internal/config"
 	"github.com/llmlb/llmlb/scrape"
 )
 
 // configSource is where a running balancer rereads its config from.
 type configSource struct {
 	path string
-	env  environ
+	env  config.Environ
 	// poll is how often the file is checked for a change. (default 1s)
 	poll time.Duration
 }
@@ -44,19 +45,19 @@ type reloader struct {
 	result *prometheus.CounterVec // result
 	last   prometheus.Gauge
 
-	mu   sync.Mutex // serialises reloads
-	cur  Config     // guarded by mu
-	hash [32]byte   // guarded by mu; of the file cur came from
+	mu   sync.Mutex    // serialises reloads
+	cur  config.Config // guarded by mu
+	hash [32]byte      // guarded by mu; of the file cur came from
 }
 
-func newReloader(src configSource, cfg Config, logger *slog.Logger, level *slog.LevelVar, mgr *scrape.Manager, bal *balancer.Balancer, reg prometheus.Registerer) *reloader {
+func newReloader(src configSource, cfg config.Config, logger *slog.Logger, level *slog.LevelVar, mgr *scrape.Manager, bal *balancer.Balancer, reg prometheus.Registerer) *reloader {
 	if src.poll <= 0 {
 		src.poll = time.Second
 	}
 	r := &reloader{src: src, logger: logger, level: level, mgr: mgr, bal: bal, cur: cfg,
 		result: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmlb_config_reloads_total",
-			Help: "Config reloads, by result: success, or error (the file was refused and the running config kept).",
+			Help: "config.Config reloads, by result: success, or error (the file was refused and the running config kept).",
 		}, []string{"result"}),
 		last: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "llmlb_config_last_reload_success_timestamp_seconds",
@@ -146,7 +147,7 @@ func (r *reloader) reload(trigger string) bool {
 	if err == nil {
 		r.hash = sha256.Sum256(b) // a refused file is not retried until it changes again
 	}
-	cfg, err := loadConfig(r.src.path, r.src.env) // validated in full, every problem named
+	cfg, err := config.Load(r.src.path, r.src.env) // validated in full, every problem named
 	if err == nil {
 		var engines scrape.EngineSet
 		if engines, err = scrape.NewEngineSet(cfg.Engines); err == nil {
@@ -159,7 +160,7 @@ func (r *reloader) reload(trigger string) bool {
 		return false
 	}
 	r.bal.SetModels(cfg.Models)
-	level, _ := parseLevel(cfg.Log.Level) // validated
+	level, _ := config.ParseLevel(cfg.Log.Level) // validated
 	r.level.Set(level)
 	if later := restartOnly(r.cur, cfg); len(later) > 0 {
 		r.logger.Warn("config reload: these settings take effect only after a restart", "settings", later)
@@ -173,7 +174,7 @@ func (r *reloader) reload(trigger string) bool {
 
 // restartOnly names the settings that differ between old and new and that
 // a reload does not apply.
-func restartOnly(old, new Config) []string {
+func restartOnly(old, new config.Config) []string {
 	var out []string
 	for _, c := range []struct {
 		name string

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmlb/llmlb/internal/config"
 	"github.com/llmlb/llmlb/sim"
 )
 
@@ -31,7 +32,7 @@ func reloadConfig(urls []string, extra string) string {
 // on SIGHUP and when it changes (checked every poll).
 func startFromFile(t *testing.T, path string, poll time.Duration, n int) *instance {
 	t.Helper()
-	cfg, err := loadConfig(path, noEnv)
+	cfg, err := config.Load(path, noEnv)
 	if err != nil {
 		t.Fatal(err)
 	}

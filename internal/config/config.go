@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"errors"
@@ -116,7 +116,7 @@ func (c Config) Validate() error {
 	if !slices.Contains(names, c.DefaultEngine) {
 		errs = append(errs, fmt.Errorf("default_engine: unknown engine %q (known: %s)", c.DefaultEngine, strings.Join(names, ", ")))
 	}
-	if _, err := parseLevel(c.Log.Level); err != nil {
+	if _, err := ParseLevel(c.Log.Level); err != nil {
 		errs = append(errs, err)
 	}
 	if c.Log.Format != "text" && c.Log.Format != "json" {
@@ -130,7 +130,8 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-func parseLevel(s string) (slog.Level, error) {
+// ParseLevel reads a log.level value: debug, info, warn or error.
+func ParseLevel(s string) (slog.Level, error) {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(s)); err != nil || !slices.Contains([]string{"debug", "info", "warn", "error"}, strings.ToLower(s)) {
 		return 0, fmt.Errorf("log.level: must be debug, info, warn or error, got %q", s)
@@ -138,13 +139,13 @@ func parseLevel(s string) (slog.Level, error) {
 	return l, nil
 }
 
-// ConfigError lists every problem found in one config file.
-type ConfigError struct {
+// Error lists every problem found in one config file.
+type Error struct {
 	File     string
 	Problems []error
 }
 
-func (e *ConfigError) Error() string {
+func (e *Error) Error() string {
 	var b strings.Builder
 	for i, p := range e.Problems {
 		if i > 0 {
@@ -155,14 +156,14 @@ func (e *ConfigError) Error() string {
 	return b.String()
 }
 
-// environ is the process environment as [os.Environ] gives it, KEY=value
+// Environ is the process environment as [os.Environ] gives it, KEY=value
 // entries. The program reads its LLMLB_* variables from it and nowhere else,
 // so tests pass their own, and it can list them to refuse a misspelt one.
-type environ []string
+type Environ []string
 
-// get returns the value of key, or "" when it is not set; the first entry
+// Get returns the value of key, or "" when it is not set; the first entry
 // wins, as for [os.Getenv].
-func (e environ) get(key string) string {
+func (e Environ) Get(key string) string {
 	for _, kv := range e {
 		if k, v, ok := strings.Cut(kv, "="); ok && k == key {
 			return v
@@ -189,14 +190,14 @@ func envName(key string) string {
 	return "LLMLB_" + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
 }
 
-// loadConfig reads path with a private viper instance over the defaults,
+// Load reads path with a private viper instance over the defaults,
 // applies LLMLB_* overrides from env (LLMLB_PROXY_MAX_ATTEMPTS sets
 // proxy.max_attempts), and decodes strictly: an unknown key, or an LLMLB_*
 // variable that names no key, is an error naming it. It returns a
-// [*ConfigError] listing every problem: values of the wrong type do not
+// [*Error] listing every problem: values of the wrong type do not
 // hide the others, since they are left at their defaults while the rest is
 // validated.
-func loadConfig(path string, env environ) (Config, error) {
+func Load(path string, env Environ) (Config, error) {
 	v := viper.New()
 	v.SetConfigFile(path)
 	v.SetConfigType("yaml")
@@ -204,7 +205,7 @@ func loadConfig(path string, env environ) (Config, error) {
 		if errors.Is(err, fs.ErrNotExist) {
 			err = fmt.Errorf("no such file; name the config file with --config PATH (config.yaml in llmlb's repository runs against `llmlb sim --count 3`)")
 		}
-		return Config{}, &ConfigError{File: path, Problems: []error{err}}
+		return Config{}, &Error{File: path, Problems: []error{err}}
 	}
 	var problems []error
 	problems = append(problems, unknownKeys(v.AllSettings(), reflect.TypeFor[Config](), "")...)
@@ -216,7 +217,7 @@ func loadConfig(path string, env environ) (Config, error) {
 	for key, val := range leaves {
 		v.SetDefault(key, val)
 		name := envName(key)
-		if s := env.get(name); s != "" {
+		if s := env.Get(name); s != "" {
 			v.Set(key, s)
 			fromEnv[key] = name
 		}
@@ -240,12 +241,12 @@ func loadConfig(path string, env environ) (Config, error) {
 	// picker every 50ms), unless the file or the environment says
 	// otherwise.
 	if pr, err := balancer.LookupPreset(cfg.Balancer.Policy); err == nil && pr.ScrapeInterval > 0 &&
-		!v.InConfig("scrape.interval") && env.get("LLMLB_SCRAPE_INTERVAL") == "" {
+		!v.InConfig("scrape.interval") && env.Get("LLMLB_SCRAPE_INTERVAL") == "" {
 		cfg.Scrape.Interval = pr.ScrapeInterval
 	}
 	problems = append(problems, unjoin(cfg.Validate())...)
 	if len(problems) > 0 {
-		return Config{}, &ConfigError{File: path, Problems: problems}
+		return Config{}, &Error{File: path, Problems: problems}
 	}
 	return cfg, nil
 }
@@ -254,7 +255,7 @@ func loadConfig(path string, env environ) (Config, error) {
 // key and is none of [otherEnv], with the nearest known name: a typo
 // (LLMLB_PROXY_MAX_ATTEMPT) would otherwise leave the default in force
 // without a word.
-func unknownEnv(env environ, leaves map[string]any) []error {
+func unknownEnv(env Environ, leaves map[string]any) []error {
 	known := make([]string, 0, len(leaves)+len(otherEnv))
 	for key := range leaves {
 		known = append(known, envName(key))
