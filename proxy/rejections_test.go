@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -46,6 +47,12 @@ func TestRejectionsListedAndCountedByModel(t *testing.T) {
 			t.Fatalf("POST %s = %d, want %d", c.body, resp.StatusCode, c.want)
 		}
 	}
+	// A request is listed as its handler returns, which can be after the
+	// client has read the whole answer.
+	recent, reasons, _ := px.picks.view()
+	for deadline := time.Now().Add(10 * time.Second); len(recent) < 5 && time.Now().Before(deadline); recent, reasons, _ = px.picks.view() {
+		<-time.After(10 * time.Millisecond)
+	}
 	for _, c := range []struct {
 		model, status string
 		want          float64
@@ -61,7 +68,6 @@ func TestRejectionsListedAndCountedByModel(t *testing.T) {
 	if got := testutil.ToFloat64(px.metrics.requests.WithLabelValues("", "", "none", "400")); got != 0 {
 		t.Errorf(`llmlb_requests_total{model="",status="400"} = %v, want 0`, got)
 	}
-	recent, reasons, _ := px.picks.view()
 	var listed []string
 	for _, e := range recent {
 		listed = append(listed, e.Model+" "+http.StatusText(e.Status))
