@@ -124,23 +124,14 @@ func (s EngineSet) detect(pages map[string][]byte, override string, owners []str
 // the page has.
 func pageFamilies(page []byte) map[string]bool {
 	found := map[string]bool{}
-	for len(page) > 0 {
-		line := page
-		if i := bytes.IndexByte(page, '\n'); i >= 0 {
-			line, page = page[:i], page[i+1:]
-		} else {
-			page = nil
-		}
-		line = bytes.TrimLeft(line, " \t")
-		if len(line) == 0 || line[0] == '#' {
-			continue
-		}
+	sampleLines(page, func(line []byte) bool {
 		for _, h := range familyHints {
 			if bytes.HasPrefix(line, []byte(h.prefix)) {
 				found[h.engine] = true
 			}
 		}
-	}
+		return true
+	})
 	return found
 }
 

@@ -132,19 +132,23 @@ func (e *Engine) filter(page []byte) []byte {
 // hasSample reports whether page has at least one line that is not blank
 // and not a comment.
 func hasSample(page []byte) bool {
-	for len(page) > 0 {
-		line := page
-		if i := bytes.IndexByte(page, '\n'); i >= 0 {
-			line, page = page[:i], page[i+1:]
-		} else {
-			page = nil
+	found := false
+	sampleLines(page, func([]byte) bool { found = true; return false })
+	return found
+}
+
+// sampleLines calls f with each line of page that is not blank and not a
+// comment, spaces trimmed, until f returns false.
+func sampleLines(page []byte, f func(line []byte) bool) {
+	for line := range bytes.Lines(page) {
+		line = bytes.TrimSpace(line)
+		if len(line) == 0 || line[0] == '#' {
+			continue
 		}
-		t := bytes.TrimSpace(line)
-		if len(t) > 0 && t[0] != '#' {
-			return true
+		if !f(line) {
+			return
 		}
 	}
-	return false
 }
 
 // matching returns the series of s's family that carry s's labels. Series of
