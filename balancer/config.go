@@ -46,7 +46,7 @@ type TTFTConfig struct {
 	// learned (scheduling, one decode step, the network). (default 20ms)
 	BaseLatency time.Duration `mapstructure:"base_latency"`
 	// KVSoft is the KV-cache use, 0..1, above which a backend is penalised
-	// in proportion, up to KVPenalty at full. (default 0.8)
+	// in proportion, up to KVPenalty at full. (default 0.5)
 	KVSoft float64 `mapstructure:"kv_soft"`
 	// KVPenalty is the time added for a full KV cache, and again when this
 	// request's tokens do not fit in what is free (it would wait or preempt
@@ -66,6 +66,18 @@ type TTFTConfig struct {
 	// broken by a hash of the prompt's first block and the backend, so that
 	// balancer replicas that do not share state choose alike. (default 0.05)
 	TieTolerance float64 `mapstructure:"tie_tolerance"`
+	// ColdTieTolerance is TieTolerance for a cold request, one whose prompt
+	// no candidate holds any of: among the candidates whose estimate is
+	// within this fraction of the best, the rendezvous hash of the prompt's
+	// first block chooses, so that replicas that see slightly different
+	// loads still place a new prompt on the same backend, and new prompts
+	// spread evenly. (default 0.5)
+	ColdTieTolerance float64 `mapstructure:"cold_tie_tolerance"`
+	// MissWeight scales what a candidate's uncached tokens cost the
+	// requests that share its GPU (TTFTScorer): 1 counts each such request
+	// once, 0 scores each request by its own first token time alone.
+	// (default 1)
+	MissWeight float64 `mapstructure:"miss_weight"`
 	// DefaultMaxTokens is the decode length assumed for a request that sets
 	// no max_tokens, for KV accounting. (default 256)
 	DefaultMaxTokens int `mapstructure:"default_max_tokens"`
@@ -95,6 +107,13 @@ type SaturationConfig struct {
 	// KV is the KV-cache use, 0..1, at which a backend is saturated; 0
 	// disables the check. (default 0.95)
 	KV float64 `mapstructure:"kv"`
+	// KeepHolders keeps a saturated backend that holds part of the
+	// request's prompt among the candidates, for the scorer to weigh its
+	// queue against what a miss elsewhere costs: under overload, dropping
+	// the holders sends every request to a server that must prefill it
+	// all, and the misses' prefill is what overloads the fleet.
+	// (default true)
+	KeepHolders bool `mapstructure:"keep_holders"`
 }
 
 // AdmissionConfig is the bounded queue inside the balancer.
@@ -180,15 +199,17 @@ func DefaultConfig() Config {
 		TTFT: TTFTConfig{
 			PrefillRate:      10000,
 			BaseLatency:      20 * time.Millisecond,
-			KVSoft:           0.8,
+			KVSoft:           0.5,
 			KVPenalty:        time.Second,
 			LoRALoadDelay:    25 * time.Millisecond,
 			LoRASlotWait:     500 * time.Millisecond,
 			TieTolerance:     0.05,
+			ColdTieTolerance: 0.5,
+			MissWeight:       1,
 			DefaultMaxTokens: 256,
 			DecodeCost:       50 * time.Microsecond,
 		},
-		Saturation:     SaturationConfig{Queue: 16, KV: 0.95},
+		Saturation:     SaturationConfig{Queue: 16, KV: 0.95, KeepHolders: true},
 		Admission:      AdmissionConfig{MaxQueue: 1024, Timeout: 30 * time.Second, PriorityHeader: "X-Llmlb-Priority"},
 		Session:        SessionConfig{MaxSessions: 65536},
 		ConsistentHash: ConsistentHashConfig{PrefixBytes: 100, LoadFactor: 1.25, VirtualNodes: 256},
@@ -229,6 +250,12 @@ func (c Config) Validate() error {
 	}
 	if t.TieTolerance < 0 || t.TieTolerance >= 1 {
 		bad("ttft.tie_tolerance", "must be in [0, 1), got %g", t.TieTolerance)
+	}
+	if t.ColdTieTolerance < 0 || t.ColdTieTolerance >= 1 {
+		bad("ttft.cold_tie_tolerance", "must be in [0, 1), got %g", t.ColdTieTolerance)
+	}
+	if t.MissWeight < 0 {
+		bad("ttft.miss_weight", "must not be negative, got %g", t.MissWeight)
 	}
 	if t.DecodeCost < 0 {
 		bad("ttft.decode_cost", "must not be negative, got %s", t.DecodeCost)

@@ -1,6 +1,7 @@
 package balancer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -130,6 +131,11 @@ type Candidate struct {
 	// DecodeSlowdown is what the request's decode loses to the backend's
 	// running batch (TTFTConfig.DecodeCost).
 	DecodeSlowdown float64 `json:"decode_slowdown_seconds"`
+	// MissCost is what prefilling the uncached tokens here costs the
+	// requests that share the backend; Cost is TTFT plus MissCost, what
+	// the ttft policy minimises ([TTFTScorer]).
+	MissCost float64 `json:"miss_cost_seconds"`
+	Cost     float64 `json:"cost_seconds"`
 
 	pending     int64   // our requests there without a first byte
 	ahead       float64 // prefill tokens ahead
@@ -162,6 +168,7 @@ type scratch struct {
 	total   []float64
 	hashes  []uint64
 	bySlot  []int32
+	matched bool // the index found some backend holding the prompt's start
 	stale   []int
 	unknown []int
 }
@@ -179,25 +186,19 @@ type Picker interface {
 	Choose(p *Pick, total []float64) (int, string)
 }
 
-// Pick chooses the backends for req from the current snapshot. Filters
-// first: the backend must serve the model and be ready with fresh metrics;
-// when none is, ready backends with stale metrics are used
-// ("stale-metrics"); when none is ready, those not probed yet
-// ("fallback"). Down and draining backends are never picked. Among the
-// fresh, saturated backends are dropped; if all are saturated, Pick
-// returns [ErrSaturated] when the admission queue is on, and uses them
-// all ("saturated") when it is off. Then session affinity, then the
-// policy's scorers and picker. The decision's Candidates are appended to
-// dst[:0], so a caller that reuses dst does not allocate.
+// Pick chooses the backends for req from the current snapshot, in named
+// stages (see pick): hash the prompt; filter: the backend must serve the
+// model and be ready with fresh metrics; when none is, ready backends with
+// stale metrics are used ("stale-metrics"); when none is ready, those not
+// probed yet ("fallback"); down and draining backends never. Then prefix
+// match; saturation: among the fresh, saturated backends are dropped
+// unless they hold part of the prompt (SaturationConfig.KeepHolders); if
+// all are saturated, Pick returns [ErrSaturated] when the admission queue
+// is on, and uses them all ("saturated") when it is off. Then session
+// affinity, the policy's scorers, its picker and the fallbacks' order,
+// and last the commit. The decision's Candidates are appended to dst[:0],
+// so a caller that reuses dst does not allocate.
 func (b *Balancer) Pick(req *Request, dst []*Backend) (Decision, error) {
-	if req.Guard != nil {
-		// Reading the ledgers and attaching the guard is one step for
-		// concurrent picks: otherwise a burst of picks all read the same
-		// idle ledger before any attaches and pile onto one backend. The
-		// lock is held for the pick's microseconds, never across I/O.
-		b.pickMu.Lock()
-		defer b.pickMu.Unlock()
-	}
 	return b.pick(req, dst, false, nil)
 }
 
@@ -292,10 +293,79 @@ func (t *Ticket) Leave(reason string) {
 	t.b.adm.refuse(reason)
 }
 
+// pick runs the stages of one pick; dry (for [Balancer.Explain]) changes
+// no state, and ex, when set, collects every backend's breakdown.
+//
+// The prompt is hashed and matched against the prefix index before any
+// lock. A pick that attaches a guard then holds pickMu only while it reads
+// the ledgers, chooses and attaches: otherwise a burst of picks all read
+// the same idle ledger before any attaches and pile onto one backend. The
+// commit (index insert, sessions, learning pickers) follows unlocked.
 func (b *Balancer) pick(req *Request, dst []*Backend, dry bool, ex *Explanation) (Decision, error) {
-	snap := b.snap.Load()
 	s := b.pool.Get().(*scratch)
 	defer b.pool.Put(s)
+	p := &s.p
+	*p = Pick{Req: req, Dry: dry, snap: b.snap.Load()}
+	b.hashPrompt(s, p)
+
+	locked := req.Guard != nil && !dry
+	if locked {
+		b.pickMu.Lock()
+	}
+	dec, primary, err := b.choose(s, p, dst, ex)
+	if err == nil && locked {
+		req.Guard.Attach(p.Cands[primary].Backend, dec.Work[0], b.now())
+	}
+	if locked {
+		b.pickMu.Unlock()
+	}
+	if err != nil || dry {
+		return dec, err
+	}
+	b.commit(p, primary)
+	return dec, nil
+}
+
+// choose is the part of a pick that reads the ledgers: filter, prefix
+// match, saturation, affinity, score and order. It returns the decision
+// and the primary's index in p.Cands.
+func (b *Balancer) choose(s *scratch, p *Pick, dst []*Backend, ex *Explanation) (Decision, int, error) {
+	tier, reason, err := b.filter(s, p, ex)
+	if err != nil {
+		return Decision{}, 0, err
+	}
+	b.applyMatch(s, p)
+	why, err := b.saturation(p, tier, ex)
+	if err != nil {
+		return Decision{}, 0, err
+	}
+	reason = cmp.Or(why, reason)
+	primary, why := b.affinity(p)
+	reason = cmp.Or(why, reason)
+	total := b.score(s, p)
+	if primary < 0 {
+		primary, why = b.pol.picker.Choose(p, total)
+		reason = cmp.Or(reason, why)
+	}
+	dec := b.order(p, primary, total, dst)
+	dec.Reason = reason
+	if ex != nil {
+		for i := range p.Cands {
+			ex.add(&p.Cands[i], total[i], "")
+		}
+		ex.Reason = reason
+		for _, be := range dec.Candidates {
+			ex.Chosen = append(ex.Chosen, be.ID)
+		}
+	}
+	return dec, primary, nil
+}
+
+// filter is the first stage: the backends that may take the request, in
+// snapshot order, as p.Cands, and the tier they came from (fresh, stale or
+// unknown) with the reason that tier gives.
+func (b *Balancer) filter(s *scratch, p *Pick, ex *Explanation) (tier, reason string, err error) {
+	req, snap := p.Req, p.snap
 	cands := s.cands[:0]
 	s.stale = s.stale[:0]
 	known, unknownModels := false, false
@@ -325,8 +395,7 @@ func (b *Balancer) pick(req *Request, dst []*Backend, dry bool, ex *Explanation)
 			ex.skip(be, be.State.String())
 		}
 	}
-	reason := ""
-	tier := "fresh"
+	tier = "fresh"
 	if len(cands) == 0 && len(s.stale) > 0 {
 		for _, i := range s.stale {
 			c := b.candidate(snap.Backends[i], req)
@@ -350,6 +419,7 @@ func (b *Balancer) pick(req *Request, dst []*Backend, dry bool, ex *Explanation)
 		}
 	}
 	s.cands = cands
+	p.Cands = cands
 	if ex != nil {
 		ex.Tier = tier
 	}
@@ -358,76 +428,110 @@ func (b *Balancer) pick(req *Request, dst []*Backend, dry bool, ex *Explanation)
 		// may: with no backends at all (DNS not answered yet) nothing is
 		// known.
 		if !known && !unknownModels && len(snap.Backends) > 0 && !snap.Offered(req.Model) {
-			return Decision{}, errModel(req.Model, ErrUnknownModel)
+			return tier, "", errModel(req.Model, ErrUnknownModel)
 		}
-		return Decision{}, errModel(req.Model, ErrNoBackend)
+		return tier, "", errModel(req.Model, ErrNoBackend)
 	}
+	return tier, reason, nil
+}
 
-	cands, why, err := b.saturation(cands, tier, dry, ex)
-	if err != nil {
-		return Decision{}, err
+// saturation keeps the candidates with room, and the saturated ones that
+// hold part of the prompt when KeepHolders is on; if none is left, it
+// queues (ErrSaturated) or, with the queue off or in a dry run, keeps them
+// all ("saturated"). A preset whose peer has no saturation filter keeps
+// every candidate.
+func (b *Balancer) saturation(p *Pick, tier string, ex *Explanation) (string, error) {
+	if !b.pol.admission {
+		return "", nil
 	}
-	if why != "" {
-		reason = why
-	}
-
-	p := &s.p
-	*p = Pick{Req: req, Cands: cands, Dry: dry, snap: snap}
-	b.matchPrefix(s, p)
-
-	// Session affinity: stay where the session went unless that backend
-	// is saturated or gone.
-	primary := -1
-	if b.sessions != nil && req.Session != "" {
-		if id, ok := b.sessions.Get(req.Session); ok {
-			for i := range cands {
-				if cands[i].Backend.ID == id && !cands[i].Saturated {
-					primary = i
-					reason = "affinity"
-				}
+	cands := p.Cands
+	if b.cfg.Saturation.KeepHolders {
+		for i := range cands {
+			if cands[i].Saturated && cands[i].MatchedTokens > 0 {
+				cands[i].Saturated = false
 			}
 		}
 	}
+	free := 0
+	for i := range cands {
+		if !cands[i].Saturated {
+			free++
+		}
+	}
+	switch {
+	case free == 0 && tier != "stale":
+		if b.cfg.Admission.MaxQueue > 0 && !p.Dry {
+			return "", ErrSaturated
+		}
+		return "saturated", nil
+	case free < len(cands):
+		for i := range cands {
+			if cands[i].Saturated {
+				ex.add(&cands[i], 0, "saturated")
+			}
+		}
+		p.Cands = slices.DeleteFunc(cands, func(c Candidate) bool { return c.Saturated })
+	}
+	return "", nil
+}
 
-	total := grow(s.total, len(cands))
+// affinity returns the candidate the request's session stays on, unless
+// that backend is saturated or gone, or -1.
+func (b *Balancer) affinity(p *Pick) (int, string) {
+	if b.sessions == nil || p.Req.Session == "" {
+		return -1, ""
+	}
+	id, ok := b.sessions.Get(p.Req.Session)
+	if !ok {
+		return -1, ""
+	}
+	for i := range p.Cands {
+		if p.Cands[i].Backend.ID == id && !p.Cands[i].Saturated {
+			return i, "affinity"
+		}
+	}
+	return -1, ""
+}
+
+// score returns the policy's weighted total per candidate in [0,1]; for
+// pickers that do not score, the fallback order: fewest in flight.
+func (b *Balancer) score(s *scratch, p *Pick) []float64 {
+	total := grow(s.total, len(p.Cands))
 	clear(total)
 	s.total = total
 	if len(b.pol.scorers) == 0 {
-		// Fallback order for pickers that do not score: fewest in flight.
-		for i := range cands {
-			total[i] = -float64(cands[i].InFlight)
+		for i := range p.Cands {
+			total[i] = -float64(p.Cands[i].InFlight)
 		}
-	} else {
-		scores := grow(s.scores, len(cands))
-		s.scores = scores
-		wsum := 0.0
-		for _, ws := range b.pol.scorers {
-			clear(scores)
-			ws.s.Score(p, scores)
-			for i, v := range scores {
-				if math.IsNaN(v) {
-					v = 0
-				}
-				total[i] += ws.w * min(max(v, 0), 1)
+		return total
+	}
+	scores := grow(s.scores, len(p.Cands))
+	s.scores = scores
+	wsum := 0.0
+	for _, ws := range b.pol.scorers {
+		clear(scores)
+		ws.s.Score(p, scores)
+		for i, v := range scores {
+			if math.IsNaN(v) {
+				v = 0
 			}
-			wsum += ws.w
+			total[i] += ws.w * min(max(v, 0), 1)
 		}
-		for i := range total {
-			total[i] /= wsum
-		}
+		wsum += ws.w
 	}
-	if primary < 0 {
-		var why string
-		primary, why = b.pol.picker.Choose(p, total)
-		if reason == "" {
-			reason = why
-		}
+	for i := range total {
+		total[i] /= wsum
 	}
+	return total
+}
 
-	dec := Decision{Reason: reason}
+// order puts the primary first, then the best of the rest by total score
+// as fallbacks, each with its estimated work.
+func (b *Balancer) order(p *Pick, primary int, total []float64, dst []*Backend) Decision {
+	var dec Decision
+	cands := p.Cands
 	out := append(dst[:0], cands[primary].Backend)
-	dec.Work[0] = b.work(req, &cands[primary])
-	// Fallbacks: the best of the rest by total score.
+	dec.Work[0] = b.work(p.Req, &cands[primary])
 	for len(out) < b.cfg.MaxCandidates && len(out) < len(cands) {
 		best := -1
 		for i := range cands {
@@ -438,66 +542,29 @@ func (b *Balancer) pick(req *Request, dst []*Backend, dry bool, ex *Explanation)
 				best = i
 			}
 		}
-		dec.Work[len(out)] = b.work(req, &cands[best])
+		dec.Work[len(out)] = b.work(p.Req, &cands[best])
 		out = append(out, cands[best].Backend)
 	}
 	dec.Candidates = out
-	if ex != nil {
-		for i := range cands {
-			ex.add(&cands[i], total[i], "")
-		}
-		ex.Reason = reason
-		for _, be := range out {
-			ex.Chosen = append(ex.Chosen, be.ID)
-		}
-	}
-	if !dry {
-		for _, ws := range b.pol.scorers {
-			if c, ok := ws.s.(committer); ok {
-				c.Commit(p, primary)
-			}
-		}
-		if b.pol.index != nil && len(p.hashes) > 0 {
-			b.pol.index.Insert(cands[primary].Backend.slot, p.hashes)
-		}
-		if b.sessions != nil && req.Session != "" {
-			b.sessions.Add(req.Session, cands[primary].Backend.ID)
-		}
-		if req.Guard != nil {
-			req.Guard.Attach(cands[primary].Backend, dec.Work[0], b.now())
-		}
-	}
-	return dec, nil
+	return dec
 }
 
-// saturation keeps the candidates with room; if none has, it queues
-// (ErrSaturated) or, with the queue off, keeps them all ("saturated"). A
-// preset whose peer has no saturation filter keeps every candidate.
-func (b *Balancer) saturation(cands []Candidate, tier string, dry bool, ex *Explanation) ([]Candidate, string, error) {
-	if !b.pol.admission {
-		return cands, "", nil
-	}
-	free := 0
-	for i := range cands {
-		if !cands[i].Saturated {
-			free++
+// commit is the last stage of a pick that is not a dry run: learning
+// scorers and pickers see the outcome, the index records that the primary
+// now holds the prompt, and the session remembers its backend.
+func (b *Balancer) commit(p *Pick, primary int) {
+	be := p.Cands[primary].Backend
+	for _, ws := range b.pol.scorers {
+		if c, ok := ws.s.(committer); ok {
+			c.Commit(p, primary)
 		}
 	}
-	switch {
-	case free == 0 && tier != "stale":
-		if b.cfg.Admission.MaxQueue > 0 && !dry {
-			return nil, "", ErrSaturated
-		}
-		return cands, "saturated", nil
-	case free < len(cands):
-		for i := range cands {
-			if cands[i].Saturated {
-				ex.add(&cands[i], 0, "saturated")
-			}
-		}
-		return slices.DeleteFunc(cands, func(c Candidate) bool { return c.Saturated }), "", nil
+	if b.pol.index != nil && len(p.hashes) > 0 {
+		b.pol.index.Insert(be.slot, p.hashes)
 	}
-	return cands, "", nil
+	if b.sessions != nil && p.Req.Session != "" {
+		b.sessions.Add(p.Req.Session, be.ID)
+	}
 }
 
 func grow[T any](s []T, n int) []T {
@@ -582,16 +649,16 @@ func loraState(be *Backend, model string) (LoRAState, string) {
 	return LoRAFull, model
 }
 
-// matchPrefix hashes the prompt and fills in each candidate's match.
-func (b *Balancer) matchPrefix(s *scratch, p *Pick) {
+// hashPrompt is the stage before any lock: it hashes the prompt into
+// blocks, sets the pick's key, and asks the prefix index how many leading
+// blocks each backend slot holds (s.bySlot).
+func (b *Balancer) hashPrompt(s *scratch, p *Pick) {
 	req := p.Req
+	s.matched = false
 	if len(req.Prompt) == 0 {
 		return
 	}
-	idx := b.pol.index
-	blockTokens := 16
-	if idx != nil {
-		blockTokens = max(1, idx.BlockTokens())
+	if idx := b.pol.index; idx != nil {
 		s.hashes = idx.AppendHashes(s.hashes[:0], req.Seed, req.Prompt)
 		p.hashes = s.hashes
 		p.PromptBlocks = len(s.hashes)
@@ -600,18 +667,24 @@ func (b *Balancer) matchPrefix(s *scratch, p *Pick) {
 			by := grow(s.bySlot, p.snap.slots)
 			clear(by)
 			s.bySlot = by
-			if idx.Match(s.hashes, by) > 0 {
-				for i := range p.Cands {
-					c := &p.Cands[i]
-					if sl := c.Backend.slot; sl < len(by) {
-						c.MatchedBlocks = int(by[sl])
-					}
-				}
-			}
+			s.matched = idx.Match(s.hashes, by) > 0
 		}
 	}
 	if p.Key == 0 {
 		p.Key = keyOf(req.Seed, req.Prompt)
+	}
+}
+
+// applyMatch fills in each candidate's share of the prompt from the index
+// match (or, for the presets that know them, the engines' true caches).
+func (b *Balancer) applyMatch(s *scratch, p *Pick) {
+	req := p.Req
+	if len(req.Prompt) == 0 {
+		return
+	}
+	blockTokens := 16
+	if idx := b.pol.index; idx != nil {
+		blockTokens = max(1, idx.BlockTokens())
 	}
 	if b.pol.oracle != nil {
 		// The true cache is counted in tokens: a block is a token.
@@ -619,6 +692,9 @@ func (b *Balancer) matchPrefix(s *scratch, p *Pick) {
 	}
 	for i := range p.Cands {
 		c := &p.Cands[i]
+		if sl := c.Backend.slot; s.matched && sl < len(s.bySlot) {
+			c.MatchedBlocks = int(s.bySlot[sl])
+		}
 		c.MatchedTokens = min(c.MatchedBlocks*blockTokens, req.PromptTokens)
 		if b.pol.oracle != nil {
 			c.MatchedTokens = min(b.pol.oracle.CachedTokens(c.Backend, req), req.PromptTokens)

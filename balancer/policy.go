@@ -53,36 +53,68 @@ func reasonFor(p *Pick, i int) string {
 	return "least-load"
 }
 
-// TTFTScorer is llmlb's own scorer: it estimates each candidate's time to
-// first token in seconds and scores best/estimate, so the fastest scores
-// 1. The estimate is
+// TTFTScorer is llmlb's own scorer. It scores each candidate by what
+// sending the request there costs everyone, in seconds of waiting, and
+// scores best/cost, so the cheapest scores 1:
 //
-//	base + (ahead + uncached) / rate + queued × wait + kv + lora
+//	cost = ttft + miss
+//	ttft = base + (ahead + uncached)/rate + queued×wait + kv + lora + slowdown
+//	miss = MissWeight × uncached/rate × (queued + ρ/(1−ρ))
 //
-// where ahead is the prefill tokens queued before this request (our own
-// pending prompts plus the server's other queued requests at the mean
-// prompt size), uncached is this prompt less the blocks the prefix index
-// says the backend holds, rate, base and wait are learned per backend from
-// measured times to first byte ([Ledger.Estimate]; config defaults until
-// then), kv is a penalty rising from KVSoft to KVPenalty at a full cache
-// plus KVPenalty again when the request would not fit, and lora is 0 for a
-// loaded adapter, LoRALoadDelay for a free slot or unknown state,
-// LoRASlotWait when requests already wait for it and twice that with no
-// free slot.
+// ttft is the request's own time to first token: ahead is the prefill
+// tokens queued before it (our own pending prompts plus the server's other
+// queued requests at the mean prompt size), uncached is the prompt less the
+// blocks the prefix index says the backend holds, rate, base and wait are
+// learned per backend from measured times to first byte
+// ([Ledger.Estimate]); a backend with too few samples borrows the mean of
+// the candidates that have enough on the same engine, and the config's
+// values only while none has. kv is a penalty rising from KVSoft to
+// KVPenalty at a full cache plus KVPenalty again when the request would
+// not fit; lora is 0 for a loaded adapter, LoRALoadDelay for a free slot
+// or unknown state, LoRASlotWait when requests already wait for it and
+// twice that with no free slot; slowdown is what the request's decode
+// loses to the backend's batch (DecodeCost).
+//
+// miss is the part the request's own estimate leaves out: prefilling its
+// uncached tokens occupies the GPU for uncached/rate seconds, and every
+// request that shares the GPU meanwhile waits that long too. Those are
+// the requests queued there now, which the chunked-prefill scheduler runs
+// in the same steps, and those that will arrive while it runs; for the
+// latter the estimate takes ρ/(1−ρ), the mean number of requests an
+// M/M/1 server at utilisation ρ holds, with ρ the backend's KV-cache use
+// (capped at 0.95), the resource an inference server saturates first. At
+// idle miss is 0 and the rule is the fastest first token; as the fleet
+// fills, a miss costs more than a holder's queue and requests stay where
+// their prefix is, so that the fleet's prefill work, and with it its
+// throughput, is not spent recomputing prompts it already holds. A
+// holder's own queue still counts in full, so a burst spreads once the
+// holder's wait passes what copying the prefix elsewhere costs.
 type TTFTScorer struct{ cfg TTFTConfig }
 
 var _ Scorer = (*TTFTScorer)(nil)
 
+// minSamples is how many first bytes a backend's learned estimate needs
+// before it replaces the fleet's.
+const minSamples = 5
+
+// maxUtilisation caps ρ in the miss cost: a full cache counts as 19
+// requests arriving behind the prefill, not infinitely many.
+const maxUtilisation = 0.95
+
 // Score implements [Scorer].
 func (s *TTFTScorer) Score(p *Pick, out []float64) {
 	best := math.Inf(1)
+	var pr prior
 	for i := range p.Cands {
 		c := &p.Cands[i]
-		s.estimate(p, c)
-		best = min(best, c.TTFT)
+		if !pr.set || pr.engine != c.Backend.Engine {
+			pr = s.prior(p, c.Backend.Engine)
+		}
+		s.estimate(p, c, pr)
+		best = min(best, c.Cost)
 	}
 	for i := range p.Cands {
-		if t := p.Cands[i].TTFT; t > 0 {
+		if t := p.Cands[i].Cost; t > 0 {
 			out[i] = best / t
 		} else {
 			out[i] = 1
@@ -90,15 +122,43 @@ func (s *TTFTScorer) Score(p *Pick, out []float64) {
 	}
 }
 
-func (s *TTFTScorer) estimate(p *Pick, c *Candidate) {
-	est := c.Backend.Ledger.est.load()
-	inv := 1 / s.cfg.PrefillRate
-	if est.Rate > 0 {
-		inv = 1 / est.Rate
+// prior is the first-token model a backend without enough samples of its
+// own borrows: the mean of its engine's learned ones.
+type prior struct {
+	set       bool
+	engine    string
+	inv, base float64
+}
+
+// prior returns the mean learned inverse rate and base of the candidates
+// on engine with enough samples, or the config's when none has.
+func (s *TTFTScorer) prior(p *Pick, engine string) prior {
+	pr := prior{set: true, engine: engine}
+	n := 0.0
+	for i := range p.Cands {
+		be := p.Cands[i].Backend
+		if be.Engine != engine {
+			continue
+		}
+		if est := be.Ledger.est.load(); est.Samples >= minSamples && est.Rate > 0 {
+			pr.inv += 1 / est.Rate
+			pr.base += est.Base
+			n++
+		}
 	}
-	base := s.cfg.BaseLatency.Seconds()
-	if est.Samples > 0 && est.Base > 0 {
-		base = est.Base
+	if n == 0 {
+		pr.inv, pr.base = 1/s.cfg.PrefillRate, s.cfg.BaseLatency.Seconds()
+	} else {
+		pr.inv, pr.base = pr.inv/n, pr.base/n
+	}
+	return pr
+}
+
+func (s *TTFTScorer) estimate(p *Pick, c *Candidate, pr prior) {
+	est := c.Backend.Ledger.est.load()
+	inv, base := pr.inv, pr.base
+	if est.Samples >= minSamples && est.Rate > 0 {
+		inv, base = 1/est.Rate, est.Base
 	}
 	foreign := max(0, c.Queued-float64(c.pending))
 	mean := float64(p.Req.PromptTokens)
@@ -110,7 +170,9 @@ func (s *TTFTScorer) estimate(p *Pick, c *Candidate) {
 	c.Prefill = base + (c.ahead+float64(c.UncachedTokens))*inv
 	c.QueueWait = c.Queued * est.QueueWait
 	c.KVPenalty = 0
+	rho := 0.0
 	if c.KVUsage.Known {
+		rho = min(max(c.KVUsage.V, 0), maxUtilisation)
 		pen := s.cfg.KVPenalty.Seconds()
 		c.KVPenalty = pen * min(max((c.KVUsage.V-s.cfg.KVSoft)/(1-s.cfg.KVSoft), 0), 1)
 		m := &c.Backend.Metrics
@@ -139,15 +201,20 @@ func (s *TTFTScorer) estimate(p *Pick, c *Candidate) {
 	// Queued requests join the batch soon; they slow its steps as much.
 	c.DecodeSlowdown = s.cfg.DecodeCost.Seconds() * (c.Running + c.Queued) * float64(out)
 	c.TTFT = c.Prefill + c.QueueWait + c.KVPenalty + c.LoRAPenalty + c.DecodeSlowdown
+	c.MissCost = s.cfg.MissWeight * float64(c.UncachedTokens) * inv * (c.Queued + rho/(1-rho))
+	c.Cost = c.TTFT + c.MissCost
 }
 
 // TiePicker takes the highest score; candidates within Tolerance of it
-// (score ≥ best/(1+Tolerance)) tie. A tie goes to the candidate holding
-// the most of the prompt (the same first token time, less work for the
-// fleet), then to the highest rendezvous hash of the prompt's first block
-// and the backend ID. Replicas that do not share state thus send the same
-// conversation to the same backend, and distinct prompts spread evenly.
-type TiePicker struct{ Tolerance float64 }
+// (score ≥ best/(1+Tolerance)) tie, and within Cold of it when the
+// request is cold (no candidate holds any of its prompt). A warm tie goes
+// to the candidate holding the most of the prompt (the same first token
+// time, less work for the fleet), then, like a cold one, to the highest
+// rendezvous hash of the prompt's first block and the backend ID.
+// Replicas that do not share state, and so see loads that differ by their
+// own requests, thus place a new prompt and a conversation on the same
+// backend, and distinct prompts spread evenly.
+type TiePicker struct{ Tolerance, Cold float64 }
 
 var _ Picker = (*TiePicker)(nil)
 
@@ -159,7 +226,11 @@ func (t *TiePicker) Choose(p *Pick, total []float64) (int, string) {
 			best = i
 		}
 	}
-	floor := total[best] / (1 + t.Tolerance)
+	tol := t.Tolerance
+	if cold(p) {
+		tol = max(tol, t.Cold)
+	}
+	floor := total[best] / (1 + tol)
 	pick, top, held := best, uint64(0), -1
 	for i, v := range total {
 		if v < floor {

@@ -28,7 +28,8 @@ func pickScores(t *testing.T, b *Balancer, sc Scorer, req *Request) map[string]f
 	for _, be := range snap.Backends {
 		p.Cands = append(p.Cands, b.candidate(be, req))
 	}
-	b.matchPrefix(s, p)
+	b.hashPrompt(s, p)
+	b.applyMatch(s, p)
 	out := make([]float64, len(p.Cands))
 	sc.Score(p, out)
 	got := map[string]float64{}
@@ -161,9 +162,9 @@ func TestTTFTEstimateParts(t *testing.T) {
 			t.Errorf("%s prefill = %v, want %v", id, c.Prefill, wantPrefill)
 		}
 	}
-	// KV 0.9 is halfway from kv_soft 0.8 to full: half the penalty, plus
-	// one more because 1000+256 tokens do not fit in 160 free.
-	if want := 1.5 * cfg.KVPenalty.Seconds(); !near(by["full"].KVPenalty, want) {
+	// KV 0.9 is 0.8 of the way from kv_soft 0.5 to full: 0.8 of the
+	// penalty, plus one more because 1000+256 tokens do not fit in 160 free.
+	if want := 1.8 * cfg.KVPenalty.Seconds(); !near(by["full"].KVPenalty, want) {
 		t.Errorf("full KVPenalty = %v, want %v", by["full"].KVPenalty, want)
 	}
 	if by["zero"].KVPenalty != 0 || by["nometrics"].KVPenalty != 0 {

@@ -1,0 +1,128 @@
+package balancer
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// busy returns a ready backend spec with a full view of its load and
+// capacity: q waiting, running requests, KV use kv of 100,000 tokens.
+func busy(id string, q, running, kv float64) Spec {
+	s := ready(id, q, running, kv)
+	s.Metrics.BlockSize, s.Metrics.NumBlocks = Known(16), Known(6250)
+	return s
+}
+
+// distinct returns the i-th of many prompts that share nothing.
+func distinct(i, tokens int) *Request {
+	p := fmt.Appendf(nil, "tenant request %d ", i)
+	p = append(p, strings.Repeat("d", tokens*4-len(p))...)
+	return &Request{Model: "m", Prompt: p, PromptTokens: tokens, MaxTokens: 100}
+}
+
+// pickHeld picks req with a guard attached and never released, as
+// concurrent requests that have not answered yet, and returns the
+// primary's ID.
+func pickHeld(t *testing.T, b *Balancer, req *Request) string {
+	t.Helper()
+	req.Guard = b.NewGuard()
+	d, err := b.Pick(req, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(req.Guard.Release)
+	return d.Candidates[0].ID
+}
+
+// A backend that has served requests has learned a faster prefill than
+// the configured one; the others must borrow its rate rather than look
+// three times slower, or distinct requests pile onto it.
+func TestFreshFleetSpreadsDistinctRequests(t *testing.T) {
+	b := newBal(t, "ttft")
+	b.Update(busy("a", 0, 0, 0), busy("b", 0, 0, 0), busy("c", 0, 0, 0), busy("d", 0, 0, 0))
+	// a has served a tenant: 30,000 tokens/s, 20 ms base.
+	for i := range 50 {
+		work := float64(1000 + 200*(i%20))
+		backend(t, b, "a").Ledger.est.observe(work, 0, 0.02+work/30000, 1/b.cfg.TTFT.PrefillRate, 0.02)
+	}
+	count := map[string]int{}
+	for i := range 40 {
+		count[pickHeld(t, b, distinct(i, 2000))]++
+	}
+	for id, n := range count {
+		if n > 15 {
+			t.Errorf("%s took %d of 40 distinct concurrent requests, over 1.5x its fair share of 10 (%v)", id, n, count)
+		}
+	}
+}
+
+// A burst of requests that share one long prefix, on a fleet that already
+// holds it everywhere, must not all go to the hash's favourite: each
+// pending request there delays the next.
+func TestBurstSharingAPrefixIsNotPiledOnOne(t *testing.T) {
+	b := newBal(t, "ttft")
+	b.Update(busy("a", 0, 0, 0), busy("b", 0, 0, 0), busy("c", 0, 0, 0), busy("d", 0, 0, 0))
+	shared := strings.Repeat("s", 4*4000)
+	req := func(i int) *Request {
+		p := fmt.Appendf([]byte(shared), " question %d %s", i, strings.Repeat("q", 800))
+		return &Request{Model: "m", Prompt: p, PromptTokens: len(p) / 4, MaxTokens: 100}
+	}
+	for _, id := range []string{"a", "b", "c", "d"} {
+		r := req(-1)
+		b.pol.index.Insert(backend(t, b, id).slot, b.pol.index.AppendHashes(nil, r.Seed, []byte(shared)))
+	}
+	count := map[string]int{}
+	for i := range 40 {
+		count[pickHeld(t, b, req(i))]++
+	}
+	for id, n := range count {
+		if n > 15 {
+			t.Errorf("%s took %d of a 40-request burst sharing one prefix (%v)", id, n, count)
+		}
+	}
+}
+
+// Under overload, a request whose prefix one backend holds goes there
+// even though that backend is saturated: a miss elsewhere would prefill
+// 7,200 tokens on a fleet that has no time for it.
+func TestOverloadKeepsAPrefixGroupOnItsHolder(t *testing.T) {
+	b := newBal(t, "ttft")
+	b.Update(busy("holder", 20, 120, 0.93), busy("x", 12, 120, 0.92), busy("y", 14, 120, 0.9), busy("z", 12, 120, 0.91))
+	system := strings.Repeat("g", 4*6000)
+	b.pol.index.Insert(backend(t, b, "holder").slot, b.pol.index.AppendHashes(nil, 0, []byte(system)))
+	for i := range 20 {
+		p := fmt.Appendf([]byte(system), " user question %d %s", i, strings.Repeat("u", 4800))
+		req := &Request{Model: "m", Prompt: p, PromptTokens: len(p) / 4, MaxTokens: 200}
+		ex := b.Explain(req)
+		if ex.Chosen[0] != "holder" {
+			t.Fatalf("request %d of the group went to %s (%s), not to the saturated holder: %+v", i, ex.Chosen[0], ex.Reason, ex.Backends)
+		}
+	}
+}
+
+// Two balancers that share nothing, each with its own request in flight
+// (so their loads differ by one request), place a new prompt on the same
+// backend.
+func TestIndependentBalancersAgreeOnNewPrompts(t *testing.T) {
+	r1, r2 := newBal(t, "ttft"), newBal(t, "ttft")
+	specs := []Spec{busy("a", 2, 8, 0.3), busy("b", 2, 7, 0.3), busy("c", 3, 8, 0.35), busy("d", 2, 9, 0.3)}
+	r1.Update(specs...)
+	r2.Update(specs...)
+	for r, id := range map[*Balancer]string{r1: "a", r2: "d"} {
+		g := r.NewGuard()
+		g.Attach(backend(t, r, id), Work{UncachedTokens: 1000}, time.Now())
+		t.Cleanup(g.Release)
+	}
+	agree := 0
+	for i := range 200 {
+		req := distinct(1000+i, 3000)
+		if r1.Explain(req).Chosen[0] == r2.Explain(req).Chosen[0] {
+			agree++
+		}
+	}
+	if agree < 190 {
+		t.Errorf("independent balancers agreed on %d of 200 new prompts, want at least 190", agree)
+	}
+}
