@@ -37,6 +37,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	sweep := fs.Bool("sweep", false, "run each workload at a ladder of arrival rates (x0.25 to x4 its default, x2 for the Mooncake traces) and print TTFT p90 and output tok/s per policy at each, the default's worst ratio to each peer, and with --plot one PNG per workload")
 	rates := fs.String("rates", "", "with --sweep: comma-separated arrival-rate factors instead of the default ladder")
 	replicas := fs.Int("replicas", 1, "independent balancers in front of the cluster, each arrival to one at random; above 1 also prints the table against one replica")
+	perturb := fs.String("perturb", "", "scale the emulated engines' costs without telling the balancer: prefill=F (prefill per token and attention), request=F (per-request intake), tokens=F (the prompt tokens the balancer is told, as another tokenizer counts them), comma-separated")
 	scenario := fs.String("scenario", "", "replay a published experiment and print its published figures beside ours: llm-d-kv-cache-wins or sglang-v04-shared-prefix")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -69,6 +70,10 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *backends < 1 {
 		return fmt.Errorf("bench: --backends must be at least 1")
 	}
+	pert, err := bench.ParsePerturb(*perturb)
+	if err != nil {
+		return err
+	}
 	switch {
 	case *clients < -1:
 		return fmt.Errorf("bench: --clients must be -1 (32 a server), 0 (no saturated run) or a count, got %d", *clients)
@@ -83,11 +88,16 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		Params:    bench.Params{Rate: *rate, Scale: *scale, Seed: *seed},
 		Engine:    *engine,
 		Clients:   *clients,
+		Perturb:   pert,
 	}
 	if !*quiet {
 		opts.Progress = stderr
 	}
-	fmt.Fprintf(stdout, "llmlb bench: %d servers (%s), seed %d, virtual time\n", *backends, strings.Join(compact(bench.Presets(*backends, *slow)), " "), *seed)
+	fmt.Fprintf(stdout, "llmlb bench: %d servers (%s), seed %d, virtual time", *backends, strings.Join(compact(bench.Presets(*backends, *slow)), " "), *seed)
+	if p := pert.String(); p != "" {
+		fmt.Fprintf(stdout, ", engines perturbed (%s) without telling the balancer", p)
+	}
+	fmt.Fprintln(stdout)
 	if *sweep {
 		var ladder []float64 // nil: each workload's default
 		if *rates != "" {

@@ -28,6 +28,9 @@ type Options struct {
 	// that many clients ([Cluster.Clients]) and reports its output tokens
 	// per second as the row's Saturated throughput.
 	Clients int
+	// Perturb changes the engines' costs behind the balancer's back
+	// ([Cluster.Perturb]).
+	Perturb Perturb
 	// Replicas is how many independent balancers front the cluster
 	// ([Cluster.Replicas]). (default 1)
 	Replicas int
@@ -124,7 +127,7 @@ func Bench(ctx context.Context, o Options) (Report, error) {
 	for range max(1, runtime.GOMAXPROCS(0)) {
 		wg.Go(func() {
 			for j := range jobs {
-				c := Cluster{Presets: presets, Engine: o.Engine, Policy: o.Policies[j.p], Seed: o.Params.Seed, Replicas: o.Replicas}
+				c := Cluster{Presets: presets, Engine: o.Engine, Policy: o.Policies[j.p], Seed: o.Params.Seed, Replicas: o.Replicas, Perturb: o.Perturb}
 				if j.closed {
 					c.Clients = o.Clients
 				}

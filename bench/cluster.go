@@ -4,9 +4,12 @@ import (
 	"container/heap"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net/url"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -49,6 +52,10 @@ type Cluster struct {
 	Replicas int
 	// Seed seeds the scrape jitter and the policies' randomness.
 	Seed uint64
+	// Perturb scales the engines' real costs without telling the
+	// balancer, to see how a policy degrades when its model of the engine
+	// is wrong. Zero is no change.
+	Perturb Perturb
 	// Clients, when positive, runs the workload closed-loop instead of at
 	// its arrival times: that many clients each send the next request (in
 	// arrival order, timestamps ignored) as soon as their previous one is
@@ -56,6 +63,79 @@ type Cluster struct {
 	// concurrency limit does. The cluster then runs as fast as it can, so
 	// the output tokens per second measure what routing lets it serve.
 	Clients int
+}
+
+// Perturb is a change to the emulated engines the balancer is not told
+// of. Each factor multiplies; 0 means 1.
+type Perturb struct {
+	// Prefill scales the prefill costs (per token and attention): a
+	// miss dearer or cheaper than the balancer learned at first.
+	Prefill float64
+	// Request scales the per-request intake (parsing, tokenising,
+	// scheduling) a cache hit does not remove.
+	Request float64
+	// Tokens scales the prompt tokens the balancer is told, as a tokenizer
+	// other than the engine's would count them.
+	Tokens float64
+}
+
+func factor(f float64) float64 {
+	if f <= 0 {
+		return 1
+	}
+	return f
+}
+
+func scale(d time.Duration, f float64) time.Duration { return time.Duration(float64(d) * factor(f)) }
+
+func (p Perturb) apply(c sim.Cost) sim.Cost {
+	c.PrefillToken = scale(c.PrefillToken, p.Prefill)
+	c.Attention = scale(c.Attention, p.Prefill)
+	c.Request = scale(c.Request, p.Request)
+	c.RequestToken = scale(c.RequestToken, p.Request)
+	return c
+}
+
+func (p Perturb) tokens(n int) int { return max(1, int(math.Round(float64(n)*factor(p.Tokens)))) }
+
+// String names the perturbation as --perturb takes it; "" when none.
+func (p Perturb) String() string {
+	var parts []string
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"prefill", p.Prefill}, {"request", p.Request}, {"tokens", p.Tokens}} {
+		if factor(f.v) != 1 {
+			parts = append(parts, fmt.Sprintf("%s=%g", f.name, f.v))
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+// ParsePerturb reads "prefill=2,request=0.5,tokens=0.6".
+func ParsePerturb(s string) (Perturb, error) {
+	var p Perturb
+	if s == "" {
+		return p, nil
+	}
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		f, err := strconv.ParseFloat(v, 64)
+		if !ok || err != nil || f <= 0 || math.IsInf(f, 0) {
+			return p, fmt.Errorf("bench: --perturb %q: want name=factor with a positive factor, as prefill=2", kv)
+		}
+		switch k {
+		case "prefill":
+			p.Prefill = f
+		case "request":
+			p.Request = f
+		case "tokens":
+			p.Tokens = f
+		default:
+			return p, fmt.Errorf("bench: --perturb: unknown cost %q (have prefill, request, tokens)", k)
+		}
+	}
+	return p, nil
 }
 
 // Result is what one policy did with one workload.
@@ -270,6 +350,7 @@ func (r *run) build() error {
 		if err != nil {
 			return err
 		}
+		cfg.Cost = r.c.Perturb.apply(cfg.Cost)
 		id := fmt.Sprintf("sim-%02d-%s", i, name)
 		u, _ := url.Parse("http://" + id + ":8000")
 		eng := sim.NewEngine(cfg)
@@ -389,7 +470,7 @@ func (r *run) arrive(i int) {
 		model = Model
 	}
 	f := &flight{req: req, idx: i, rep: rep, arrived: r.now}
-	f.breq = balancer.Request{Model: model, Seed: prefix.Seed(model, ""), PromptTokens: req.Tokens(), MaxTokens: req.MaxTokens,
+	f.breq = balancer.Request{Model: model, Seed: prefix.Seed(model, ""), PromptTokens: r.c.Perturb.tokens(req.Tokens()), MaxTokens: req.MaxTokens,
 		UserText: req.AppendUserText(nil, 100)}
 	r.dispatch(f)
 }
