@@ -43,6 +43,9 @@ func (s *Server) logAccess(ex *exchange, r *http.Request, status int) {
 		slog.Int("status", status),
 		slog.Float64("duration_s", time.Since(ex.start).Seconds()),
 	}
+	if ex.tenant != nil {
+		attrs = append(attrs, slog.String("key", ex.tenant.name)) // the key's name: never the key
+	}
 	if m := ex.model(); m != "" {
 		attrs = append(attrs, slog.String("model", m))
 		if ex.target != m && ex.target != "" {

@@ -115,7 +115,7 @@ func (s *Server) serveRoute(w http.ResponseWriter, r *http.Request) {
 		writeError(w, s.errorFor(r.Context(), err))
 		return
 	}
-	breq, err := s.balancerRequest(r, req)
+	breq, err := s.balancerRequest(r, req, nil) // operators may set the priority header
 	if err != nil {
 		writeError(w, s.errorFor(r.Context(), err))
 		return

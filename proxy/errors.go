@@ -76,6 +76,11 @@ func writeError(w http.ResponseWriter, e *HTTPError) {
 	h.Set("X-Content-Type-Options", "nosniff")
 	if e.RetryAfter > 0 {
 		h.Set("Retry-After", strconv.Itoa(int((e.RetryAfter+time.Second-1)/time.Second)))
+		// The OpenAI SDKs read this before Retry-After, to the millisecond.
+		h.Set("Retry-After-Ms", strconv.FormatInt(int64((e.RetryAfter+time.Millisecond-1)/time.Millisecond), 10))
+	}
+	if e.Code == http.StatusUnauthorized {
+		h.Set("WWW-Authenticate", `Bearer realm="llmlb"`) // RFC 6750
 	}
 	w.WriteHeader(e.Code)
 	_ = json.NewEncoder(w).Encode(&body) // the client may be gone; nothing to do
@@ -115,12 +120,21 @@ func (s *Server) errorFor(clientCtx context.Context, err error) *HTTPError {
 	var (
 		he  *HTTPError
 		ume *unknownModelError
+		rle *rateLimitError
 	)
 	switch {
 	case errors.As(err, &he):
 		return he
 	case clientCtx.Err() != nil:
 		return &HTTPError{Code: StatusClientClosed, Type: "client_closed", Msg: "client closed request", Err: err}
+	case errors.Is(err, errKeyMissing):
+		return &HTTPError{Code: http.StatusUnauthorized, Type: "invalid_request_error", Kind: "invalid_api_key", Err: err,
+			Msg: "You didn't provide an API key. Send it in an Authorization header using Bearer auth (Authorization: Bearer YOUR_KEY)."}
+	case errors.Is(err, errKeyInvalid):
+		return &HTTPError{Code: http.StatusUnauthorized, Type: "invalid_request_error", Kind: "invalid_api_key", Err: err, Msg: "Incorrect API key provided."}
+	case errors.As(err, &rle):
+		return &HTTPError{Code: http.StatusTooManyRequests, Type: rle.kind, Kind: "rate_limit_exceeded", Err: err, RetryAfter: rle.wait,
+			Msg: fmt.Sprintf("Rate limit reached for this API key: %d %s per minute. Try again in %s.", rle.limit, rle.kind, rle.wait.Round(time.Millisecond))}
 	case errors.As(err, &ume):
 		return &HTTPError{Code: http.StatusNotFound, Type: "invalid_request_error", Param: "model", Kind: "model_not_found", Msg: "The model " + quote(ume.model) + " does not exist.", Err: err}
 	case errors.Is(err, balancer.ErrUnknownModel):

@@ -28,6 +28,10 @@ type exchange struct {
 	client context.Context // the client's own context, before our timeout
 	inURL  *url.URL        // the path and query the client asked for
 
+	// authorize, admit
+	tenant   *tenant // the key's tenant; nil without keys configured
+	admitted int     // prompt tokens (estimated) taken from the tenant's limit; 0 if none
+
 	// parse
 	inference bool     // a route that names a model: counted and listed as such
 	req       *Request // nil until parsed; carries the model when a later field was bad
@@ -175,6 +179,18 @@ func (s *Server) account(ex *exchange, status int) {
 	}
 	if ex.forwarded {
 		s.observed(ex, backendLabel, model, status, took)
+	}
+	if t := ex.tenant; t != nil {
+		s.authMetrics.requests.WithLabelValues(t.name, statusLabel(status)).Inc()
+		used := ex.admitted // the estimate stands when the backend reported no usage
+		if ex.usage.Known {
+			used = ex.usage.Prompt + ex.usage.Completion
+			s.authMetrics.tokens.WithLabelValues(t.name, "prompt").Add(float64(ex.usage.Prompt))
+			s.authMetrics.tokens.WithLabelValues(t.name, "completion").Add(float64(ex.usage.Completion))
+		}
+		if ex.admitted > 0 || used > 0 {
+			t.limiter.charge(time.Now(), used-ex.admitted)
+		}
 	}
 }
 

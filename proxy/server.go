@@ -40,6 +40,9 @@ type Server struct {
 	started time.Time
 	picks   *pickLog
 
+	auth        auth // the API keys in force; see SetAuth
+	authMetrics *authMetrics
+
 	accessLog, logPrompts bool // set by SetLogging before serving
 }
 
@@ -58,6 +61,7 @@ func New(cfg Config, bal *balancer.Balancer, reg prometheus.Registerer, logger *
 	}
 	s := &Server{cfg: cfg, bal: bal, logger: logger, started: time.Now(), picks: newPickLog()}
 	s.metrics = newMetrics(reg, bal)
+	s.authMetrics = newAuthMetrics(reg)
 	dialer := &net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second}
 	base := &http.Transport{
 		Proxy:                 nil, // backends are reached directly, never through HTTP_PROXY
@@ -113,14 +117,25 @@ func (s *Server) Handler() http.Handler {
 }
 
 // serveModel handles a POST whose body names a model, in stages on the
-// request's exchange: parse, route, pick, forward. Each stage either fills
-// the exchange in or ends it with an error; [Server.withExchange] finishes
-// it whatever the path.
+// request's exchange: authenticate, parse, admit (the key's models and
+// limits), route, pick, forward. Each stage either fills the exchange in
+// or ends it with an error; [Server.withExchange] finishes it whatever
+// the path. The key is checked before the body is read, so a client
+// without one costs no body read, and every refusal of the key's comes
+// before a backend is picked.
 func (s *Server) serveModel(k Kind) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		ex := exchangeFrom(r.Context())
 		ex.inference = true
+		if err := s.authorize(ex, r); err != nil {
+			s.fail(ex, err)
+			return
+		}
 		if err := s.parse(ex, r, k); err != nil {
+			s.fail(ex, err)
+			return
+		}
+		if err := s.admit(ex); err != nil {
 			s.fail(ex, err)
 			return
 		}
@@ -137,6 +152,37 @@ func (s *Server) serveModel(k Kind) http.HandlerFunc {
 	}
 }
 
+// authorize finds the tenant whose key the request bears; with no keys
+// configured there is none, and nothing to check.
+func (s *Server) authorize(ex *exchange, r *http.Request) error {
+	t, err := s.authenticate(r)
+	ex.tenant = t
+	return err
+}
+
+// admit checks that the key may use the requested model, answering the
+// same 404 as for a model that does not exist when it may not, and takes
+// the request and its prompt's estimated tokens from the key's limits.
+// The limits' state goes to the client in x-ratelimit-* headers whatever
+// the outcome.
+func (s *Server) admit(ex *exchange) error {
+	t := ex.tenant
+	if t == nil {
+		return nil
+	}
+	if !t.allows(ex.req.Model) {
+		return &unknownModelError{model: ex.req.Model, err: errModelNotAllowed}
+	}
+	est := ex.req.PromptTokens()
+	q, err := t.limiter.admit(time.Now(), est)
+	q.setHeaders(ex.w.Header())
+	if err != nil {
+		return err
+	}
+	ex.admitted = est
+	return nil
+}
+
 // parse reads and parses the body. On an error after the model was read,
 // ex.req still carries the model.
 func (s *Server) parse(ex *exchange, r *http.Request, k Kind) error {
@@ -147,7 +193,7 @@ func (s *Server) parse(ex *exchange, r *http.Request, k Kind) error {
 
 // route resolves the request's model and reads the routing headers.
 func (s *Server) route(ex *exchange, r *http.Request) (*balancer.Request, error) {
-	breq, err := s.balancerRequest(r, ex.req)
+	breq, err := s.balancerRequest(r, ex.req, ex.tenant)
 	if err != nil {
 		return nil, err
 	}
@@ -256,11 +302,17 @@ func (s *Server) observed(ex *exchange, backend, model string, status int, took 
 }
 
 // balancerRequest resolves the request's model (aliases and weighted
-// splits) and reads the routing headers into what the picker needs.
-func (s *Server) balancerRequest(r *http.Request, req *Request) (*balancer.Request, error) {
+// splits) and reads the routing headers into what the picker needs. The
+// priority is the model's, or the key's when it sets one; the priority
+// header is read without keys configured (t nil) or when the key allows
+// it, and ignored otherwise.
+func (s *Server) balancerRequest(r *http.Request, req *Request, t *tenant) (*balancer.Request, error) {
 	target, prio := s.bal.Route(req.Model)
+	if t != nil && t.priority != nil {
+		prio = *t.priority
+	}
 	bcfg := s.bal.Config()
-	if h := r.Header.Get(bcfg.Admission.PriorityHeader); h != "" {
+	if h := r.Header.Get(bcfg.Admission.PriorityHeader); h != "" && (t == nil || t.allowPriorityHeader) {
 		p, err := strconv.Atoi(strings.TrimSpace(h))
 		if err != nil {
 			return nil, badRequest("", "The %s header must be an integer, got %s.", bcfg.Admission.PriorityHeader, quote(h))
@@ -329,6 +381,9 @@ func (s *Server) rewrite(pr *httputil.ProxyRequest) {
 	// The retry transport aims each attempt at its backend; this first aim
 	// keeps ReverseProxy's own bookkeeping (Host, X-Forwarded-*) right.
 	stripClientHeaders(pr.Out.Header)
+	if ex.tenant != nil {
+		pr.Out.Header.Del("Authorization") // the client's llmlb key, not the backend's
+	}
 	pr.SetURL(ex.dec.Candidates[0].URL)
 	pr.SetXForwarded()
 }
@@ -336,7 +391,7 @@ func (s *Server) rewrite(pr *httputil.ProxyRequest) {
 func (s *Server) modifyResponse(resp *http.Response) error {
 	ex := exchangeFrom(resp.Request.Context())
 	be := ex.guard.Backend()
-	stripBackendHeaders(resp.Header)
+	stripBackendHeaders(resp.Header, ex.tenant != nil)
 	if s.cfg.BackendHeaders {
 		resp.Header.Set(HeaderBackend, be.ID)
 		resp.Header.Set(HeaderReason, ex.reason())
@@ -391,6 +446,13 @@ type modelCard struct {
 // serveModels answers the models served by ready backends, each once, base
 // models first, sorted by name.
 func (s *Server) serveModels(w http.ResponseWriter, r *http.Request) {
+	ex := exchangeFrom(r.Context())
+	t, err := s.authenticate(r)
+	if err != nil {
+		s.fail(ex, err)
+		return
+	}
+	ex.tenant = t
 	var cards []modelCard
 	seen := map[string]bool{}
 	var adapters []modelCard
@@ -428,6 +490,9 @@ func (s *Server) serveModels(w http.ResponseWriter, r *http.Request) {
 	slices.SortFunc(cards, byID)
 	slices.SortFunc(adapters, byID)
 	cards = append(cards, adapters...)
+	if t != nil {
+		cards = slices.DeleteFunc(cards, func(c modelCard) bool { return !t.allows(c.ID) })
+	}
 	if cards == nil {
 		cards = []modelCard{}
 	}

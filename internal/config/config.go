@@ -38,6 +38,8 @@ type Config struct {
 	DefaultEngine string `mapstructure:"default_engine"`
 	// Log sets the log level and format.
 	Log LogConfig `mapstructure:"log"`
+	// Auth holds the API keys clients must present; none: no key asked.
+	Auth proxy.AuthConfig `mapstructure:"auth"`
 	// Proxy tunes forwarding: body limit, retries, timeouts.
 	Proxy proxy.Config `mapstructure:"proxy"`
 	// Scrape tunes health checks and model discovery.
@@ -60,6 +62,12 @@ type AdminConfig struct {
 	// Listen is the admin address; keep it off the clients' network.
 	// Empty disables the admin listener. (default 127.0.0.1:9090)
 	Listen string `mapstructure:"listen"`
+	// Token is the SHA-256 of the bearer token every admin route asks
+	// for (/, /metrics, /debug/*), "sha256:" and 64 hex digits as `llmlb
+	// hash-key` prints it; a request without the token gets 401. Empty
+	// means no token: the admin listener is open to whoever reaches it.
+	// (default empty)
+	Token string `mapstructure:"token"`
 }
 
 // LogConfig is the `log:` section.
@@ -106,6 +114,11 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("admin.listen: must differ from listen (%q)", c.Listen))
 		}
 	}
+	if c.Admin.Token != "" {
+		if _, err := proxy.ParseKeyHash(c.Admin.Token); err != nil {
+			errs = append(errs, fmt.Errorf("admin.token: %w", err))
+		}
+	}
 	if c.ShutdownGrace < 0 {
 		errs = append(errs, fmt.Errorf("shutdown_grace: must not be negative, got %s", c.ShutdownGrace))
 	}
@@ -125,7 +138,7 @@ func (c Config) Validate() error {
 	if len(c.Backends) == 0 {
 		errs = append(errs, errors.New("backends: at least one backend is required"))
 	}
-	errs = append(errs, c.Proxy.Validate(), c.Scrape.Validate(), scrape.ValidateBackends(c.Backends, names),
+	errs = append(errs, c.Auth.Validate(), c.Proxy.Validate(), c.Scrape.Validate(), scrape.ValidateBackends(c.Backends, names),
 		c.Balancer.Validate(), c.Prefix.Validate(), balancer.ValidateModels(c.Models))
 	return errors.Join(errs...)
 }
