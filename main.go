@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -348,13 +349,14 @@ func serve(ctx context.Context, cfg config.Config, src *configSource, stdout, st
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "llmlb: serving on http://%s (admin http://%s)\n", inst.addr, inst.adminAddr)
+	fmt.Fprintf(stdout, "llmlb: serving on %s://%s (admin http://%s)\n", inst.scheme, inst.addr, inst.adminAddr)
 	return inst.wait()
 }
 
 // instance is a running balancer.
 type instance struct {
 	addr, adminAddr string // where it listens; adminAddr is "" when disabled
+	scheme          string // of addr: http, or https with tls configured
 	done            chan error
 }
 
@@ -377,7 +379,18 @@ func start(ctx context.Context, cfg config.Config, src *configSource, stderr io.
 	if err != nil {
 		return nil, err
 	}
+	backendTLS, err := cfg.Proxy.BackendTLS()
+	if err != nil {
+		return nil, err
+	}
+	var certs *proxy.CertReloader
+	if cfg.TLS.Enabled() {
+		if certs, err = proxy.NewCertReloader(cfg.TLS, logger); err != nil {
+			return nil, err
+		}
+	}
 	mgr, err := scrape.NewManager(scrape.Setup{
+		TLS:           backendTLS,
 		Config:        cfg.Scrape,
 		Backends:      cfg.Backends,
 		Engines:       engines,
@@ -391,6 +404,7 @@ func start(ctx context.Context, cfg config.Config, src *configSource, stderr io.
 	}
 	px := proxy.New(cfg.Proxy, bal, reg, logger)
 	px.SetLogging(cfg.Log.Access, cfg.Log.Prompts)
+	px.SetBackendTLS(backendTLS)
 	if err := px.SetAuth(cfg.Auth); err != nil {
 		return nil, err
 	}
@@ -400,6 +414,10 @@ func start(ctx context.Context, cfg config.Config, src *configSource, stderr io.
 		return nil, fmt.Errorf("listen: %w", err)
 	}
 	front := px.HTTPServer(slog.NewLogLogger(logger.Handler(), slog.LevelDebug))
+	if certs != nil {
+		front.TLSConfig = certs.TLSConfig()
+		ln = tls.NewListener(ln, front.TLSConfig)
+	}
 	var admin *http.Server
 	var adminLn net.Listener
 	if cfg.Admin.Listen != "" {
@@ -422,7 +440,10 @@ func start(ctx context.Context, cfg config.Config, src *configSource, stderr io.
 	// Shutdown closes the listeners before it runs these hooks.
 	front.RegisterOnShutdown(func() { logger.Info("stopped accepting new connections") })
 
-	inst := &instance{addr: ln.Addr().String(), done: make(chan error, 1)}
+	inst := &instance{addr: ln.Addr().String(), scheme: "http", done: make(chan error, 1)}
+	if certs != nil {
+		inst.scheme = "https"
+	}
 	scrapeCtx, stopScrape := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = mgr.Run(scrapeCtx) })
@@ -441,7 +462,7 @@ func start(ctx context.Context, cfg config.Config, src *configSource, stderr io.
 		inst.adminAddr = adminLn.Addr().String()
 		wg.Go(func() { serveErr <- ignoreClosed(admin.Serve(adminLn)) })
 	}
-	logger.Info("serving", "listen", inst.addr, "admin", inst.adminAddr, "backends", len(cfg.Backends))
+	logger.Info("serving", "listen", inst.addr, "scheme", inst.scheme, "admin", inst.adminAddr, "backends", len(cfg.Backends))
 
 	go func() {
 		var runErr error

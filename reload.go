@@ -184,6 +184,7 @@ func restartOnly(old, new config.Config) []string {
 		a, b any
 	}{
 		{"listen", old.Listen, new.Listen},
+		{"tls", old.TLS, new.TLS},
 		{"admin", old.Admin, new.Admin},
 		{"shutdown_grace", old.ShutdownGrace, new.ShutdownGrace},
 		{"log.format", old.Log.Format, new.Log.Format},

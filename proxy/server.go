@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"io"
@@ -37,6 +38,7 @@ type Server struct {
 	logger  *slog.Logger
 	metrics *metrics
 	rp      *httputil.ReverseProxy
+	base    *http.Transport // the connections to backends, under rp's retries
 	started time.Time
 	picks   *pickLog
 
@@ -51,6 +53,13 @@ type Server struct {
 // it before the handlers serve.
 func (s *Server) SetLogging(access, prompts bool) {
 	s.accessLog, s.logPrompts = access, prompts
+}
+
+// SetBackendTLS sets how HTTPS backends are verified and the client
+// certificate presented to them ([Config.BackendTLS]); nil means the
+// system roots and no certificate. Call it before the handlers serve.
+func (s *Server) SetBackendTLS(tc *tls.Config) {
+	s.base.TLSClientConfig = tc
 }
 
 // New returns a Server forwarding to the backends bal picks. Its metrics are
@@ -74,6 +83,7 @@ func New(cfg Config, bal *balancer.Balancer, reg prometheus.Registerer, logger *
 		ForceAttemptHTTP2:     false, // model servers speak HTTP/1.1; h2c is not negotiated
 		DisableCompression:    true,  // pass Content-Encoding through untouched
 	}
+	s.base = base
 	s.rp = &httputil.ReverseProxy{
 		Rewrite: s.rewrite,
 		Transport: &retryTransport{base: base, maxAttempts: cfg.MaxAttempts, retryStatuses: cfg.RetryStatuses, retryBroken: cfg.RetryBrokenConnections,

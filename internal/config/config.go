@@ -27,6 +27,9 @@ import (
 type Config struct {
 	// Listen is the address clients reach. (default 127.0.0.1:8080)
 	Listen string `mapstructure:"listen"`
+	// TLS serves HTTPS on Listen from certificate files reloaded when
+	// they change.
+	TLS proxy.TLSConfig `mapstructure:"tls"`
 	// Admin is the operators' listener: /metrics, /debug/*.
 	Admin AdminConfig `mapstructure:"admin"`
 	// ShutdownGrace is how long in-flight requests, streams included, may
@@ -138,7 +141,7 @@ func (c Config) Validate() error {
 	if len(c.Backends) == 0 {
 		errs = append(errs, errors.New("backends: at least one backend is required"))
 	}
-	errs = append(errs, c.Auth.Validate(), c.Proxy.Validate(), c.Scrape.Validate(), scrape.ValidateBackends(c.Backends, names),
+	errs = append(errs, c.TLS.Validate(), c.Auth.Validate(), c.Proxy.Validate(), c.Scrape.Validate(), scrape.ValidateBackends(c.Backends, names),
 		c.Balancer.Validate(), c.Prefix.Validate(), balancer.ValidateModels(c.Models))
 	return errors.Join(errs...)
 }
