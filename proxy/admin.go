@@ -16,6 +16,7 @@ import (
 // BackendStatus is one backend as GET /debug/backends shows it.
 type BackendStatus struct {
 	ID          string             `json:"id"`
+	Name        string             `json:"name"` // what clients see in x-llmlb-backend
 	URL         string             `json:"url"`
 	Engine      string             `json:"engine"`
 	Models      []string           `json:"models"`
@@ -40,6 +41,7 @@ func Statuses(snap *balancer.Snapshot) []BackendStatus {
 	for _, be := range snap.Backends {
 		out = append(out, BackendStatus{
 			ID:          be.ID,
+			Name:        be.Name,
 			URL:         be.URL.String(),
 			Engine:      be.Engine,
 			Models:      be.Models,

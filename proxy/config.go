@@ -86,10 +86,10 @@ type Config struct {
 	// wildcards. Engine administration routes are refused with 404 unless
 	// listed here. (default none)
 	ExtraRoutes []string `mapstructure:"extra_routes"`
-	// BackendHeaders sends x-llmlb-backend (the answering backend's ID) and
-	// x-llmlb-reason on every proxied response. A backend's ID is its URL
-	// as configured, so clients learn internal addresses; turn this off
-	// where they must not. (default true)
+	// BackendHeaders sends x-llmlb-backend (the answering backend's name:
+	// its configured name, or b1, b2, ...; never its address) and
+	// x-llmlb-reason (why the balancer chose it) on every proxied
+	// response; false sends neither. (default true)
 	BackendHeaders bool `mapstructure:"backend_headers"`
 
 	// BackendCAFile is a PEM bundle of the CAs that sign HTTPS backends'

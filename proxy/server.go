@@ -403,7 +403,7 @@ func (s *Server) modifyResponse(resp *http.Response) error {
 	be := ex.guard.Backend()
 	stripBackendHeaders(resp.Header, ex.tenant != nil)
 	if s.cfg.BackendHeaders {
-		resp.Header.Set(HeaderBackend, be.ID)
+		resp.Header.Set(HeaderBackend, be.Name)
 		resp.Header.Set(HeaderReason, ex.reason())
 	}
 	if ex.target != ex.req.Model {
@@ -433,7 +433,7 @@ func (s *Server) errorHandler(w http.ResponseWriter, r *http.Request, err error)
 	he := s.errorFor(ex.client, err)
 	if he.Code != StatusClientClosed { // nobody to answer otherwise; not an error of ours
 		if be := ex.guard.Backend(); be != nil && s.cfg.BackendHeaders {
-			w.Header().Set(HeaderBackend, be.ID)
+			w.Header().Set(HeaderBackend, be.Name)
 			w.Header().Set(HeaderReason, ex.reason())
 		}
 		if s.logger.Enabled(r.Context(), slog.LevelDebug) {
