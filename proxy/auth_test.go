@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -511,4 +512,30 @@ func TestValidateAuthNeverRepeatsAKey(t *testing.T) {
 	if err := (AuthConfig{Keys: []KeyConfig{keyConfig("alpha", keyA), keyConfig("bravo", keyB)}}).Validate(); err != nil {
 		t.Errorf("good keys: %v", err)
 	}
+}
+
+// FuzzBearer: any Authorization value either yields a key that is one
+// word of at most 1 KiB after a Bearer scheme, as written, or is refused;
+// never a panic.
+func FuzzBearer(f *testing.F) {
+	for _, s := range []string{"Bearer " + keyA, "bearer  k", "Bearer", "Bearer ", "Basic a", "", "Bearer a b", "Bearer\ta", " Bearer x ", "BEARER x\t"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		h := http.Header{"Authorization": {v}}
+		key, err := bearer(h)
+		if err != nil {
+			if key != "" || (!errors.Is(err, errKeyMissing) && !errors.Is(err, errKeyInvalid)) {
+				t.Fatalf("bearer(%q) = %q, %v", v, key, err)
+			}
+			return
+		}
+		if key == "" || len(key) > maxKeyBytes || strings.ContainsAny(key, " \t") {
+			t.Fatalf("bearer(%q) = %q: not one word of at most %d bytes", v, key, maxKeyBytes)
+		}
+		scheme, rest, _ := strings.Cut(strings.TrimSpace(v), " ")
+		if !strings.EqualFold(scheme, "Bearer") || strings.TrimLeft(rest, " ") != key {
+			t.Fatalf("bearer(%q) = %q, not the word after the scheme", v, key)
+		}
+	})
 }

@@ -183,6 +183,9 @@ func (s *Server) account(ex *exchange, status int) {
 	if t := ex.tenant; t != nil {
 		s.authMetrics.requests.WithLabelValues(t.name, statusLabel(status)).Inc()
 		used := ex.admitted // the estimate stands when the backend reported no usage
+		if !ex.forwarded {
+			used = 0 // refused before any backend had it: the tokens come back
+		}
 		if ex.usage.Known {
 			used = ex.usage.Prompt + ex.usage.Completion
 			s.authMetrics.tokens.WithLabelValues(t.name, "prompt").Add(float64(ex.usage.Prompt))

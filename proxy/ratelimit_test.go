@@ -3,6 +3,7 @@ package proxy
 import (
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -129,6 +130,33 @@ func TestKeyRateLimitsAnswer429AndRecover(t *testing.T) {
 		time.Sleep(14400 * time.Millisecond)
 		if code, _, b := f.keyedPost(t, keyB); code != http.StatusOK {
 			t.Errorf("after Retry-After: status %d; %s", code, b)
+		}
+		// A request refused before any backend had it gives its tokens
+		// back, not its request.
+		time.Sleep(time.Minute)
+		synctest.Wait() // every handler has finished and charged its key
+		bravo := f.px.auth.ring.Load().tenants[1].limiter
+		tokensLeft := func() int {
+			bravo.mu.Lock()
+			defer bravo.mu.Unlock()
+			return bravo.tokens.remaining(time.Now())
+		}
+		before := tokensLeft()
+		req, _ := http.NewRequest(http.MethodPost, "http://llmlb:80/v1/completions", strings.NewReader(completion("no-such-model")))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+keyB)
+		resp, err := f.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNotFound || resp.Header.Get("X-Ratelimit-Remaining-Tokens") != strconv.Itoa(before-4) {
+			t.Errorf("unknown model: status %d, remaining tokens %q; want 404 and %d while it ran", resp.StatusCode, resp.Header.Get("X-Ratelimit-Remaining-Tokens"), before-4)
+		}
+		synctest.Wait()
+		if after := tokensLeft(); after != before {
+			t.Errorf("tokens left %d after a refused request, want %d (given back)", after, before)
 		}
 		if got := testutil.ToFloat64(f.px.authMetrics.tokens.WithLabelValues("bravo", "completion")); got != 200 {
 			t.Errorf("bravo's completion tokens %g, want 200 (four answers of 50)", got)
