@@ -74,7 +74,7 @@ func TestKeyReloadTakesEffectWithoutDroppingStreams(t *testing.T) {
 	t.Cleanup(func() { inst.wait() })
 	waitBackends(t, inst.adminAddr, 1)
 
-	resp := keyedPost(t, inst.addr, testKeyA, `{"model":"`+testModel+`","prompt":"hello","max_tokens":40,"stream":true}`)
+	resp := keyedPost(t, inst.addr, testKeyA, `{"model":"`+testModel+`","prompt":"hello","max_tokens":100,"stream":true}`) // 2s at 50 tokens/s
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("stream with alpha: status %d", resp.StatusCode)
@@ -104,6 +104,14 @@ func TestKeyReloadTakesEffectWithoutDroppingStreams(t *testing.T) {
 		t.Errorf("remaining key after the reload: status %d, want 200", r3.StatusCode)
 	}
 
+	// The stream was still running when the revocation took effect.
+	line, err := rd.ReadString('\n')
+	for err == nil && line == "\n" {
+		line, err = rd.ReadString('\n')
+	}
+	if err != nil || !strings.HasPrefix(line, "data: {") {
+		t.Fatalf("the stream ended before the key was revoked (%q, %v): the test shows nothing", line, err)
+	}
 	rest, err := io.ReadAll(rd)
 	if err != nil || !strings.HasSuffix(string(rest), "data: [DONE]\n\n") {
 		t.Fatalf("the stream made with the revoked key was cut by the reload: %v\n%s", err, rest)
