@@ -186,10 +186,11 @@ func newAuthMetrics(reg prometheus.Registerer) *authMetrics {
 	return m
 }
 
-// auth holds the keyring in force. Its methods may be called concurrently.
+// auth holds the keyring in force: every request reads it without
+// locking; SetAuth replaces it whole.
 type auth struct {
-	mu   sync.Mutex // serialises SetAuth
-	ring atomic.Pointer[keyring]
+	mu   sync.Mutex              // serialises SetAuth
+	ring atomic.Pointer[keyring] // nil: no keys configured
 }
 
 // SetAuth puts c's keys in force for the requests that arrive from now on;

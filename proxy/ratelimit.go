@@ -29,22 +29,28 @@ type bucket struct {
 	full  time.Time     // when the allowance is whole again; at or before now, it is
 }
 
-// maxUnits bounds the units one call takes, so that units*per cannot
-// overflow whatever a backend reports.
-const maxUnits = 1 << 30
+// maxDebt bounds how far a bucket may be from whole (about 146 years),
+// so that no figure overflows whatever a backend reports as usage.
+const maxDebt = time.Duration(1 << 62)
+
+// span is what n units take to come back, within ±maxDebt.
+func (b *bucket) span(n int) time.Duration {
+	lim := int64(maxDebt / b.per)
+	return time.Duration(max(-lim, min(int64(n), lim))) * b.per
+}
 
 // used is how far b is from whole at now, as the time it takes to refill.
 func (b *bucket) used(now time.Time) time.Duration { return max(0, b.full.Sub(now)) }
 
 // wait is how long until b holds n units.
 func (b *bucket) wait(now time.Time, n int) time.Duration {
-	return max(0, b.used(now)+time.Duration(min(n, maxUnits))*b.per-time.Minute)
+	return max(0, b.used(now)+b.span(n)-time.Minute)
 }
 
 // take uses n units (gives them back when n is negative); b may go into
 // debt, past a minute of refill.
 func (b *bucket) take(now time.Time, n int) {
-	b.full = now.Add(max(0, b.used(now)+time.Duration(max(-maxUnits, min(n, maxUnits)))*b.per))
+	b.full = now.Add(min(max(0, b.used(now)+b.span(n)), maxDebt))
 }
 
 // remaining is the whole units b holds at now.

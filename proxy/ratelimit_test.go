@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"io"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -205,4 +206,24 @@ func TestLimiterKeepsUseAcrossReload(t *testing.T) {
 			t.Fatalf("after lowering the limit: %+v (%v), want limit 3, remaining 2", q.requests, err)
 		}
 	})
+}
+
+// TestBucketSaturatesInsteadOfOverflowing: usage far beyond any limit (a
+// backend may report anything) leaves the key in long debt, never with
+// its allowance back through an overflow.
+func TestBucketSaturatesInsteadOfOverflowing(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	var l limiter
+	l.setLimits(now, 0, 1)
+	for _, n := range []int{math.MaxInt, math.MaxInt, 1 << 40} {
+		l.charge(now, n)
+		q, err := l.admit(now.Add(time.Hour), 1)
+		if err == nil || q.tokens.remaining != 0 || q.tokens.reset < 100*365*24*time.Hour {
+			t.Fatalf("after charging %d: %+v, %v; want refused, nothing left, a reset a century away", n, q.tokens, err)
+		}
+	}
+	l.charge(now, math.MinInt) // a refund as large as can be: the debt is gone, to within a unit
+	if q, err := l.admit(now.Add(time.Minute), 1); err != nil || q.tokens.limit != 1 {
+		t.Errorf("a minute after the refund: %+v, %v; want admitted", q.tokens, err)
+	}
 }
