@@ -52,9 +52,10 @@ type KeyConfig struct {
 	// past it, 429 with Retry-After. 0 means no limit. (default 0)
 	RequestsPerMinute int `mapstructure:"requests_per_minute"`
 	// TokensPerMinute limits this key's tokens: the prompt's estimate
-	// (bytes/4) is taken when a request is admitted, and corrected to the
-	// prompt and completion tokens the backend reports in usage when the
-	// answer ends. 0 means no limit. (default 0)
+	// (bytes/4; the whole body's on routes other than completions and
+	// chat) is taken when a request is admitted, and corrected to the
+	// prompt and completion tokens the backend reports in usage when a
+	// completion or chat answer ends. 0 means no limit. (default 0)
 	TokensPerMinute int `mapstructure:"tokens_per_minute"`
 }
 

@@ -227,3 +227,20 @@ func TestBucketSaturatesInsteadOfOverflowing(t *testing.T) {
 		t.Errorf("a minute after the refund: %+v, %v; want admitted", q.tokens, err)
 	}
 }
+
+// TestOtherRoutesCountTheirBodyAgainstTokens: on a route whose usage llmlb
+// does not read (embeddings), a request takes its body's bytes/4 from the
+// key's tokens, and that stands: the next one that does not fit gets 429.
+func TestOtherRoutesCountTheirBodyAgainstTokens(t *testing.T) {
+	f := newKeyedFront(t, DefaultConfig(), AuthConfig{Keys: []KeyConfig{
+		keyConfig("alpha", keyA, func(k *KeyConfig) { k.TokensPerMinute = 100 }),
+	}}, testModel)
+	input := `{"model":"` + testModel + `","input":"` + strings.Repeat("word ", 50) + `"}` // ~290 bytes: ~72 tokens
+	resp, b := f.do(t, http.MethodPost, "/v1/embeddings", "Bearer "+keyA, input)
+	if resp.StatusCode == http.StatusTooManyRequests || resp.Header.Get("X-Ratelimit-Remaining-Tokens") != strconv.Itoa(100-(len(input)+3)/4) {
+		t.Fatalf("first: status %d, remaining tokens %q, want %d; %s", resp.StatusCode, resp.Header.Get("X-Ratelimit-Remaining-Tokens"), 100-(len(input)+3)/4, b)
+	}
+	if resp, b := f.do(t, http.MethodPost, "/v1/embeddings", "Bearer "+keyA, input); resp.StatusCode != http.StatusTooManyRequests {
+		t.Errorf("second: status %d, want 429; %s", resp.StatusCode, b)
+	}
+}
