@@ -59,6 +59,10 @@ type KeyConfig struct {
 	TokensPerMinute int `mapstructure:"tokens_per_minute"`
 }
 
+// maxPerMinute bounds a limit, so that a unit's share of the minute is
+// at least a nanosecond.
+const maxPerMinute = 1_000_000_000
+
 // hashPrefix starts every key hash in the config file.
 const hashPrefix = "sha256:"
 
@@ -113,11 +117,13 @@ func (c AuthConfig) Validate() error {
 				errs = append(errs, fmt.Errorf("%s.models: empty model name", at))
 			}
 		}
-		if k.RequestsPerMinute < 0 {
-			errs = append(errs, fmt.Errorf("%s.requests_per_minute: must not be negative, got %d", at, k.RequestsPerMinute))
-		}
-		if k.TokensPerMinute < 0 {
-			errs = append(errs, fmt.Errorf("%s.tokens_per_minute: must not be negative, got %d", at, k.TokensPerMinute))
+		for _, l := range []struct {
+			name string
+			n    int
+		}{{"requests_per_minute", k.RequestsPerMinute}, {"tokens_per_minute", k.TokensPerMinute}} {
+			if l.n < 0 || l.n > maxPerMinute {
+				errs = append(errs, fmt.Errorf("%s.%s: must be 0 (no limit) to %d, got %d", at, l.name, maxPerMinute, l.n))
+			}
 		}
 	}
 	return errors.Join(errs...)

@@ -485,6 +485,7 @@ func TestValidateAuthNeverRepeatsAKey(t *testing.T) {
 		{Name: "has space", Key: HashKey(keyB)},
 		{Name: "", Key: "sha256:" + strings.Repeat("z", 64), RequestsPerMinute: -1, TokensPerMinute: -2},
 		{Name: "ok", Key: HashKey(keyA), Models: []string{""}},
+		{Name: "huge", Key: HashKey("sk-huge-limits-0123456789"), RequestsPerMinute: 2_000_000_000},
 	}}
 	err := c.Validate()
 	if err == nil {
@@ -498,8 +499,9 @@ func TestValidateAuthNeverRepeatsAKey(t *testing.T) {
 		`auth.keys[2].name: must be`,
 		"auth.keys[3].name: must be",
 		"auth.keys[3].key: must be sha256:",
-		"auth.keys[3].requests_per_minute: must not be negative",
-		"auth.keys[3].tokens_per_minute: must not be negative",
+		"auth.keys[3].requests_per_minute: must be 0 (no limit) to 1000000000, got -1",
+		"auth.keys[3].tokens_per_minute: must be 0 (no limit) to 1000000000, got -2",
+		"auth.keys[5].requests_per_minute: must be 0 (no limit) to 1000000000, got 2000000000",
 		"auth.keys[4].models: empty model name",
 	} {
 		if !strings.Contains(msg, want) {
