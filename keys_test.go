@@ -2,13 +2,18 @@ package main
 
 import (
 	"bufio"
+	"errors"
 	"io"
 	"net/http"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
 
 	"github.com/llmlb/llmlb/internal/config"
 	"github.com/llmlb/llmlb/proxy"
@@ -169,5 +174,51 @@ func TestHashKeyCommand(t *testing.T) {
 	path := writeConfig(t, reloadConfig([]string{"http://127.0.0.1:1"}, "auth:\n  keys:\n    - name: alpha\n      key: "+strings.TrimSpace(string(out))+"\n"))
 	if _, err := config.Load(path, noEnv); err != nil {
 		t.Errorf("the printed hash does not load: %v", err)
+	}
+}
+
+// TestOpenAISDKWithKeys: the official OpenAI Go SDK, given an API key as
+// its users give it, is served; given a wrong key it reports OpenAI's 401
+// (invalid_api_key); over the key's requests per minute it reports a 429
+// rate_limit_exceeded, with the headers it reads; the model list is the
+// key's.
+func TestOpenAISDKWithKeys(t *testing.T) {
+	urls := simBackends(t, 1, sim.SteadyConfig{Speed: 100}, "sql-lora")
+	cfg := testConfig(urls)
+	cfg.Auth = proxy.AuthConfig{Keys: []proxy.KeyConfig{{Name: "alpha", Key: proxy.HashKey(testKeyA), Models: []string{testModel}, RequestsPerMinute: 2}}}
+	inst := startTest(t, cfg, 1)
+	ctx := t.Context()
+	client := func(key string) *openai.Client {
+		c := openai.NewClient(option.WithBaseURL("http://"+inst.addr+"/v1/"), option.WithAPIKey(key), option.WithMaxRetries(0))
+		return &c
+	}
+	params := openai.CompletionNewParams{Model: testModel, Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("hi")}, MaxTokens: openai.Int(2)}
+
+	var apiErr *openai.Error
+	if _, err := client(testKeyB).Completions.New(ctx, params); !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusUnauthorized || apiErr.Code != "invalid_api_key" {
+		t.Errorf("wrong key: %v, want a 401 invalid_api_key", err)
+	}
+	good := client(testKeyA)
+	page, err := good.Models.List(ctx)
+	if err != nil || len(page.Data) != 1 || page.Data[0].ID != testModel {
+		t.Errorf("models with the key: %v %v, want only %s (not the adapter sql-lora)", page, err, testModel)
+	}
+	var raw *http.Response
+	if _, err := good.Completions.New(ctx, params, option.WithResponseInto(&raw)); err != nil {
+		t.Fatalf("with the key: %v", err)
+	}
+	if raw.Header.Get("x-ratelimit-remaining-requests") != "1" {
+		t.Errorf("x-ratelimit-remaining-requests %q, want 1", raw.Header.Get("x-ratelimit-remaining-requests"))
+	}
+	if _, err := good.Completions.New(ctx, params); err != nil {
+		t.Fatalf("second with the key: %v", err)
+	}
+	_, err = good.Completions.New(ctx, params, option.WithResponseInto(&raw))
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusTooManyRequests || apiErr.Code != "rate_limit_exceeded" {
+		t.Fatalf("third with the key: %v, want a 429 rate_limit_exceeded", err)
+	}
+	// One request comes back every 30s; the first was sent moments ago.
+	if ms, _ := strconv.Atoi(raw.Header.Get("retry-after-ms")); raw.Header.Get("Retry-After") != "30" || ms < 25000 || ms > 30000 {
+		t.Errorf("429 Retry-After %q, retry-after-ms %q; want 30 and just under 30000", raw.Header.Get("Retry-After"), raw.Header.Get("retry-after-ms"))
 	}
 }
