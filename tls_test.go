@@ -16,8 +16,9 @@ import (
 // TestServeHTTPSInFrontOfHTTPSBackend: with tls: and
 // proxy.backend_ca_file, llmlb serves HTTPS and reaches an HTTPS backend
 // whose certificate a private CA signed, for health checks and metrics
-// (the backend becomes ready) and for requests; a plain HTTP request to
-// the HTTPS listener is refused.
+// (the backend becomes ready) and for requests, over HTTP/1.1 even to a
+// client that offers HTTP/2; a plain HTTP request to the HTTPS listener is
+// refused.
 func TestServeHTTPSInFrontOfHTTPSBackend(t *testing.T) {
 	dir := t.TempDir()
 	ca := testcert.NewCA(t)
@@ -39,7 +40,7 @@ func TestServeHTTPSInFrontOfHTTPSBackend(t *testing.T) {
 		t.Errorf("scheme %q, want https", inst.scheme)
 	}
 
-	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool()}}
+	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool()}, ForceAttemptHTTP2: true} // offers h2; gets HTTP/1.1
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr}
 	resp, err := client.Post("https://"+inst.addr+"/v1/completions", "application/json",
@@ -49,8 +50,8 @@ func TestServeHTTPSInFrontOfHTTPSBackend(t *testing.T) {
 	}
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || resp.TLS == nil {
-		t.Fatalf("HTTPS request: status %d, TLS %v; %s", resp.StatusCode, resp.TLS != nil, b)
+	if resp.StatusCode != http.StatusOK || resp.TLS == nil || resp.Proto != "HTTP/1.1" {
+		t.Fatalf("HTTPS request: status %d, TLS %v, %s; want 200 over TLS, HTTP/1.1; %s", resp.StatusCode, resp.TLS != nil, resp.Proto, b)
 	}
 	plain, err := http.Get("http://" + inst.addr + "/health")
 	if err == nil {
