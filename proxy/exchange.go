@@ -12,7 +12,8 @@ import (
 )
 
 // exchange is one client request from its arrival to its last byte: the one
-// object the handler's stages (parse, route, pick, forward) fill in, and
+// object the handler's stages (authorize, parse, admit, route, pick,
+// forward) fill in, and
 // from which [Server.finish] derives, once, the request's status, metrics,
 // status-page entry and access line.
 //
@@ -28,13 +29,15 @@ type exchange struct {
 	client context.Context // the client's own context, before our timeout
 	inURL  *url.URL        // the path and query the client asked for
 
-	// authorize, admit
-	tenant   *tenant // the key's tenant; nil without keys configured
-	admitted int     // prompt tokens (estimated) taken from the tenant's limit; 0 if none
+	// authorize
+	inference bool    // a route that names a model: counted and listed as such
+	tenant    *tenant // the key's tenant; nil without keys configured
 
 	// parse
-	inference bool     // a route that names a model: counted and listed as such
-	req       *Request // nil until parsed; carries the model when a later field was bad
+	req *Request // nil until parsed; carries the model when a later field was bad
+
+	// admit
+	admitted int // tokens (estimated) taken from the tenant's limit; 0 if none
 
 	// route
 	target string // the model backends are asked for; req.Model is the client's; "" before routing
