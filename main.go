@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -77,6 +78,9 @@ func commands() []command {
 		{"overhead", "what llmlb adds per request, against HAProxy and nginx",
 			"Overhead measures what llmlb adds per request, against a direct connection, HAProxy and nginx in front of one fast emulated backend.",
 			"llmlb overhead --proxy direct,llmlb --duration 5s"},
+		{"hash-key", "print the hash of an API key, for auth.keys or admin.token",
+			"Hash-key reads an API key from standard input (or its argument, which leaves the key in the shell's history) and prints the line that stands for it in the config file: its SHA-256 as auth.keys[].key or admin.token hold it.",
+			"llmlb hash-key < key.txt"},
 		{"version", "print the version and build information",
 			"Version prints llmlb's version and how it was built.",
 			"llmlb version"},
@@ -132,6 +136,8 @@ func run(ctx context.Context, args []string, env config.Environ, stdout, stderr 
 		return cmdBench(ctx, args, stdout, stderr)
 	case "overhead":
 		return cmdOverhead(ctx, args, env.Get, stdout, stderr)
+	case "hash-key":
+		return cmdHashKey(args, os.Stdin, stdout, stderr)
 	case "version":
 		return cmdVersion(args, stdout, stderr)
 	case "help":
@@ -190,6 +196,37 @@ func newFlagSet(name, synopsis string, stderr io.Writer) *flag.FlagSet {
 		}
 	}
 	return fs
+}
+
+// cmdHashKey prints the hash of the key given as its argument or, without
+// one, read from stdin (one line; the line end is not part of the key).
+func cmdHashKey(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	fs := newFlagSet("hash-key", "llmlb hash-key [KEY]   (or the key on standard input)", stderr)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var key string
+	switch fs.NArg() {
+	case 0:
+		b, err := io.ReadAll(io.LimitReader(stdin, 64<<10))
+		if err != nil {
+			return fmt.Errorf("hash-key: %w", err)
+		}
+		key = strings.TrimRight(string(b), "\r\n")
+	case 1:
+		key = fs.Arg(0)
+	default:
+		fs.Usage()
+		return errors.New("hash-key takes one key")
+	}
+	if key == "" || strings.TrimSpace(key) != key || strings.ContainsAny(key, " \t\r\n") {
+		return errors.New("hash-key: the key must be one word without spaces, as it is sent after \"Authorization: Bearer \"")
+	}
+	if len(key) < 16 {
+		fmt.Fprintln(stderr, "llmlb: warning: a key shorter than 16 characters is easy to guess; openssl rand -hex 24 makes a good one")
+	}
+	fmt.Fprintln(stdout, proxy.HashKey(key))
+	return nil
 }
 
 // cmdVersion prints the version and build information the Go toolchain
@@ -312,13 +349,14 @@ func serve(ctx context.Context, cfg config.Config, src *configSource, stdout, st
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "llmlb: serving on http://%s (admin http://%s)\n", inst.addr, inst.adminAddr)
+	fmt.Fprintf(stdout, "llmlb: serving on %s://%s (admin http://%s)\n", inst.scheme, inst.addr, inst.adminAddr)
 	return inst.wait()
 }
 
 // instance is a running balancer.
 type instance struct {
 	addr, adminAddr string // where it listens; adminAddr is "" when disabled
+	scheme          string // of addr: http, or https with tls configured
 	done            chan error
 }
 
@@ -341,7 +379,18 @@ func start(ctx context.Context, cfg config.Config, src *configSource, stderr io.
 	if err != nil {
 		return nil, err
 	}
+	backendTLS, err := cfg.Proxy.BackendTLS()
+	if err != nil {
+		return nil, err
+	}
+	var certs *proxy.CertReloader
+	if cfg.TLS.Enabled() {
+		if certs, err = proxy.NewCertReloader(cfg.TLS, logger); err != nil {
+			return nil, err
+		}
+	}
 	mgr, err := scrape.NewManager(scrape.Setup{
+		TLS:           backendTLS,
 		Config:        cfg.Scrape,
 		Backends:      cfg.Backends,
 		Engines:       engines,
@@ -355,12 +404,20 @@ func start(ctx context.Context, cfg config.Config, src *configSource, stderr io.
 	}
 	px := proxy.New(cfg.Proxy, bal, reg, logger)
 	px.SetLogging(cfg.Log.Access, cfg.Log.Prompts)
+	px.SetBackendTLS(backendTLS)
+	if err := px.SetAuth(cfg.Auth); err != nil {
+		return nil, err
+	}
 
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("listen: %w", err)
 	}
 	front := px.HTTPServer(slog.NewLogLogger(logger.Handler(), slog.LevelDebug))
+	if certs != nil {
+		front.TLSConfig = certs.TLSConfig()
+		ln = tls.NewListener(ln, front.TLSConfig)
+	}
 	var admin *http.Server
 	var adminLn net.Listener
 	if cfg.Admin.Listen != "" {
@@ -369,13 +426,24 @@ func start(ctx context.Context, cfg config.Config, src *configSource, stderr io.
 			ln.Close()
 			return nil, fmt.Errorf("admin.listen: %w", err)
 		}
-		admin = &http.Server{Handler: px.AdminHandler(reg), ReadHeaderTimeout: 10 * time.Second}
+		h := px.AdminHandler(reg)
+		if cfg.Admin.Token != "" {
+			if h, err = px.RequireToken(cfg.Admin.Token, h); err != nil {
+				ln.Close()
+				adminLn.Close()
+				return nil, err
+			}
+		}
+		admin = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	}
 
 	// Shutdown closes the listeners before it runs these hooks.
 	front.RegisterOnShutdown(func() { logger.Info("stopped accepting new connections") })
 
-	inst := &instance{addr: ln.Addr().String(), done: make(chan error, 1)}
+	inst := &instance{addr: ln.Addr().String(), scheme: "http", done: make(chan error, 1)}
+	if certs != nil {
+		inst.scheme = "https"
+	}
 	scrapeCtx, stopScrape := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = mgr.Run(scrapeCtx) })
@@ -383,7 +451,7 @@ func start(ctx context.Context, cfg config.Config, src *configSource, stderr io.
 	if src != nil {
 		cs = *src
 	}
-	rl := newReloader(cs, cfg, logger, level, mgr, bal, reg)
+	rl := newReloader(cs, cfg, logger, level, mgr, bal, px, reg)
 	if src != nil {
 		hup, stopHUP := notifyHUP()
 		wg.Go(func() { defer stopHUP(); rl.run(scrapeCtx, hup) })
@@ -394,7 +462,7 @@ func start(ctx context.Context, cfg config.Config, src *configSource, stderr io.
 		inst.adminAddr = adminLn.Addr().String()
 		wg.Go(func() { serveErr <- ignoreClosed(admin.Serve(adminLn)) })
 	}
-	logger.Info("serving", "listen", inst.addr, "admin", inst.adminAddr, "backends", len(cfg.Backends))
+	logger.Info("serving", "listen", inst.addr, "scheme", inst.scheme, "admin", inst.adminAddr, "backends", len(cfg.Backends))
 
 	go func() {
 		var runErr error

@@ -403,6 +403,29 @@ func startSource(t *testing.T, cfg config.Config, src *configSource, n int) *ins
 	return inst
 }
 
+// backendNames maps the names clients see in x-llmlb-backend to the
+// backends' URLs, from /debug/backends.
+func backendNames(t *testing.T, adminAddr string) map[string]string {
+	t.Helper()
+	return backendField(t, adminAddr, func(b sim.BackendView) (string, string) { return b.Name, b.URL })
+}
+
+// backendField maps each backend of /debug/backends by kv's key to its
+// value.
+func backendField(t *testing.T, adminAddr string, kv func(sim.BackendView) (string, string)) map[string]string {
+	t.Helper()
+	bs, err := sim.FetchBackends(http.DefaultClient, "http://"+adminAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, b := range bs {
+		k, v := kv(b)
+		out[k] = v
+	}
+	return out
+}
+
 // waitBackends polls /debug/backends until every backend is ready with its
 // models learned.
 func waitBackends(t *testing.T, adminAddr string, n int) {
@@ -437,10 +460,11 @@ func TestOpenAISDKEndToEnd(t *testing.T) {
 	ctx := t.Context()
 
 	client := openai.NewClient(option.WithBaseURL("http://"+inst.addr+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
+	names := backendNames(t, inst.adminAddr)
 	checkBackend := func(what string, resp *http.Response) {
 		t.Helper()
-		if resp == nil || !slices.Contains(urls, resp.Header.Get("X-Llmlb-Backend")) {
-			t.Errorf("%s: x-llmlb-backend missing or not a backend", what)
+		if resp == nil || !slices.Contains(urls, names[resp.Header.Get("X-Llmlb-Backend")]) {
+			t.Errorf("%s: x-llmlb-backend missing or not a backend's name", what)
 		}
 	}
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/llmlb/llmlb/balancer"
 	"github.com/llmlb/llmlb/internal/config"
+	"github.com/llmlb/llmlb/proxy"
 	"github.com/llmlb/llmlb/scrape"
 )
 
@@ -32,7 +33,7 @@ type configSource struct {
 // with every problem, and the running config keeps serving.
 //
 // Applied at once: backends (and discovery entries), engines,
-// default_engine, models and log.level; unchanged backends, requests in
+// default_engine, models, auth (API keys) and log.level; unchanged backends, requests in
 // flight and streams are untouched, backends that left are drained. Every
 // other setting (listeners, proxy, scrape, balancer, prefix, log format)
 // is logged as needing a restart.
@@ -42,6 +43,7 @@ type reloader struct {
 	level  *slog.LevelVar
 	mgr    *scrape.Manager
 	bal    *balancer.Balancer
+	px     *proxy.Server
 	result *prometheus.CounterVec // result
 	last   prometheus.Gauge
 
@@ -50,11 +52,11 @@ type reloader struct {
 	hash [32]byte      // guarded by mu; of the file cur came from
 }
 
-func newReloader(src configSource, cfg config.Config, logger *slog.Logger, level *slog.LevelVar, mgr *scrape.Manager, bal *balancer.Balancer, reg prometheus.Registerer) *reloader {
+func newReloader(src configSource, cfg config.Config, logger *slog.Logger, level *slog.LevelVar, mgr *scrape.Manager, bal *balancer.Balancer, px *proxy.Server, reg prometheus.Registerer) *reloader {
 	if src.poll <= 0 {
 		src.poll = time.Second
 	}
-	r := &reloader{src: src, logger: logger, level: level, mgr: mgr, bal: bal, cur: cfg,
+	r := &reloader{src: src, logger: logger, level: level, mgr: mgr, bal: bal, px: px, cur: cfg,
 		result: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmlb_config_reloads_total",
 			Help: "config.Config reloads, by result: success, or error (the file was refused and the running config kept).",
@@ -160,6 +162,7 @@ func (r *reloader) reload(trigger string) bool {
 		return false
 	}
 	r.bal.SetModels(cfg.Models)
+	_ = r.px.SetAuth(cfg.Auth)                   // validated by Load; requests admitted keep their key
 	level, _ := config.ParseLevel(cfg.Log.Level) // validated
 	r.level.Set(level)
 	if later := restartOnly(r.cur, cfg); len(later) > 0 {
@@ -168,7 +171,7 @@ func (r *reloader) reload(trigger string) bool {
 	r.cur = cfg
 	r.result.WithLabelValues("success").Inc()
 	r.last.SetToCurrentTime()
-	r.logger.Info("config reloaded", "file", r.src.path, "trigger", trigger, "backends", len(cfg.Backends), "models", len(cfg.Models))
+	r.logger.Info("config reloaded", "file", r.src.path, "trigger", trigger, "backends", len(cfg.Backends), "models", len(cfg.Models), "keys", len(cfg.Auth.Keys))
 	return true
 }
 
@@ -181,6 +184,7 @@ func restartOnly(old, new config.Config) []string {
 		a, b any
 	}{
 		{"listen", old.Listen, new.Listen},
+		{"tls", old.TLS, new.TLS},
 		{"admin", old.Admin, new.Admin},
 		{"shutdown_grace", old.ShutdownGrace, new.ShutdownGrace},
 		{"log.format", old.Log.Format, new.Log.Format},

@@ -83,15 +83,7 @@ func waitMetric(t *testing.T, adminAddr, sample string, want float64) {
 
 func backendStates(t *testing.T, adminAddr string) map[string]string {
 	t.Helper()
-	bs, err := sim.FetchBackends(http.DefaultClient, "http://"+adminAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]string{}
-	for _, b := range bs {
-		out[b.ID] = b.State
-	}
-	return out
+	return backendField(t, adminAddr, func(b sim.BackendView) (string, string) { return b.ID, b.State })
 }
 
 // TestReloadOnFileChange: a new backend list written over the config file
@@ -109,7 +101,8 @@ func TestReloadOnFileChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	busy := resp.Header.Get("X-Llmlb-Backend")
+	busyName := resp.Header.Get("X-Llmlb-Backend") // names are never reused
+	busy := backendNames(t, inst.adminAddr)[busyName]
 	rd := bufio.NewReader(resp.Body)
 	if line, err := rd.ReadString('\n'); err != nil || !strings.HasPrefix(line, "data: ") {
 		t.Fatalf("stream start %q %v", line, err)
@@ -145,7 +138,7 @@ func TestReloadOnFileChange(t *testing.T) {
 		<-time.After(10 * time.Millisecond)
 	}
 	for range 6 {
-		if be := completeOnce(t, inst.addr); be == busy {
+		if be := completeOnce(t, inst.addr); be == busyName {
 			t.Fatalf("a request went to the removed backend %s", be)
 		}
 	}
@@ -178,8 +171,8 @@ func TestReloadOnSIGHUP(t *testing.T) {
 	waitBackends(t, inst.adminAddr, 2)
 }
 
-// completeOnce sends one small completion and returns the backend that
-// answered it.
+// completeOnce sends one small completion and returns the name of the
+// backend that answered it.
 func completeOnce(t *testing.T, addr string) string {
 	t.Helper()
 	resp, err := http.Post("http://"+addr+"/v1/completions", "application/json",

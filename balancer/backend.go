@@ -48,8 +48,13 @@ func (s State) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
 // immutable once published, except through its [Ledger], which is safe for
 // concurrent use.
 type Backend struct {
-	// ID names the backend in metrics, headers and logs: its URL as written.
+	// ID names the backend in metrics, logs and the admin pages: its URL
+	// as written.
 	ID string
+	// Name is what clients may see of the backend (x-llmlb-backend): its
+	// configured name, or b1, b2, ... in the order backends first
+	// appeared. Never its address.
+	Name string
 	// URL is the base URL requests are forwarded to.
 	URL *url.URL
 	// Engine names the engine row the backend is scraped with ("vllm", ...).

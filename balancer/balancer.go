@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -77,6 +78,7 @@ type Deps struct {
 // serves. [Balancer.Update] turns specs into snapshot entries.
 type Spec struct {
 	ID        string
+	Name      string // what clients may see (Backend.Name); "" gives the next b<N>
 	URL       *url.URL
 	Engine    string
 	Models    []string // nil: not known yet
@@ -142,6 +144,7 @@ type Balancer struct {
 	slots     map[string]int      // guarded by mu
 	freeSlots []int               // guarded by mu
 	nextSlot  int                 // guarded by mu
+	names     map[string]string   // guarded by mu; default names by backend ID, kept for the process's life
 	gen       uint64              // guarded by mu
 	offered   map[string]struct{} // guarded by mu; published in snapshots, replaced (not written) when it grows
 }
@@ -170,6 +173,7 @@ func New(cfg Config, deps Deps, models []ModelRoute, logger *slog.Logger) (*Bala
 		ledgers: make(map[string]*Ledger),
 		current: make(map[string]*Backend),
 		slots:   make(map[string]int),
+		names:   make(map[string]string),
 	}
 	b.SetModels(models)
 	pol, err := newPolicy(b, cfg, deps)
@@ -212,6 +216,7 @@ func (b *Balancer) Update(specs ...Spec) {
 		l := b.ledgerLocked(s.ID)
 		nb := &Backend{
 			ID:        s.ID,
+			Name:      s.Name,
 			URL:       s.URL,
 			Engine:    s.Engine,
 			Models:    s.Models,
@@ -225,6 +230,9 @@ func (b *Balancer) Update(specs ...Spec) {
 			Stale:     s.Stale,
 			Since:     now,
 			Ledger:    l,
+		}
+		if nb.Name == "" {
+			nb.Name = b.nameLocked(s.ID)
 		}
 		if old != nil {
 			nb.slot, nb.idHash, nb.mark = old.slot, old.idHash, old.mark
@@ -272,6 +280,19 @@ func (b *Balancer) ledgerLocked(id string) *Ledger {
 }
 
 // slotLocked gives id the lowest free slot. Caller must hold b.mu.
+// nameLocked returns the default name of the backend with this ID: b1,
+// b2, ... in the order backends first appear (static backends in config
+// order), the same name whenever the ID comes back, never another
+// backend's. Caller must hold b.mu.
+func (b *Balancer) nameLocked(id string) string {
+	if n, ok := b.names[id]; ok {
+		return n
+	}
+	n := "b" + strconv.Itoa(len(b.names)+1)
+	b.names[id] = n
+	return n
+}
+
 func (b *Balancer) slotLocked(id string) int {
 	if s, ok := b.slots[id]; ok {
 		return s

@@ -2,6 +2,7 @@ package balancer
 
 import (
 	"errors"
+	"maps"
 	"net/url"
 	"sync"
 	"sync/atomic"
@@ -345,4 +346,30 @@ func newBal(t testing.TB, policy string, mod ...func(*Config, *Deps)) *Balancer 
 		t.Fatal(err)
 	}
 	return b
+}
+
+// TestBackendNames: a backend's Name is its configured name, or b1, b2,
+// ... in the order backends first appear; a backend that leaves and comes
+// back gets its name again, and no other backend ever takes it.
+func TestBackendNames(t *testing.T) {
+	b := newBal(t, "round-robin")
+	named := spec("10.0.0.9:8000", StateReady, "m")
+	named.Name = "gpu-a"
+	b.Update(spec("10.0.0.1:8000", StateReady, "m"), named, spec("10.0.0.2:8000", StateReady, "m"))
+	b.Remove("10.0.0.1:8000")
+	b.Update(spec("10.0.0.3:8000", StateReady, "m"))
+	b.Update(spec("10.0.0.1:8000", StateReady, "m"))
+	want := map[string]string{
+		"10.0.0.1:8000": "b1",
+		"10.0.0.2:8000": "b2",
+		"10.0.0.3:8000": "b3",
+		"10.0.0.9:8000": "gpu-a",
+	}
+	got := map[string]string{}
+	for _, be := range b.Snapshot().Backends {
+		got[be.ID] = be.Name
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("names %v, want %v", got, want)
+	}
 }

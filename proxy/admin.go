@@ -16,6 +16,7 @@ import (
 // BackendStatus is one backend as GET /debug/backends shows it.
 type BackendStatus struct {
 	ID          string             `json:"id"`
+	Name        string             `json:"name"` // what clients see in x-llmlb-backend
 	URL         string             `json:"url"`
 	Engine      string             `json:"engine"`
 	Models      []string           `json:"models"`
@@ -40,6 +41,7 @@ func Statuses(snap *balancer.Snapshot) []BackendStatus {
 	for _, be := range snap.Backends {
 		out = append(out, BackendStatus{
 			ID:          be.ID,
+			Name:        be.Name,
 			URL:         be.URL.String(),
 			Engine:      be.Engine,
 			Models:      be.Models,
@@ -112,12 +114,12 @@ func (s *Server) serveRoute(w http.ResponseWriter, r *http.Request) {
 	}
 	req, err := ParseRequest(k, buf.Bytes())
 	if err != nil {
-		writeError(w, errorFor(r.Context(), err))
+		writeError(w, s.errorFor(r.Context(), err))
 		return
 	}
-	breq, herr := s.balancerRequest(r, req)
-	if herr != nil {
-		writeError(w, herr)
+	breq, err := s.balancerRequest(r, req, nil) // operators may set the priority header
+	if err != nil {
+		writeError(w, s.errorFor(r.Context(), err))
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{

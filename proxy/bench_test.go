@@ -95,3 +95,28 @@ func BenchmarkProxy(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkAuthenticate: finding a request's key among n configured
+// ones: one SHA-256 and n constant-time comparisons.
+func BenchmarkAuthenticate(b *testing.B) {
+	for _, n := range []int{10, 100, 1000} {
+		b.Run(fmt.Sprint(n, "-keys"), func(b *testing.B) {
+			s := New(DefaultConfig(), newTestBalancer(b), prometheus.NewRegistry(), nil)
+			var ac AuthConfig
+			for i := range n {
+				ac.Keys = append(ac.Keys, keyConfig(fmt.Sprint("k", i), fmt.Sprint("sk-bench-key-", i)))
+			}
+			if err := s.SetAuth(ac); err != nil {
+				b.Fatal(err)
+			}
+			r := httptest.NewRequest(http.MethodPost, "/v1/completions", nil)
+			r.Header.Set("Authorization", "Bearer sk-bench-key-"+fmt.Sprint(n/2))
+			b.ReportAllocs()
+			for b.Loop() {
+				if t, err := s.authenticate(r); err != nil || t == nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

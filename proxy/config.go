@@ -86,11 +86,21 @@ type Config struct {
 	// wildcards. Engine administration routes are refused with 404 unless
 	// listed here. (default none)
 	ExtraRoutes []string `mapstructure:"extra_routes"`
-	// BackendHeaders sends x-llmlb-backend (the answering backend's ID) and
-	// x-llmlb-reason on every proxied response. A backend's ID is its URL
-	// as configured, so clients learn internal addresses; turn this off
-	// where they must not. (default true)
+	// BackendHeaders sends x-llmlb-backend (the answering backend's name:
+	// its configured name, or b1, b2, ...; never its address) and
+	// x-llmlb-reason (why the balancer chose it) on every proxied
+	// response; false sends neither. (default true)
 	BackendHeaders bool `mapstructure:"backend_headers"`
+
+	// BackendCAFile is a PEM bundle of the CAs that sign HTTPS backends'
+	// certificates (and their metrics pages'); it replaces the system
+	// roots for them. Empty means the system roots. (default empty)
+	BackendCAFile string `mapstructure:"backend_ca_file"`
+	// BackendCertFile and BackendKeyFile are a PEM client certificate and
+	// its key presented to HTTPS backends that ask for one (mutual TLS).
+	// Set both or neither. (default empty)
+	BackendCertFile string `mapstructure:"backend_cert_file"`
+	BackendKeyFile  string `mapstructure:"backend_key_file"`
 }
 
 // InferenceRoutes are the POST paths forwarded by default besides
@@ -188,6 +198,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxHeaderCount < 8 || c.MaxHeaderCount > 10000 {
 		errs = append(errs, fmt.Errorf("proxy.max_header_count: must be 8..10000, got %d", c.MaxHeaderCount))
+	}
+	if (c.BackendCertFile == "") != (c.BackendKeyFile == "") {
+		errs = append(errs, errors.New("proxy.backend_cert_file: goes with proxy.backend_key_file: set both or neither"))
 	}
 	builtin := builtinRoutes()
 	for i, p := range c.ExtraRoutes {

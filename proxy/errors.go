@@ -76,6 +76,11 @@ func writeError(w http.ResponseWriter, e *HTTPError) {
 	h.Set("X-Content-Type-Options", "nosniff")
 	if e.RetryAfter > 0 {
 		h.Set("Retry-After", strconv.Itoa(int((e.RetryAfter+time.Second-1)/time.Second)))
+		// The OpenAI SDKs read this before Retry-After, to the millisecond.
+		h.Set("Retry-After-Ms", strconv.FormatInt(int64((e.RetryAfter+time.Millisecond-1)/time.Millisecond), 10))
+	}
+	if e.Code == http.StatusUnauthorized {
+		h.Set("WWW-Authenticate", `Bearer realm="llmlb"`) // RFC 6750
 	}
 	w.WriteHeader(e.Code)
 	_ = json.NewEncoder(w).Encode(&body) // the client may be gone; nothing to do
@@ -97,22 +102,47 @@ func isDialError(err error) bool {
 	return errors.As(err, &op) && op.Op == "dial"
 }
 
+// unknownModelError is a request for a model no backend serves. Its answer
+// is the same 404 whatever the reason the model cannot be used here.
+type unknownModelError struct {
+	model string
+	err   error // balancer.ErrUnknownModel, or why this client may not see it
+}
+
+func (e *unknownModelError) Error() string { return "model " + quote(e.model) + ": " + e.err.Error() }
+func (e *unknownModelError) Unwrap() error { return e.err }
+
 // errorFor maps an error met while serving a request to what the client is
-// told. clientCtx is the client's own request context, so that a client that
-// left (499) is told apart from our own timeout (504).
-func errorFor(clientCtx context.Context, err error) *HTTPError {
-	var he *HTTPError
+// told: the one place a status and a client message are chosen for an
+// error. clientCtx is the client's own request context, so that a client
+// that left (499) is told apart from our own timeout (504).
+func (s *Server) errorFor(clientCtx context.Context, err error) *HTTPError {
+	var (
+		he  *HTTPError
+		ume *unknownModelError
+		rle *rateLimitError
+	)
 	switch {
 	case errors.As(err, &he):
 		return he
 	case clientCtx.Err() != nil:
 		return &HTTPError{Code: StatusClientClosed, Type: "client_closed", Msg: "client closed request", Err: err}
+	case errors.Is(err, errKeyMissing):
+		return &HTTPError{Code: http.StatusUnauthorized, Type: "invalid_request_error", Kind: "invalid_api_key", Err: err,
+			Msg: "You didn't provide an API key. Send it in an Authorization header using Bearer auth (Authorization: Bearer YOUR_KEY)."}
+	case errors.Is(err, errKeyInvalid):
+		return &HTTPError{Code: http.StatusUnauthorized, Type: "invalid_request_error", Kind: "invalid_api_key", Err: err, Msg: "Incorrect API key provided."}
+	case errors.As(err, &rle):
+		return &HTTPError{Code: http.StatusTooManyRequests, Type: rle.kind, Kind: "rate_limit_exceeded", Err: err, RetryAfter: rle.wait,
+			Msg: fmt.Sprintf("Rate limit reached for this API key: %d %s per minute. Try again in %s.", rle.limit, rle.kind, rle.wait.Round(time.Millisecond))}
+	case errors.As(err, &ume):
+		return &HTTPError{Code: http.StatusNotFound, Type: "invalid_request_error", Param: "model", Kind: "model_not_found", Msg: "The model " + quote(ume.model) + " does not exist.", Err: err}
 	case errors.Is(err, balancer.ErrUnknownModel):
 		return &HTTPError{Code: http.StatusNotFound, Type: "invalid_request_error", Param: "model", Kind: "model_not_found", Msg: err.Error() + ": no backend serves it (GET /v1/models lists the models served here).", Err: err}
 	case errors.Is(err, balancer.ErrQueueFull):
-		return &HTTPError{Code: http.StatusTooManyRequests, Type: "rate_limit_error", Kind: "queue_full", Msg: "Every model server is saturated and the queue is full; retry later.", Err: err}
+		return &HTTPError{Code: http.StatusTooManyRequests, Type: "rate_limit_error", Kind: "queue_full", Msg: "Every model server is saturated and the queue is full; retry later.", Err: err, RetryAfter: s.bal.RetryAfter()}
 	case errors.Is(err, balancer.ErrShed):
-		return &HTTPError{Code: http.StatusTooManyRequests, Type: "rate_limit_error", Kind: "shed", Msg: "Every model server is saturated and this request's priority is sheddable; retry later.", Err: err}
+		return &HTTPError{Code: http.StatusTooManyRequests, Type: "rate_limit_error", Kind: "shed", Msg: "Every model server is saturated and this request's priority is sheddable; retry later.", Err: err, RetryAfter: s.bal.RetryAfter()}
 	case errors.Is(err, balancer.ErrQueueTimeout):
 		return &HTTPError{Code: http.StatusServiceUnavailable, Type: "service_unavailable", Kind: "queue_timeout", Msg: "Every model server stayed saturated while the request waited; retry later.", Err: err}
 	case errors.Is(err, balancer.ErrNoBackend):

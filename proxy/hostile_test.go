@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -54,7 +55,12 @@ func (rb *recordingBackend) lastRequest() *http.Request {
 // (Server.HTTPServer, so its header limits apply) on a real TCP port.
 func newServedFront(t *testing.T, cfg Config, backendURLs ...string) *httptest.Server {
 	t.Helper()
-	px := New(cfg, newTestBalancer(t, backendURLs...), prometheus.NewRegistry(), nil)
+	return serveFront(t, New(cfg, newTestBalancer(t, backendURLs...), prometheus.NewRegistry(), nil))
+}
+
+// serveFront serves px as newServedFront does.
+func serveFront(t *testing.T, px *Server) *httptest.Server {
+	t.Helper()
 	srv := httptest.NewUnstartedServer(nil)
 	srv.Config = px.HTTPServer(log.New(io.Discard, "", 0))
 	srv.Start()
@@ -116,12 +122,7 @@ func TestHostileRequestsNeverReachBackend(t *testing.T) {
 
 	ok := body("completion", "")
 	manyHeaders := strings.Repeat("X-A: b\r\n", 150)
-	tests := []struct {
-		name       string
-		raw        string
-		wantStatus int
-		plain      bool // refused by net/http itself, before our handlers
-	}{
+	tests := []hostileRow{
 		// bodies
 		{"empty body", rawPost("/v1/completions", jsonCT, ""), 400, false},
 		{"not json", rawPost("/v1/completions", jsonCT, "hello"), 400, false},
@@ -197,6 +198,31 @@ func TestHostileRequestsNeverReachBackend(t *testing.T) {
 	if len(tests) < 40 {
 		t.Fatalf("%d hostile requests, want at least 40", len(tests))
 	}
+	checkHostile(t, addr, rb, tests)
+
+	// The same path, with a well-formed request, does reach it: the
+	// harness can tell.
+	resp, b, err := rawExchange(t, addr, rawPost("/v1/completions", jsonCT, ok))
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("well-formed request: %v, %v %q", err, resp, b)
+	}
+	if n := rb.hits.Load(); n != 1 {
+		t.Errorf("backend saw %d requests after a good one, want 1", n)
+	}
+}
+
+// hostileRow is one hostile request and the answer it must get.
+type hostileRow struct {
+	name       string
+	raw        string
+	wantStatus int
+	plain      bool // refused by net/http itself, before our handlers
+}
+
+// checkHostile sends each row to addr: each gets its status, in OpenAI's
+// JSON shape unless plain, and none reaches rb.
+func checkHostile(t *testing.T, addr string, rb *recordingBackend, tests []hostileRow) {
+	t.Helper()
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			resp, b, err := rawExchange(t, addr, tt.raw)
@@ -221,14 +247,68 @@ func TestHostileRequestsNeverReachBackend(t *testing.T) {
 	if n := rb.hits.Load(); n != 0 {
 		t.Errorf("%d hostile requests reached the backend, want 0; the last: %s %s", n, rb.lastRequest().Method, rb.lastRequest().URL)
 	}
+}
 
-	// The same path, with a well-formed request, does reach it: the
-	// harness can tell.
-	resp, b, err := rawExchange(t, addr, rawPost("/v1/completions", jsonCT, ok))
+// TestHostileAuthRequestsNeverReachBackend: with API keys configured,
+// requests that carry no valid key in the one place llmlb reads it (a
+// single Authorization: Bearer header), or a valid key used where the key
+// may not go, never reach a backend and get OpenAI-shaped errors; a
+// well-formed keyed request does reach it, without its Authorization.
+func TestHostileAuthRequestsNeverReachBackend(t *testing.T) {
+	rb := newRecordingBackend(t)
+	cfg := DefaultConfig()
+	px := New(cfg, newTestBalancer(t, rb.URL), prometheus.NewRegistry(), nil)
+	if err := px.SetAuth(AuthConfig{Keys: []KeyConfig{
+		keyConfig("alpha", keyA),
+		keyConfig("limited", keyB, func(k *KeyConfig) { k.Models = []string{"another-model"} }),
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	addr := serveFront(t, px).Listener.Addr().String()
+	ok := body("completion", "")
+	bearer := func(k string) string { return "Authorization: Bearer " + k + "\r\n" }
+	tests := []hostileRow{
+		{"no authorization", rawPost("/v1/completions", jsonCT, ok), 401, false},
+		{"bearer without key", rawPost("/v1/completions", jsonCT+"Authorization: Bearer\r\n", ok), 401, false},
+		{"empty authorization", rawPost("/v1/completions", jsonCT+"Authorization: \r\n", ok), 401, false},
+		{"basic auth with the key", rawPost("/v1/completions", jsonCT+"Authorization: Basic "+base64.StdEncoding.EncodeToString([]byte("user:"+keyA))+"\r\n", ok), 401, false},
+		{"the key without a scheme", rawPost("/v1/completions", jsonCT+"Authorization: "+keyA+"\r\n", ok), 401, false},
+		{"two authorization headers", rawPost("/v1/completions", jsonCT+bearer(keyA)+bearer(keyA), ok), 401, false},
+		{"two keys in one header", rawPost("/v1/completions", jsonCT+"Authorization: Bearer "+keyA+", Bearer "+keyA+"\r\n", ok), 401, false},
+		{"key with a tab inside", rawPost("/v1/completions", jsonCT+bearer(keyA[:8]+"\t"+keyA[8:]), ok), 401, false},
+		{"the key's hash", rawPost("/v1/completions", jsonCT+bearer(HashKey(keyA)), ok), 401, false},
+		{"a prefix of the key", rawPost("/v1/completions", jsonCT+bearer(keyA[:len(keyA)-1]), ok), 401, false},
+		{"the key and more", rawPost("/v1/completions", jsonCT+bearer(keyA+"x"), ok), 401, false},
+		{"30 KiB bearer token", rawPost("/v1/completions", jsonCT+bearer(strings.Repeat("k", 30<<10)), ok), 401, false},
+		{"40 KiB bearer token", rawPost("/v1/completions", jsonCT+bearer(strings.Repeat("k", 40<<10)), ok), 431, false},
+		{"nul in the bearer token", rawPost("/v1/completions", jsonCT+bearer(keyA+"\x00"), ok), 400, true},
+		{"key in the query string", rawPost("/v1/completions?api_key="+keyA, jsonCT, ok), 401, false},
+		{"key in the query string as key", rawPost("/v1/completions?key="+keyA, jsonCT, ok), 401, false},
+		{"key in api-key header", rawPost("/v1/completions", jsonCT+"api-key: "+keyA+"\r\n", ok), 401, false},
+		{"key in x-api-key header", rawPost("/v1/completions", jsonCT+"x-api-key: "+keyA+"\r\n", ok), 401, false},
+		{"key in proxy-authorization", rawPost("/v1/completions", jsonCT+"Proxy-Authorization: Bearer "+keyA+"\r\n", ok), 401, false},
+		{"key in a cookie", rawPost("/v1/completions", jsonCT+"Cookie: api_key="+keyA+"\r\n", ok), 401, false},
+		{"key in the body", rawPost("/v1/completions", jsonCT, `{"model":"`+testModel+`","prompt":"hi","api_key":"`+keyA+`"}`), 401, false},
+		{"models list without key", "GET /v1/models HTTP/1.1\r\nHost: llmlb\r\nConnection: close\r\n\r\n", 401, false},
+		{"chat without key", rawPost("/v1/chat/completions", jsonCT, body("chat", "")), 401, false},
+		{"embeddings with a wrong key", rawPost("/v1/embeddings", jsonCT+bearer(keyB+"x"), ok), 401, false},
+		{"key limited to another model", rawPost("/v1/completions", jsonCT+bearer(keyB), ok), 404, false},
+		{"valid key on an admin route", rawPost("/v1/load_lora_adapter", jsonCT+bearer(keyA), `{"model":"`+testModel+`","lora_name":"x","lora_path":"/tmp/x"}`), 404, false},
+		{"valid key, bad body", rawPost("/v1/completions", jsonCT+bearer(keyA), "{"), 400, false},
+		{"valid key, GET completions", "GET /v1/completions HTTP/1.1\r\nHost: llmlb\r\nConnection: close\r\n" + bearer(keyA) + "\r\n", 405, false},
+		{"valid key, smuggled admin route", "POST /v1/completions HTTP/1.1\r\nHost: llmlb\r\n" + jsonCT + bearer(keyA) + "Content-Length: 6\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" +
+			rawPost("/v1/load_lora_adapter", jsonCT+bearer(keyA), `{"model":"`+testModel+`","lora_name":"x"}`), 400, false},
+	}
+	checkHostile(t, addr, rb, tests)
+
+	resp, b, err := rawExchange(t, addr, rawPost("/v1/completions", jsonCT+bearer(keyA), ok))
 	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("well-formed request: %v, %v %q", err, resp, b)
+		t.Fatalf("well-formed keyed request: %v, %v %q", err, resp, b)
 	}
 	if n := rb.hits.Load(); n != 1 {
 		t.Errorf("backend saw %d requests after a good one, want 1", n)
+	}
+	if got := rb.lastRequest().Header.Get("Authorization"); got != "" {
+		t.Errorf("the client's key reached the backend: Authorization %q", got)
 	}
 }

@@ -82,11 +82,13 @@ func stripClientHeaders(h http.Header) {
 	}
 }
 
-// stripBackendHeaders removes x-llmlb-* headers a backend sent, so that a
-// client sees only the proxy's own.
-func stripBackendHeaders(h http.Header) {
+// stripBackendHeaders removes x-llmlb-* headers a backend sent, and with
+// keys its x-ratelimit-* headers, so that a client sees only the proxy's
+// own.
+func stripBackendHeaders(h http.Header, keys bool) {
 	for k := range h {
-		if strings.HasPrefix(strings.ToLower(k), "x-llmlb-") {
+		n := strings.ToLower(k)
+		if strings.HasPrefix(n, "x-llmlb-") || keys && strings.HasPrefix(n, "x-ratelimit-") {
 			delete(h, k)
 		}
 	}

@@ -84,6 +84,7 @@ func (pn *pipeNet) DialContext(ctx context.Context, _, addr string) (net.Conn, e
 
 // bubbleFront is a proxy, its backends and a client on one pipeNet.
 type bubbleFront struct {
+	net     *pipeNet
 	px      *Server
 	reg     *prometheus.Registry
 	client  *http.Client
@@ -96,10 +97,10 @@ type bubbleFront struct {
 // close the result before the bubble ends.
 func newBubbleFront(t *testing.T, cfg Config, policy string, backends map[string]http.Handler, order ...string) *bubbleFront {
 	t.Helper()
-	var pn pipeNet
+	pn := &pipeNet{}
 	bal := newBal(t, policy)
 	var specs []balancer.Spec
-	f := &bubbleFront{reg: prometheus.NewRegistry()}
+	f := &bubbleFront{net: pn, reg: prometheus.NewRegistry()}
 	for _, name := range order {
 		hs := &http.Server{Handler: backends[name]}
 		go hs.Serve(pn.listen(name + ":80"))

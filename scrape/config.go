@@ -15,6 +15,13 @@ import (
 type BackendConfig struct {
 	// URL is the model server's base URL, e.g. http://10.0.0.5:8000.
 	URL string `mapstructure:"url"`
+	// Name is what clients see of a url backend in x-llmlb-backend:
+	// unique, 1 to 64 letters, digits, '.', '_' or '-', not b<digits>.
+	// Metrics, logs and the admin pages keep naming it by its URL.
+	// Empty means b1, b2, ... in the order backends first appear. Not
+	// for dns or srv entries, whose backends are always numbered.
+	// (default b<N>)
+	Name string `mapstructure:"name"`
 	// DNS is a name whose A and AAAA records are backends, each address
 	// on each of Ports.
 	DNS string `mapstructure:"dns"`
@@ -155,7 +162,7 @@ func (c Config) Validate() error {
 // engines are the engine names a backend may use.
 func ValidateBackends(bs []BackendConfig, engines []string) error {
 	var errs []error
-	seen := map[string]int{}
+	seen, names := map[string]int{}, map[string]int{}
 	for i, b := range bs {
 		field := fmt.Sprintf("backends[%d]", i)
 		sources := 0
@@ -186,6 +193,18 @@ func ValidateBackends(bs []BackendConfig, engines []string) error {
 					errs = append(errs, fmt.Errorf("%s.%s: only for dns or srv backends", field, k.key))
 				}
 			}
+		}
+		switch {
+		case b.Name == "":
+		case b.URL == "":
+			errs = append(errs, fmt.Errorf("%s.name: only for url backends; dns and srv backends are numbered", field))
+		case !validName(b.Name):
+			errs = append(errs, fmt.Errorf("%s.name: must be 1 to 64 letters, digits, '.', '_' or '-', and not b followed by digits (the default names), got %q", field, b.Name))
+		default:
+			if j, dup := names[b.Name]; dup {
+				errs = append(errs, fmt.Errorf("%s.name: %q is backends[%d]'s name too", field, b.Name, j))
+			}
+			names[b.Name] = i
 		}
 		if b.DNS != "" && len(b.Ports) == 0 {
 			errs = append(errs, fmt.Errorf("%s.ports: dns %q needs the ports its servers listen on", field, b.DNS))
@@ -232,6 +251,24 @@ func ValidateBackends(bs []BackendConfig, engines []string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// validName reports whether s may name a backend: short, plain, and not
+// one of the default names b1, b2, ....
+func validName(s string) bool {
+	if len(s) == 0 || len(s) > 64 {
+		return false
+	}
+	digits := len(s) > 1 && s[0] == 'b'
+	for i, c := range []byte(s) {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return false
+		}
+		if i > 0 && (c < '0' || c > '9') {
+			digits = false
+		}
+	}
+	return !digits
 }
 
 // checkBackendURL parses a backend's base URL, explaining the usual

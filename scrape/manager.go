@@ -2,6 +2,7 @@ package scrape
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -34,6 +35,9 @@ type Setup struct {
 	// Client is used for every probe and scrape; nil means a client that
 	// never goes through an HTTP proxy.
 	Client *http.Client
+	// TLS verifies HTTPS backends, and gives the client certificate they
+	// may ask for, when Client is nil; nil means the system roots.
+	TLS *tls.Config
 	// Resolver answers DNS discovery; nil means net.DefaultResolver.
 	Resolver Resolver
 	// Now is the clock; nil means time.Now.
@@ -96,7 +100,7 @@ func NewManager(s Setup) (*Manager, error) {
 		s.Logger = slog.New(slog.DiscardHandler)
 	}
 	if s.Client == nil {
-		s.Client = &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 4}}
+		s.Client = &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 4, TLSClientConfig: s.TLS}}
 	}
 	if s.Resolver == nil {
 		s.Resolver = net.DefaultResolver

@@ -83,6 +83,7 @@ func newTarget(cfg Config, id string, u *url.URL, g *group, d deps) *Target {
 		now:         d.now,
 		spec: balancer.Spec{
 			ID:     id,
+			Name:   bc.Name,
 			URL:    u,
 			Engine: Auto,
 			State:  balancer.StateUnknown,

@@ -214,6 +214,11 @@ func TestValidateBackendsNamesEachField(t *testing.T) {
 		{DNS: "x", Ports: []int{8000, 70000}, ActivePorts: map[string][]int{"10.0.0.1": {8001}}, Scheme: "ftp"},
 		{URL: "http://d", DNS: "d"},
 		{URL: "http://e", Ports: []int{1}},
+		{URL: "http://f", Name: "gpu-a"},
+		{URL: "http://g", Name: "gpu-a"},
+		{URL: "http://h", Name: "b7"},
+		{URL: "http://i", Name: "http://i"},
+		{DNS: "j", Ports: []int{1}, Name: "pool"},
 	}, engineSet(t, nil).Names())
 	if err == nil {
 		t.Fatal("no error")
@@ -232,12 +237,16 @@ func TestValidateBackendsNamesEachField(t *testing.T) {
 		"backends[4].engine: unknown engine \"vlm\"",
 		"backends[4].models[0]: must not be empty",
 		"backends[4].health_path: must start with /",
+		"backends[11].name: \"gpu-a\" is backends[10]'s name too",
+		"backends[12].name: must be 1 to 64 letters, digits, '.', '_' or '-', and not b followed by digits",
+		"backends[13].name: must be",
+		"backends[14].name: only for url backends",
 	} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("missing %q in:\n%v", want, err)
 		}
 	}
-	if err := ValidateBackends([]BackendConfig{{URL: "https://x:1", Engine: "sglang"}, {DNS: "vllm", Ports: []int{8000}}, {SRV: "_v._tcp.x"}}, engineSet(t, nil).Names()); err != nil {
+	if err := ValidateBackends([]BackendConfig{{URL: "https://x:1", Engine: "sglang", Name: "h100-0"}, {URL: "http://y", Name: "b"}, {URL: "http://z", Name: "b1x"}, {DNS: "vllm", Ports: []int{8000}}, {SRV: "_v._tcp.x"}}, engineSet(t, nil).Names()); err != nil {
 		t.Errorf("valid backend refused: %v", err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 // view shows.
 type BackendView struct {
 	ID          string   `json:"id"`
+	Name        string   `json:"name"` // what clients see in x-llmlb-backend
 	URL         string   `json:"url"`
 	State       string   `json:"state"`
 	Engine      string   `json:"engine"`

@@ -27,6 +27,9 @@ import (
 type Config struct {
 	// Listen is the address clients reach. (default 127.0.0.1:8080)
 	Listen string `mapstructure:"listen"`
+	// TLS serves HTTPS on Listen from certificate files reloaded when
+	// they change.
+	TLS proxy.TLSConfig `mapstructure:"tls"`
 	// Admin is the operators' listener: /metrics, /debug/*.
 	Admin AdminConfig `mapstructure:"admin"`
 	// ShutdownGrace is how long in-flight requests, streams included, may
@@ -38,6 +41,8 @@ type Config struct {
 	DefaultEngine string `mapstructure:"default_engine"`
 	// Log sets the log level and format.
 	Log LogConfig `mapstructure:"log"`
+	// Auth holds the API keys clients must present; none: no key asked.
+	Auth proxy.AuthConfig `mapstructure:"auth"`
 	// Proxy tunes forwarding: body limit, retries, timeouts.
 	Proxy proxy.Config `mapstructure:"proxy"`
 	// Scrape tunes health checks and model discovery.
@@ -60,6 +65,12 @@ type AdminConfig struct {
 	// Listen is the admin address; keep it off the clients' network.
 	// Empty disables the admin listener. (default 127.0.0.1:9090)
 	Listen string `mapstructure:"listen"`
+	// Token is the SHA-256 of the bearer token every admin route asks
+	// for (/, /metrics, /debug/*), "sha256:" and 64 hex digits as `llmlb
+	// hash-key` prints it; a request without the token gets 401. Empty
+	// means no token: the admin listener is open to whoever reaches it.
+	// (default empty)
+	Token string `mapstructure:"token"`
 }
 
 // LogConfig is the `log:` section.
@@ -106,6 +117,11 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("admin.listen: must differ from listen (%q)", c.Listen))
 		}
 	}
+	if c.Admin.Token != "" {
+		if _, err := proxy.ParseKeyHash(c.Admin.Token); err != nil {
+			errs = append(errs, fmt.Errorf("admin.token: %w", err))
+		}
+	}
 	if c.ShutdownGrace < 0 {
 		errs = append(errs, fmt.Errorf("shutdown_grace: must not be negative, got %s", c.ShutdownGrace))
 	}
@@ -125,7 +141,7 @@ func (c Config) Validate() error {
 	if len(c.Backends) == 0 {
 		errs = append(errs, errors.New("backends: at least one backend is required"))
 	}
-	errs = append(errs, c.Proxy.Validate(), c.Scrape.Validate(), scrape.ValidateBackends(c.Backends, names),
+	errs = append(errs, c.TLS.Validate(), c.Auth.Validate(), c.Proxy.Validate(), c.Scrape.Validate(), scrape.ValidateBackends(c.Backends, names),
 		c.Balancer.Validate(), c.Prefix.Validate(), balancer.ValidateModels(c.Models))
 	return errors.Join(errs...)
 }

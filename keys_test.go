@@ -1,0 +1,224 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/llmlb/llmlb/internal/config"
+	"github.com/llmlb/llmlb/proxy"
+	"github.com/llmlb/llmlb/sim"
+)
+
+// Keys the tests present; config files hold only their hashes.
+const (
+	testKeyA = "sk-llmlb-main-alpha-8c7b6a5f4e3d2c1b"
+	testKeyB = "sk-llmlb-main-bravo-1b2c3d4e5f6a7b8c"
+)
+
+// keyedConfig is a config file for the backends at urls, logging at
+// debug, with the keys given as name, key pairs, each limited to 100
+// requests a minute.
+func keyedConfig(urls []string, keys ...string) string {
+	var b strings.Builder
+	b.WriteString("listen: 127.0.0.1:0\nadmin:\n  listen: 127.0.0.1:0\nlog:\n  level: debug\nscrape:\n  health_interval: 100ms\n")
+	b.WriteString("auth:\n  keys:\n")
+	for i := 0; i+1 < len(keys); i += 2 {
+		b.WriteString("    - name: " + keys[i] + "\n      key: " + proxy.HashKey(keys[i+1]) + "\n      requests_per_minute: 100\n")
+	}
+	b.WriteString("backends:\n")
+	for _, u := range urls {
+		b.WriteString("  - url: " + u + "\n")
+	}
+	return b.String()
+}
+
+func keyedPost(t *testing.T, addr, key, body string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/completions", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+// TestKeyReloadTakesEffectWithoutDroppingStreams: a config file that
+// revokes a key, written while a stream made with that key runs, refuses
+// the key from then on (401) and lets the stream end whole; the other key
+// keeps working; a refused file with a key pasted where its hash belongs
+// does not put the key in the log; the key's requests are counted by its
+// name; no key or hash is in the log or the admin pages.
+func TestKeyReloadTakesEffectWithoutDroppingStreams(t *testing.T) {
+	urls := simBackends(t, 1, sim.SteadyConfig{Speed: 1, DecodeTokensPerSecond: 50})
+	path := writeConfig(t, keyedConfig(urls, "alpha", testKeyA, "bravo", testKeyB))
+	cfg, err := config.Load(path, noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &lockedBuffer{}
+	inst, err := start(t.Context(), cfg, &configSource{path: path, env: noEnv, poll: 20 * time.Millisecond}, logs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { inst.wait() })
+	waitBackends(t, inst.adminAddr, 1)
+
+	resp := keyedPost(t, inst.addr, testKeyA, `{"model":"`+testModel+`","prompt":"hello","max_tokens":100,"stream":true}`) // 2s at 50 tokens/s
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("stream with alpha: status %d", resp.StatusCode)
+	}
+	rd := bufio.NewReader(resp.Body)
+	if line, err := rd.ReadString('\n'); err != nil || !strings.HasPrefix(line, "data: ") {
+		t.Fatalf("stream start %q %v", line, err)
+	}
+
+	// A key pasted in place of its hash: refused, and not logged.
+	replaceFile(t, path, strings.Replace(keyedConfig(urls, "alpha", testKeyA, "bravo", testKeyB), proxy.HashKey(testKeyB), testKeyB, 1))
+	waitMetric(t, inst.adminAddr, `llmlb_config_reloads_total{result="error"}`, 1)
+
+	// alpha revoked.
+	replaceFile(t, path, keyedConfig(urls, "bravo", testKeyB))
+	waitMetric(t, inst.adminAddr, `llmlb_config_reloads_total{result="success"}`, 1)
+	r2 := keyedPost(t, inst.addr, testKeyA, `{"model":"`+testModel+`","prompt":"hi","max_tokens":2}`)
+	io.Copy(io.Discard, r2.Body)
+	r2.Body.Close()
+	if r2.StatusCode != http.StatusUnauthorized {
+		t.Errorf("revoked key after the reload: status %d, want 401", r2.StatusCode)
+	}
+	r3 := keyedPost(t, inst.addr, testKeyB, `{"model":"`+testModel+`","prompt":"hi","max_tokens":2}`)
+	io.Copy(io.Discard, r3.Body)
+	r3.Body.Close()
+	if r3.StatusCode != http.StatusOK {
+		t.Errorf("remaining key after the reload: status %d, want 200", r3.StatusCode)
+	}
+
+	// The stream was still running when the revocation took effect.
+	line, err := rd.ReadString('\n')
+	for err == nil && line == "\n" {
+		line, err = rd.ReadString('\n')
+	}
+	if err != nil || !strings.HasPrefix(line, "data: {") {
+		t.Fatalf("the stream ended before the key was revoked (%q, %v): the test shows nothing", line, err)
+	}
+	rest, err := io.ReadAll(rd)
+	if err != nil || !strings.HasSuffix(string(rest), "data: [DONE]\n\n") {
+		t.Fatalf("the stream made with the revoked key was cut by the reload: %v\n%s", err, rest)
+	}
+	waitMetric(t, inst.adminAddr, `llmlb_key_requests_total{key="alpha",status="200"}`, 1)
+	waitMetric(t, inst.adminAddr, `llmlb_key_requests_total{key="bravo",status="200"}`, 1)
+
+	var pages strings.Builder
+	for _, p := range []string{"/metrics", "/", "/debug/backends"} {
+		r, err := http.Get("http://" + inst.adminAddr + p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(&pages, r.Body)
+		r.Body.Close()
+	}
+	for _, key := range []string{testKeyA, testKeyB} {
+		hex := strings.TrimPrefix(proxy.HashKey(key), "sha256:")
+		for _, form := range []string{key, hex, key[len(key)-12:], hex[:12]} {
+			if strings.Contains(logs.String(), form) {
+				t.Errorf("the log contains %q, from a key or its hash", form)
+			}
+			if strings.Contains(pages.String(), form) {
+				t.Errorf("the admin pages contain %q, from a key or its hash", form)
+			}
+		}
+	}
+	if !strings.Contains(logs.String(), `key=alpha`) {
+		t.Error("the access log does not name the key alpha: the log checked above is not the access log")
+	}
+}
+
+// TestHashKeyCommand: `llmlb hash-key` prints the hash the config file
+// takes, of its argument or of the key on standard input without its line
+// end, and refuses a key with spaces.
+func TestHashKeyCommand(t *testing.T) {
+	want := proxy.HashKey(testKeyA) + "\n"
+	if err, out, _ := runCmd(t, noEnv, "hash-key", testKeyA); err != nil || out != want {
+		t.Errorf("hash-key KEY = %q, %v; want %q", out, err, want)
+	}
+	if err, _, _ := runCmd(t, noEnv, "hash-key", "two words"); err == nil {
+		t.Error("hash-key accepted a key with a space")
+	}
+	if err, _, stderr := runCmd(t, noEnv, "hash-key", "short"); err != nil || !strings.Contains(stderr, "warning") {
+		t.Errorf("hash-key of a short key: %v, stderr %q; want a warning", err, stderr)
+	}
+	cmd := exec.Command(os.Args[0], "hash-key")
+	cmd.Env = append(os.Environ(), "LLMLB_TEST_RUN_MAIN=1")
+	cmd.Stdin = strings.NewReader(testKeyA + "\n")
+	out, err := cmd.Output()
+	if err != nil || string(out) != want {
+		t.Errorf("key on stdin: %q, %v; want %q", out, err, want)
+	}
+	// The hash it prints is what the config file takes.
+	path := writeConfig(t, reloadConfig([]string{"http://127.0.0.1:1"}, "auth:\n  keys:\n    - name: alpha\n      key: "+strings.TrimSpace(string(out))+"\n"))
+	if _, err := config.Load(path, noEnv); err != nil {
+		t.Errorf("the printed hash does not load: %v", err)
+	}
+}
+
+// TestOpenAISDKWithKeys: the official OpenAI Go SDK, given an API key as
+// its users give it, is served; given a wrong key it reports OpenAI's 401
+// (invalid_api_key); over the key's requests per minute it reports a 429
+// rate_limit_exceeded, with the headers it reads; the model list is the
+// key's.
+func TestOpenAISDKWithKeys(t *testing.T) {
+	urls := simBackends(t, 1, sim.SteadyConfig{Speed: 100}, "sql-lora")
+	cfg := testConfig(urls)
+	cfg.Auth = proxy.AuthConfig{Keys: []proxy.KeyConfig{{Name: "alpha", Key: proxy.HashKey(testKeyA), Models: []string{testModel}, RequestsPerMinute: 2}}}
+	inst := startTest(t, cfg, 1)
+	ctx := t.Context()
+	client := func(key string) *openai.Client {
+		c := openai.NewClient(option.WithBaseURL("http://"+inst.addr+"/v1/"), option.WithAPIKey(key), option.WithMaxRetries(0))
+		return &c
+	}
+	params := openai.CompletionNewParams{Model: testModel, Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("hi")}, MaxTokens: openai.Int(2)}
+
+	var apiErr *openai.Error
+	if _, err := client(testKeyB).Completions.New(ctx, params); !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusUnauthorized || apiErr.Code != "invalid_api_key" {
+		t.Errorf("wrong key: %v, want a 401 invalid_api_key", err)
+	}
+	good := client(testKeyA)
+	page, err := good.Models.List(ctx)
+	if err != nil || len(page.Data) != 1 || page.Data[0].ID != testModel {
+		t.Errorf("models with the key: %v %v, want only %s (not the adapter sql-lora)", page, err, testModel)
+	}
+	var raw *http.Response
+	if _, err := good.Completions.New(ctx, params, option.WithResponseInto(&raw)); err != nil {
+		t.Fatalf("with the key: %v", err)
+	}
+	if raw.Header.Get("x-ratelimit-remaining-requests") != "1" {
+		t.Errorf("x-ratelimit-remaining-requests %q, want 1", raw.Header.Get("x-ratelimit-remaining-requests"))
+	}
+	if _, err := good.Completions.New(ctx, params); err != nil {
+		t.Fatalf("second with the key: %v", err)
+	}
+	_, err = good.Completions.New(ctx, params, option.WithResponseInto(&raw))
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusTooManyRequests || apiErr.Code != "rate_limit_exceeded" {
+		t.Fatalf("third with the key: %v, want a 429 rate_limit_exceeded", err)
+	}
+	// One request comes back every 30s; the first was sent moments ago.
+	if ms, _ := strconv.Atoi(raw.Header.Get("retry-after-ms")); raw.Header.Get("Retry-After") != "30" || ms < 25000 || ms > 30000 {
+		t.Errorf("429 Retry-After %q, retry-after-ms %q; want 30 and just under 30000", raw.Header.Get("Retry-After"), raw.Header.Get("retry-after-ms"))
+	}
+}
