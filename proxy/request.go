@@ -183,12 +183,14 @@ func ParseRequest(k Kind, body []byte) (*Request, error) {
 			return r, badRequest("cache_salt", "cache_salt must be a string.")
 		}
 	}
+	// The body is valid UTF-8 and valid JSON (jsonscan or encoding/json
+	// took it whole), so the prompt's text need not be checked again.
 	var err error
 	switch k {
 	case KindCompletion:
-		r.Canonical, err = prefix.AppendCompletion(nil, w.Prompt)
+		r.Canonical, err = prefix.AppendValidCompletion(nil, w.Prompt)
 	case KindChat:
-		r.Canonical, err = prefix.AppendChat(nil, w.Messages, w.Tools)
+		r.Canonical, err = prefix.AppendValidChat(nil, w.Messages, w.Tools)
 	}
 	var fe *prefix.FormatError
 	if errors.As(err, &fe) {
