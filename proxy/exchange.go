@@ -42,6 +42,7 @@ type exchange struct {
 
 	// forward
 	forwarded bool      // handed to ReverseProxy
+	body      sendBody  // what each attempt sends
 	attempts  int       // backends tried so far
 	sentAt    time.Time // when the latest attempt was sent
 	// stripUsage: llmlb asked for the stream's usage chunk, the client

@@ -188,9 +188,10 @@ func (s *Server) forward(ex *exchange, r *http.Request) {
 		}
 		req.Body = body
 	}
+	ex.body = sendBody{head: req.Body}
 	if s.cfg.RequestUsage && req.Stream && !req.IncludeUsage && req.Kind != KindOther {
 		if body, err := withUsage(req.Body, req.StreamOptions); err == nil {
-			req.Body, ex.stripUsage = body, true
+			ex.body, ex.stripUsage = body, true
 		}
 	}
 	ex.forwarded = true
