@@ -41,10 +41,13 @@ type exchange struct {
 	dec    balancer.Decision
 
 	// forward
-	forwarded bool      // handed to ReverseProxy
-	body      sendBody  // what each attempt sends
-	attempts  int       // backends tried so far
-	sentAt    time.Time // when the latest attempt was sent
+	forwarded bool // handed to ReverseProxy
+	// body is what each attempt sends; its buffer (body.held) is the
+	// client's body as read, held until the exchange is finished.
+	body     sendBody
+	canon    *[]byte   // the canonical prompt's buffer, lent by Server.buffers; nil if none
+	attempts int       // backends tried so far
+	sentAt   time.Time // when the latest attempt was sent
 	// stripUsage: llmlb asked for the stream's usage chunk, the client
 	// did not, so the observer drops it.
 	stripUsage bool
@@ -147,6 +150,12 @@ func (s *Server) finish(ex *exchange, r *http.Request) {
 	}
 	if s.accessLog && r.URL.Path != "/health" && r.URL.Path != "/ready" {
 		s.logAccess(ex, r, status)
+	}
+	// Nothing reads the request's bytes from here on; an attempt's
+	// transport still writing them holds the body until it closes it.
+	ex.body.held.release()
+	if ex.canon != nil {
+		s.buffers.put(ex.canon)
 	}
 }
 

@@ -136,16 +136,25 @@ func (t *retryTransport) debug(ctx context.Context, msg string, be *balancer.Bac
 // rewritten copy), then tail, what llmlb adds at the end (see
 // [withUsage]). They are kept apart so that a long prompt is sent from the
 // bytes read from the client, never copied, on every attempt.
-type sendBody struct{ head, tail []byte }
+type sendBody struct {
+	head, tail []byte
+	held       *heldBody // the pooled buffer head is in, nil if none
+}
 
 func (b sendBody) size() int64 { return int64(len(b.head) + len(b.tail)) }
 
-// open returns a reader over the whole body.
+// open returns a reader over the whole body, which holds the pooled
+// buffer until it is closed.
 func (b sendBody) open() io.ReadCloser {
-	if len(b.tail) == 0 {
-		return io.NopCloser(bytes.NewReader(b.head))
+	var r io.Reader = bytes.NewReader(b.head)
+	if len(b.tail) > 0 {
+		r = io.MultiReader(r, bytes.NewReader(b.tail))
 	}
-	return io.NopCloser(io.MultiReader(bytes.NewReader(b.head), bytes.NewReader(b.tail)))
+	if b.held == nil {
+		return io.NopCloser(r)
+	}
+	b.held.hold()
+	return &heldReader{r: r, held: b.held}
 }
 
 // attemptRequest returns req aimed at backend be, with a fresh reader over

@@ -111,6 +111,12 @@ func checkContentType(h http.Header) *HTTPError {
 // carries the Model, so that a rejection can be counted and listed under
 // the model the client asked for; other errors come with nil.
 func ParseRequest(k Kind, body []byte) (*Request, error) {
+	return parseRequest(k, body, nil)
+}
+
+// parseRequest is ParseRequest writing the canonical prompt into canon's
+// spare capacity.
+func parseRequest(k Kind, body, canon []byte) (*Request, error) {
 	trimmed := bytes.TrimLeft(body, " \t\r\n")
 	if len(trimmed) == 0 {
 		return nil, badRequest("", "The request body is empty; expected a JSON object.")
@@ -188,9 +194,9 @@ func ParseRequest(k Kind, body []byte) (*Request, error) {
 	var err error
 	switch k {
 	case KindCompletion:
-		r.Canonical, err = prefix.AppendValidCompletion(nil, w.Prompt)
+		r.Canonical, err = prefix.AppendValidCompletion(canon, w.Prompt)
 	case KindChat:
-		r.Canonical, err = prefix.AppendValidChat(nil, w.Messages, w.Tools)
+		r.Canonical, err = prefix.AppendValidChat(canon, w.Messages, w.Tools)
 	}
 	var fe *prefix.FormatError
 	if errors.As(err, &fe) {

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -39,6 +38,7 @@ type Server struct {
 	rp      *httputil.ReverseProxy
 	started time.Time
 	picks   *pickLog
+	buffers *sizedPool // request bodies and canonical prompts
 
 	accessLog, logPrompts bool // set by SetLogging before serving
 }
@@ -56,7 +56,7 @@ func New(cfg Config, bal *balancer.Balancer, reg prometheus.Registerer, logger *
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, bal: bal, logger: logger, started: time.Now(), picks: newPickLog()}
+	s := &Server{cfg: cfg, bal: bal, logger: logger, started: time.Now(), picks: newPickLog(), buffers: &sizedPool{}}
 	s.metrics = newMetrics(reg, bal)
 	dialer := &net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second}
 	base := &http.Transport{
@@ -140,7 +140,7 @@ func (s *Server) serveModel(k Kind) http.HandlerFunc {
 // parse reads and parses the body. On an error after the model was read,
 // ex.req still carries the model.
 func (s *Server) parse(ex *exchange, r *http.Request, k Kind) error {
-	req, err := s.readRequest(ex.w, r, k)
+	req, err := s.readRequest(ex, r, k)
 	ex.req = req
 	return err
 }
@@ -188,10 +188,10 @@ func (s *Server) forward(ex *exchange, r *http.Request) {
 		}
 		req.Body = body
 	}
-	ex.body = sendBody{head: req.Body}
+	ex.body.head = req.Body
 	if s.cfg.RequestUsage && req.Stream && !req.IncludeUsage && req.Kind != KindOther {
 		if body, err := withUsage(req.Body, req.StreamOptions); err == nil {
-			ex.body, ex.stripUsage = body, true
+			ex.body.head, ex.body.tail, ex.stripUsage = body.head, body.tail, true
 		}
 	}
 	ex.forwarded = true
@@ -285,8 +285,10 @@ func (s *Server) balancerRequest(r *http.Request, req *Request) (*balancer.Reque
 	return breq, nil
 }
 
-// readRequest reads and parses the body, bounded by MaxBodyBytes.
-func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, k Kind) (*Request, error) {
+// readRequest reads and parses the body, bounded by MaxBodyBytes, into
+// buffers the exchange holds until it is finished.
+func (s *Server) readRequest(ex *exchange, r *http.Request, k Kind) (*Request, error) {
+	w := ex.w
 	if herr := checkContentType(r.Header); herr != nil {
 		return nil, herr
 	}
@@ -295,11 +297,9 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, k Kind) (*R
 	if r.ContentLength > s.cfg.MaxBodyBytes {
 		return nil, tooLarge
 	}
-	var buf bytes.Buffer
-	if r.ContentLength > 0 {
-		buf.Grow(int(r.ContentLength) + bytes.MinRead)
-	}
-	if _, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)); err != nil {
+	buf, err := s.buffers.readAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes), r.ContentLength)
+	ex.body.held = newHeldBody(s.buffers, buf)
+	if err != nil {
 		var mbe *http.MaxBytesError
 		switch {
 		case errors.As(err, &mbe):
@@ -314,7 +314,18 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, k Kind) (*R
 	// The body is in: lift the limits middleware's read deadline, which
 	// would otherwise end the connection's background read mid-stream.
 	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
-	req, err := ParseRequest(k, buf.Bytes())
+	body := *buf
+	if k != KindOther {
+		ex.canon = s.buffers.get(len(body))
+	}
+	var canon []byte
+	if ex.canon != nil {
+		canon = *ex.canon
+	}
+	req, err := parseRequest(k, body, canon)
+	if ex.canon != nil && req != nil && cap(req.Canonical) > cap(*ex.canon) {
+		*ex.canon = req.Canonical // grown: the larger buffer goes back
+	}
 	if err != nil {
 		var he *HTTPError
 		if errors.As(err, &he) {
