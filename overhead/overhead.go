@@ -224,10 +224,14 @@ func Run(ctx context.Context, o Options) (Report, error) {
 
 // fastBackend serves the OpenAI API on a loopback port from an emulated
 // vLLM server whose first token comes at once and each next one 10ms
-// later, and returns its base URL.
+// later, and returns its base URL. Its KV cache (16M tokens) holds every
+// prompt the scenarios have in flight at once (150 220 KB chats are 8.4M
+// tokens), as a server this fast would: with the default 131k tokens,
+// llmlb's saturation filter held most long prompts in its admission
+// queue, which HAProxy and nginx do not have.
 func fastBackend() (string, func(), error) {
 	model := sim.NewSteady(sim.SteadyConfig{DecodeTokensPerSecond: 100, PrefillTokensPerSecond: 1e12,
-		FirstTokenLatency: time.Nanosecond, MaxRunning: 1 << 16})
+		FirstTokenLatency: time.Nanosecond, MaxRunning: 1 << 16, NumBlocks: 1 << 20})
 	srv, err := sim.NewServer(sim.ServerConfig{Model: bench.Model}, model)
 	if err != nil {
 		return "", nil, err
@@ -257,7 +261,13 @@ func startProxy(ctx context.Context, name, llmlb, backend, dir string) (url, ver
 		if llmlb == "" {
 			return "", "", 0, nil, errMissing{"llmlb"}
 		}
-		cfg := fmt.Sprintf("listen: 127.0.0.1:0\nadmin:\n  listen: \"\"\nlog:\n  level: warn\n  access: false\nbackends:\n  - url: %s\n", backend)
+		// The saturation queue threshold is HAProxy's server maxconn
+		// below: each proxy queues requests only past 4,096 at the
+		// backend. With the default 16, llmlb's ledger counts every
+		// request it sent and has no first byte for yet as queued, so 64
+		// clients kept it queueing in its admission queue: routing
+		// policy, not what proxying costs.
+		cfg := fmt.Sprintf("listen: 127.0.0.1:0\nadmin:\n  listen: \"\"\nlog:\n  level: warn\n  access: false\nbalancer:\n  saturation:\n    queue: 4096\nbackends:\n  - url: %s\n", backend)
 		path := filepath.Join(dir, "llmlb.yaml")
 		if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
 			return "", "", 0, nil, err
