@@ -158,9 +158,11 @@ func (b sendBody) open() io.ReadCloser {
 }
 
 // attemptRequest returns req aimed at backend be, with a fresh reader over
-// body so that every attempt sends the whole body.
+// body so that every attempt sends the whole body. Attempts share req's
+// header, which ReverseProxy made for them and nothing changes after
+// Rewrite (a transport must not modify a request).
 func attemptRequest(ctx context.Context, req *http.Request, be *balancer.Backend, in *url.URL, body sendBody) *http.Request {
-	out := req.Clone(ctx)
+	out := req.WithContext(ctx)
 	u := *be.URL
 	u.Path, u.RawPath = joinPath(be.URL, in)
 	switch {
