@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"runtime/debug"
@@ -31,6 +32,12 @@ type exchange struct {
 	// parse
 	inference bool     // a route that names a model: counted and listed as such
 	req       *Request // nil until parsed; carries the model when a later field was bad
+	canon     *[]byte  // req.Canonical's buffer, lent by Server.buffers; nil if none or given back
+	// promptTokens is req.PromptTokens(), kept when the canonical prompt
+	// is given back after the pick; prompt is its start for a debug
+	// access line, "" unless prompts are logged.
+	promptTokens int
+	prompt       string
 
 	// route
 	target string // the model backends are asked for; req.Model is the client's; "" before routing
@@ -45,7 +52,6 @@ type exchange struct {
 	// body is what each attempt sends; its buffer (body.held) is the
 	// client's body as read, held until the exchange is finished.
 	body     sendBody
-	canon    *[]byte   // the canonical prompt's buffer, lent by Server.buffers; nil if none
 	attempts int       // backends tried so far
 	sentAt   time.Time // when the latest attempt was sent
 	// stripUsage: llmlb asked for the stream's usage chunk, the client
@@ -144,6 +150,7 @@ func (s *Server) fail(ex *exchange, err error) {
 // records the request: metrics and the status page for model routes, the
 // access line for all but the health and readiness probes.
 func (s *Server) finish(ex *exchange, r *http.Request) {
+	s.dropCanonical(ex)
 	status := s.status(ex)
 	if ex.inference {
 		s.account(ex, status)
@@ -154,9 +161,25 @@ func (s *Server) finish(ex *exchange, r *http.Request) {
 	// Nothing reads the request's bytes from here on; an attempt's
 	// transport still writing them holds the body until it closes it.
 	ex.body.held.release()
-	if ex.canon != nil {
-		s.buffers.put(ex.canon)
+}
+
+// dropCanonical gives the canonical prompt's buffer back, keeping what
+// the later stages read of it. The pick is its only reader: given back
+// then, a long prompt's copy is not held for the whole answer.
+func (s *Server) dropCanonical(ex *exchange) {
+	if ex.canon == nil {
+		return
 	}
+	if ex.req != nil { // nil when the body did not parse
+		ex.promptTokens = ex.req.PromptTokens()
+		if s.logPrompts && s.logger.Enabled(ex.client, slog.LevelDebug) {
+			c := ex.req.Canonical
+			ex.prompt = string(c[:min(len(c), maxLoggedPrompt)])
+		}
+		ex.req.Canonical = nil
+	}
+	s.buffers.put(ex.canon)
+	ex.canon = nil
 }
 
 // account releases the exchange's guard and counts the request.

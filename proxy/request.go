@@ -42,7 +42,8 @@ type Request struct {
 	Messages json.RawMessage
 	Body     []byte
 	// Canonical is the prompt's canonical bytes (package prefix), for
-	// completions and chat; nil for other routes.
+	// completions and chat; nil for other routes, and in the proxy once
+	// the pick has read it (its buffer is lent to the next request).
 	Canonical []byte
 	// MaxTokens is max_completion_tokens or max_tokens; 0 if neither.
 	MaxTokens int

@@ -163,6 +163,7 @@ func (s *Server) pick(ex *exchange, breq *balancer.Request) error {
 	breq.Guard = ex.guard
 	dec, err := s.bal.PickWait(ex.client, breq, make([]*balancer.Backend, 0, 4))
 	ex.dec, ex.picked = dec, true
+	s.dropCanonical(ex)
 	if dec.Waited > 0 {
 		s.metrics.queueWait.Observe(dec.Waited.Seconds())
 	}
@@ -248,7 +249,7 @@ func (s *Server) observed(ex *exchange, backend, model string, status int, took 
 	s.metrics.tokens[2].WithLabelValues(backend, model).Add(float64(u.Cached))
 	// The balancer counts in its own estimate of tokens (bytes/4); scale its
 	// predicted share of the prompt to the backend's real prompt tokens.
-	if est := ex.req.PromptTokens(); est > 0 && ex.attempts <= len(ex.dec.Work) {
+	if est := ex.promptTokens; est > 0 && ex.attempts <= len(ex.dec.Work) {
 		w := ex.dec.Work[ex.attempts-1]
 		share := float64(max(0, est-w.UncachedTokens)) / float64(est)
 		s.metrics.predicted.WithLabelValues(backend).Add(share * float64(u.Prompt))
