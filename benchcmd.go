@@ -243,7 +243,7 @@ func cmdOverhead(ctx context.Context, args []string, getenv func(string) string,
 	fs := newFlagSet("overhead", "llmlb overhead [--proxy direct,llmlb,haproxy,nginx] [--duration D] [--scale F] [--json FILE] [--require] [--quiet] [--llmlb PATH]", stderr)
 	proxies := fs.String("proxy", "direct,llmlb,haproxy,nginx", "comma-separated rows: direct, llmlb (this executable), haproxy, nginx (from PATH or /usr/sbin)")
 	duration := fs.Duration("duration", 5*time.Second, "how long each scenario runs against each proxy")
-	scale := fs.Float64("scale", 1, "share of the clients of the concurrent scenarios (64 requests, 8 long prompts, 256 streams)")
+	scale := fs.Float64("scale", 1, "share of the clients of the concurrent scenarios (64 requests, 8 long prompts, 150 long chats, 256 streams)")
 	require := fs.Bool("require", false, "fail when a proxy is not installed instead of skipping its row")
 	jsonFile := fs.String("json", "", "also write the results as JSON to this file")
 	quiet := fs.Bool("quiet", false, "no progress lines")

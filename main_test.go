@@ -912,7 +912,7 @@ func TestOverheadCommand(t *testing.T) {
 			continue
 		}
 		ran[r.Proxy] = true
-		if len(r.Cells) != 4 {
+		if len(r.Cells) != 5 {
 			t.Errorf("%s: %d cells", r.Proxy, len(r.Cells))
 		}
 		for _, c := range r.Cells {

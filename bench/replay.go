@@ -201,7 +201,10 @@ type streamOptions struct {
 // chunk is the part of a streamed completion event Replay reads.
 type chunk struct {
 	Choices []struct {
-		Text string `json:"text"`
+		Text  string `json:"text"`
+		Delta struct {
+			Content string `json:"content"`
+		} `json:"delta"` // chat streams
 	} `json:"choices"`
 	Usage *struct {
 		PromptTokens        int `json:"prompt_tokens"`
@@ -269,8 +272,9 @@ func sendOne(ctx context.Context, client *http.Client, base, model string, r *Re
 // StreamUsage is what a stream's usage chunk says; zero when it had none.
 type StreamUsage struct{ Prompt, Completion, Cached int }
 
-// ReadStream reads a streamed completion (OpenAI server-sent events) to
-// its [DONE], calling token as each event carrying text arrives, and
+// ReadStream reads a streamed completion or chat completion (OpenAI
+// server-sent events) to its [DONE], calling token as each event carrying
+// text (a chat delta's content) arrives, and
 // returns the usage chunk's counts. An error event, an event that is not
 // JSON, or an end before [DONE] is an error. The HTTP replay and the
 // overhead benchmark's load generator both read streams with it.
@@ -294,7 +298,7 @@ func ReadStream(body io.Reader, token func()) (StreamUsage, error) {
 		if c.Error != nil {
 			return u, fmt.Errorf("error in stream: %s", c.Error.Message)
 		}
-		if len(c.Choices) > 0 && c.Choices[0].Text != "" {
+		if len(c.Choices) > 0 && (c.Choices[0].Text != "" || c.Choices[0].Delta.Content != "") {
 			token()
 		}
 		if cu := c.Usage; cu != nil {

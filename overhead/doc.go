@@ -4,7 +4,8 @@
 // front of it in turn, next to a direct connection, and drives each
 // [Scenarios] entry through them with [Load], a closed-loop HTTP load
 // generator that times whole answers, first tokens and inter-token gaps
-// of streams; [Write] prints the [Report] as a table. A proxy that is not
+// of streams, while the proxy's CPU time and peak memory are read from
+// /proc (proc.go); [Write] prints the [Report] as tables. A proxy that is not
 // installed is a skipped row unless [Options].Require (LLMLB_REQUIRE_PROXIES=1
 // in CI) makes it an error.
 package overhead

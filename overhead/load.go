@@ -14,15 +14,22 @@ import (
 )
 
 // Load is a closed-loop HTTP load: Clients connections each POST Body to
-// URL again as soon as the last answer is read, for Duration. It is the
-// client side of the overhead benchmark (`llmlb overhead`), which runs
-// the same Load against a backend directly and through each proxy.
+// URL again as soon as the last answer is read, for Duration, or
+// PerClient times each. It is the client side of the overhead benchmark
+// (`llmlb overhead`), which runs the same Load against a backend directly
+// and through each proxy.
 type Load struct {
-	URL      string
-	Body     []byte
+	URL  string
+	Body []byte
+	// Bodies, if set, gives client i the body Bodies[i%len(Bodies)]
+	// instead of Body: clients whose prompts share no prefix.
+	Bodies   [][]byte
 	Stream   bool // read the answer as server-sent events, timing each
 	Clients  int
 	Duration time.Duration
+	// PerClient, if above 0, is how many requests each client sends;
+	// Duration is then ignored.
+	PerClient int
 }
 
 // LoadResult is what a Load measured. Latencies are sorted.
@@ -51,11 +58,18 @@ func (l Load) Run(ctx context.Context) LoadResult {
 	)
 	start := time.Now()
 	deadline := start.Add(l.Duration)
-	for range max(1, l.Clients) {
+	for i := range max(1, l.Clients) {
+		body := l.Body
+		if len(l.Bodies) > 0 {
+			body = l.Bodies[i%len(l.Bodies)]
+		}
 		wg.Go(func() {
 			var mine LoadResult
-			for time.Now().Before(deadline) && ctx.Err() == nil {
-				l.one(ctx, client, &mine)
+			for n := 0; ctx.Err() == nil; n++ {
+				if l.PerClient > 0 && n == l.PerClient || l.PerClient <= 0 && !time.Now().Before(deadline) {
+					break
+				}
+				l.one(ctx, client, body, &mine)
 			}
 			mu.Lock()
 			res.Requests += mine.Requests
@@ -78,15 +92,15 @@ func (l Load) Run(ctx context.Context) LoadResult {
 	return res
 }
 
-// one sends one request and records it in r.
-func (l Load) one(ctx context.Context, client *http.Client, r *LoadResult) {
+// one sends body and records the answer in r.
+func (l Load) one(ctx context.Context, client *http.Client, body []byte, r *LoadResult) {
 	fail := func(err error) {
 		r.Errors++
 		if r.FirstErr == "" {
 			r.FirstErr = err.Error()
 		}
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, l.URL, bytes.NewReader(l.Body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, l.URL, bytes.NewReader(body))
 	if err != nil {
 		fail(err)
 		return

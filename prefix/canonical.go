@@ -40,13 +40,26 @@ const (
 // mean the same), with a record separator after each list. An empty or
 // ill-typed prompt is a [*FormatError].
 func AppendCompletion(dst []byte, prompt json.RawMessage) ([]byte, error) {
+	return appendCompletion(dst, prompt, false)
+}
+
+// AppendValidCompletion is [AppendCompletion] for a prompt already known
+// to be valid JSON in valid UTF-8, as a request parser that checked the
+// whole body knows (see jsonscan.ValidObject): the same bytes and errors,
+// without reading a long prompt's text again to check it. On other input
+// it does not panic, but its result is unspecified.
+func AppendValidCompletion(dst []byte, prompt json.RawMessage) ([]byte, error) {
+	return appendCompletion(dst, prompt, true)
+}
+
+func appendCompletion(dst []byte, prompt json.RawMessage, valid bool) ([]byte, error) {
 	prompt = bytes.TrimSpace(prompt)
 	if len(prompt) == 0 || string(prompt) == "null" {
 		return dst, formatErr("prompt", "You must provide a prompt.")
 	}
 	switch prompt[0] {
 	case '"':
-		if p, ok := jsonscan.PlainString(prompt); ok {
+		if p, ok := plainString(prompt, valid); ok {
 			if len(p) == 0 {
 				return dst, formatErr("prompt", "prompt must not be empty.")
 			}
@@ -152,11 +165,23 @@ type contentPart struct {
 // depends on key order or whitespace in the request. A message list that is
 // not a non-empty list of objects with roles is a [*FormatError].
 func AppendChat(dst []byte, messages, tools json.RawMessage) ([]byte, error) {
+	return appendChat(dst, messages, tools, false)
+}
+
+// AppendValidChat is [AppendChat] for messages and tools already known to
+// be valid JSON in valid UTF-8, as [AppendValidCompletion] is
+// AppendCompletion: on a long prompt, most of AppendChat's time goes to
+// checking again what the request parser has checked.
+func AppendValidChat(dst []byte, messages, tools json.RawMessage) ([]byte, error) {
+	return appendChat(dst, messages, tools, true)
+}
+
+func appendChat(dst []byte, messages, tools json.RawMessage, valid bool) ([]byte, error) {
 	messages = bytes.TrimSpace(messages)
 	if len(messages) == 0 || string(messages) == "null" {
 		return dst, formatErr("messages", "You must provide messages.")
 	}
-	msgs, ok := scanMessages(messages)
+	msgs, ok := scanMessages(messages, valid)
 	if !ok {
 		msgs = nil
 		if err := json.Unmarshal(messages, &msgs); err != nil {
@@ -190,7 +215,7 @@ func AppendChat(dst []byte, messages, tools json.RawMessage) ([]byte, error) {
 		dst = appendField(dst, m.Name)
 		dst = appendField(dst, m.ToolCallID)
 		var err error
-		if dst, err = appendContent(dst, m.Content); err != nil {
+		if dst, err = appendContent(dst, m.Content, valid); err != nil {
 			return dst, err
 		}
 		dst = appendField(dst, m.ReasoningContent)
@@ -213,14 +238,15 @@ var messageKeys = []string{"role", "name", "tool_call_id", "content", "tool_call
 // false when unsure (invalid JSON, an element that is not an object, a
 // field of the wrong type, a key that differs from a field's only in case,
 // which encoding/json would take), and the caller asks encoding/json.
-func scanMessages(raw []byte) ([]message, bool) {
+// With valid, raw is known to be valid JSON in valid UTF-8.
+func scanMessages(raw []byte, valid bool) ([]message, bool) {
 	var msgs []message
-	ok := jsonscan.Array(raw, func(elem []byte) bool {
+	ok := scanArray(raw, valid, func(elem []byte) bool {
 		if elem[0] != '{' {
 			return false
 		}
 		var m message
-		ok := jsonscan.Object(elem, func(key, val []byte) bool {
+		ok := scanObject(elem, valid, func(key, val []byte) bool {
 			switch string(key) {
 			case "content":
 				m.Content = val
@@ -249,6 +275,23 @@ func scanMessages(raw []byte) ([]message, bool) {
 	return msgs, ok
 }
 
+// scanArray is jsonscan.Array, or ValidArray for valid input; called
+// directly, not through a func value, so that elem can stay on the stack.
+func scanArray(raw []byte, valid bool, elem func([]byte) bool) bool {
+	if valid {
+		return jsonscan.ValidArray(raw, elem)
+	}
+	return jsonscan.Array(raw, elem)
+}
+
+// scanObject is jsonscan.Object, or ValidObject for valid input.
+func scanObject(raw []byte, valid bool, member func(key, val []byte) bool) bool {
+	if valid {
+		return jsonscan.ValidObject(raw, member)
+	}
+	return jsonscan.Object(raw, member)
+}
+
 // appendField writes s with its length first, then a unit separator.
 func appendField[S ~string | ~[]byte](dst []byte, s S) []byte {
 	dst = binary.AppendUvarint(dst, uint64(len(s)))
@@ -256,15 +299,24 @@ func appendField[S ~string | ~[]byte](dst []byte, s S) []byte {
 	return append(dst, unitSep)
 }
 
+// plainString is jsonscan.PlainString, or ValidPlainString for a string
+// known to be valid.
+func plainString(raw []byte, valid bool) ([]byte, bool) {
+	if valid {
+		return jsonscan.ValidPlainString(raw)
+	}
+	return jsonscan.PlainString(raw)
+}
+
 // appendContent writes a message's content: a string, null, or a list of
 // parts.
-func appendContent(dst []byte, raw json.RawMessage) ([]byte, error) {
+func appendContent(dst []byte, raw json.RawMessage, valid bool) ([]byte, error) {
 	raw = bytes.TrimSpace(raw)
 	switch {
 	case len(raw) == 0 || string(raw) == "null":
 		return append(dst, 'n', unitSep), nil
 	case raw[0] == '"':
-		if p, ok := jsonscan.PlainString(raw); ok {
+		if p, ok := plainString(raw, valid); ok {
 			return appendField(append(dst, 's'), p), nil
 		}
 		var s string
@@ -382,7 +434,7 @@ func appendJSONString(dst []byte, s string) []byte {
 // prefix-hash load balancer keys requests; nil when there is none or the
 // messages do not parse.
 func FirstUserText(messages json.RawMessage, n int) []byte {
-	msgs, ok := scanMessages(bytes.TrimSpace(messages))
+	msgs, ok := scanMessages(bytes.TrimSpace(messages), false)
 	if !ok {
 		msgs = nil
 		if json.Unmarshal(messages, &msgs) != nil {

@@ -31,12 +31,28 @@ func FuzzHashPrompt(f *testing.F) {
 }
 
 // FuzzCanonical feeds arbitrary JSON to both canonicalisers: they never
-// panic, and equal input gives equal bytes.
+// panic, and equal input gives equal bytes; AppendValidChat and
+// AppendValidCompletion never panic either, and on valid JSON in valid
+// UTF-8 they give what AppendChat and AppendCompletion give.
 func FuzzCanonical(f *testing.F) {
 	f.Add([]byte(`[{"role":"user","content":[{"type":"text","text":"x"}],"tool_calls":[{"function":{"name":"f","arguments":{"a":1}}}]}]`), []byte(`[{"type":"function"}]`))
 	f.Add([]byte(`"abc"`), []byte(`null`))
 	f.Add([]byte(`[[1,2],[3]]`), []byte(``))
+	f.Add([]byte(`[{"role":"user","content":"a\\\"b\\\\"},{"role":"x","content":[{"type":"text","text":"\\u00e9"}]}]`), []byte(`[]`))
 	f.Fuzz(func(t *testing.T, a, b []byte) {
+		valid := json.Valid(a) && utf8.Valid(a) && (len(b) == 0 || json.Valid(b) && utf8.Valid(b))
+		same := func(name string, c1, c2 []byte, err1, err2 error) {
+			if valid && (!slices.Equal(c1, c2) || !reflect.DeepEqual(err1, err2)) {
+				t.Fatalf("%s(%q, %q) = %q, %v; want %q, %v", name, a, b, c2, err2, c1, err1)
+			}
+		}
+		c, err := AppendChat(nil, json.RawMessage(a), json.RawMessage(b))
+		vc, verr := AppendValidChat(nil, json.RawMessage(a), json.RawMessage(b))
+		same("AppendValidChat", c, vc, err, verr)
+		c, err = AppendCompletion(nil, json.RawMessage(a))
+		vc, verr = AppendValidCompletion(nil, json.RawMessage(a))
+		same("AppendValidCompletion", c, vc, err, verr)
+
 		c1, err1 := AppendChat(nil, json.RawMessage(a), json.RawMessage(b))
 		c2, err2 := AppendChat(nil, json.RawMessage(a), json.RawMessage(b))
 		if (err1 == nil) != (err2 == nil) || !slices.Equal(c1, c2) {
@@ -67,7 +83,9 @@ func abs(n int) int {
 }
 
 // FuzzScanMessages: where scanMessages decodes a messages array, it gets
-// what encoding/json gets; a plain chat request takes that path.
+// what encoding/json gets; a plain chat request takes that path. Told the
+// array is valid, it decodes a valid one (in valid UTF-8) the same way,
+// and it never panics.
 func FuzzScanMessages(f *testing.F) {
 	for _, s := range []string{
 		`[{"role":"user","content":"hi"}]`,
@@ -80,7 +98,11 @@ func FuzzScanMessages(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, raw []byte) {
-		got, ok := scanMessages(raw)
+		got, ok := scanMessages(raw, false)
+		vgot, vok := scanMessages(raw, true)
+		if json.Valid(raw) && utf8.Valid(raw) && (vok != ok || !reflect.DeepEqual(vgot, got)) {
+			t.Fatalf("%q: valid scan %v %+v, scan %v %+v", raw, vok, vgot, ok, got)
+		}
 		if !ok {
 			return
 		}
@@ -99,7 +121,7 @@ func FuzzScanMessages(f *testing.F) {
 
 func TestScanMessagesTakesPlainChat(t *testing.T) {
 	raw := []byte(`[{"role":"system","content":"You are helpful."},{"role":"user","content":"word word"}]`)
-	if _, ok := scanMessages(raw); !ok {
+	if _, ok := scanMessages(raw, false); !ok {
 		t.Fatal("a plain chat request left to encoding/json")
 	}
 }

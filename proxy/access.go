@@ -69,7 +69,7 @@ func (s *Server) logAccess(ex *exchange, r *http.Request, status int) {
 		}
 	}
 	if s.logPrompts && ex.target != "" && s.logger.Enabled(r.Context(), slog.LevelDebug) {
-		attrs = append(attrs, slog.String("prompt", string(ex.req.Canonical[:min(len(ex.req.Canonical), maxLoggedPrompt)])))
+		attrs = append(attrs, slog.String("prompt", ex.prompt))
 	}
 	s.logger.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
 }

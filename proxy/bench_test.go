@@ -10,8 +10,11 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/llmlb/llmlb/balancer"
 )
 
 // chatBody returns a chat request whose user message is about tokens tokens
@@ -22,7 +25,7 @@ func chatBody(tokens int) []byte {
 }
 
 func BenchmarkParseRequest(b *testing.B) {
-	for _, tokens := range []int{4 << 10, 32 << 10} {
+	for _, tokens := range []int{4 << 10, 32 << 10, 128 << 10} {
 		body := chatBody(tokens)
 		b.Run(fmt.Sprintf("chat-%dk-tokens", tokens>>10), func(b *testing.B) {
 			b.SetBytes(int64(len(body)))
@@ -37,8 +40,9 @@ func BenchmarkParseRequest(b *testing.B) {
 }
 
 // BenchmarkProxy sends requests through the whole front (chi, parsing,
-// pick, ReverseProxy, a loopback connection) to a backend that answers at
-// once, as the overhead llmlb adds per request on this machine.
+// pick on the default policy, ReverseProxy, a loopback connection) to a
+// backend that answers at once, as the overhead llmlb adds per request on
+// this machine. The 220 KB case is issue 19's agent prompt.
 func BenchmarkProxy(b *testing.B) {
 	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
@@ -55,12 +59,14 @@ func BenchmarkProxy(b *testing.B) {
 		io.WriteString(w, `{"choices":[{"index":0,"text":" ok","finish_reason":"length"}]}`)
 	}))
 	defer backend.Close()
-	bal := newTestBalancer(b, backend.URL)
+	bal := newBal(b, balancer.DefaultConfig().Policy)
+	bu, _ := url.Parse(backend.URL)
+	bal.Update(balancer.Spec{ID: backend.URL, URL: bu, Engine: "vllm", Models: []string{testModel}, State: balancer.StateReady,
+		Metrics: balancer.Metrics{Queued: balancer.Known(0), Running: balancer.Known(0), KVUsage: balancer.Known(0.1), At: time.Now()}})
 	front := httptest.NewServer(New(DefaultConfig(), bal, prometheus.NewRegistry(), nil).Handler())
 	defer front.Close()
 	// The baseline: Go's reverse proxy alone, with no parsing, routing or
 	// observing, in front of the same backend.
-	bu, _ := url.Parse(backend.URL)
 	bare := httptest.NewServer(&httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(bu) },
 		Transport: &http.Transport{MaxIdleConnsPerHost: 64}})
 	defer bare.Close()
@@ -74,6 +80,7 @@ func BenchmarkProxy(b *testing.B) {
 		{"completion", front.URL, "/v1/completions", completion},
 		{"completion-bare-httputil-reverseproxy", bare.URL, "/v1/completions", completion},
 		{"chat-stream-16-events-4k-prompt", front.URL, "/v1/chat/completions", chatBody(4 << 10)},
+		{"chat-stream-16-events-220KB-prompt", front.URL, "/v1/chat/completions", chatBody(220 << 10 / 4)},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			b.ReportAllocs()

@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"runtime/debug"
@@ -34,7 +35,13 @@ type exchange struct {
 	tenant    *tenant // the key's tenant; nil without keys configured
 
 	// parse
-	req *Request // nil until parsed; carries the model when a later field was bad
+	req   *Request // nil until parsed; carries the model when a later field was bad
+	canon *[]byte  // req.Canonical's buffer, lent by Server.buffers; nil if none or given back
+	// promptTokens is req.PromptTokens(), kept when the canonical prompt
+	// is given back after the pick; prompt is its start for a debug
+	// access line, "" unless prompts are logged.
+	promptTokens int
+	prompt       string
 
 	// admit
 	admitted int // tokens (estimated) taken from the tenant's limit; 0 if none
@@ -48,9 +55,12 @@ type exchange struct {
 	dec    balancer.Decision
 
 	// forward
-	forwarded bool      // handed to ReverseProxy
-	attempts  int       // backends tried so far
-	sentAt    time.Time // when the latest attempt was sent
+	forwarded bool // handed to ReverseProxy
+	// body is what each attempt sends; its buffer (body.held) is the
+	// client's body as read, held until the exchange is finished.
+	body     sendBody
+	attempts int       // backends tried so far
+	sentAt   time.Time // when the latest attempt was sent
 	// stripUsage: llmlb asked for the stream's usage chunk, the client
 	// did not, so the observer drops it.
 	stripUsage bool
@@ -147,6 +157,7 @@ func (s *Server) fail(ex *exchange, err error) {
 // records the request: metrics and the status page for model routes, the
 // access line for all but the health and readiness probes.
 func (s *Server) finish(ex *exchange, r *http.Request) {
+	s.dropCanonical(ex)
 	status := s.status(ex)
 	if ex.inference {
 		s.account(ex, status)
@@ -154,6 +165,28 @@ func (s *Server) finish(ex *exchange, r *http.Request) {
 	if s.accessLog && r.URL.Path != "/health" && r.URL.Path != "/ready" {
 		s.logAccess(ex, r, status)
 	}
+	// Nothing reads the request's bytes from here on; an attempt's
+	// transport still writing them holds the body until it closes it.
+	ex.body.held.release()
+}
+
+// dropCanonical gives the canonical prompt's buffer back, keeping what
+// the later stages read of it. The pick is its only reader: given back
+// then, a long prompt's copy is not held for the whole answer.
+func (s *Server) dropCanonical(ex *exchange) {
+	if ex.canon == nil {
+		return
+	}
+	if ex.req != nil { // nil when the body did not parse
+		ex.promptTokens = ex.req.PromptTokens()
+		if s.logPrompts && s.logger.Enabled(ex.client, slog.LevelDebug) {
+			c := ex.req.Canonical
+			ex.prompt = string(c[:min(len(c), maxLoggedPrompt)])
+		}
+		ex.req.Canonical = nil
+	}
+	s.buffers.put(ex.canon)
+	ex.canon = nil
 }
 
 // account releases the exchange's guard and counts the request.

@@ -50,7 +50,7 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		// timers cancel it with their cause, and closing the response
 		// body releases it.
 		actx, cancel := context.WithCancelCause(ctx)
-		out := attemptRequest(actx, req, be, ex.inURL, ex.req.Body)
+		out := attemptRequest(actx, req, be, ex.inURL, ex.body)
 		if i > 0 || ex.guard.Backend() != be { // the pick attached the first
 			ex.guard.Attach(be, ex.dec.Work[i], time.Now())
 		}
@@ -132,10 +132,37 @@ func (t *retryTransport) debug(ctx context.Context, msg string, be *balancer.Bac
 	t.logger.DebugContext(ctx, msg, attrs...)
 }
 
+// sendBody is what is sent to backends: head, the client's bytes (or a
+// rewritten copy), then tail, what llmlb adds at the end (see
+// [withUsage]). They are kept apart so that a long prompt is sent from the
+// bytes read from the client, never copied, on every attempt.
+type sendBody struct {
+	head, tail []byte
+	held       *heldBody // the pooled buffer head is in, nil if none
+}
+
+func (b sendBody) size() int64 { return int64(len(b.head) + len(b.tail)) }
+
+// open returns a reader over the whole body, which holds the pooled
+// buffer until it is closed.
+func (b sendBody) open() io.ReadCloser {
+	var r io.Reader = bytes.NewReader(b.head)
+	if len(b.tail) > 0 {
+		r = io.MultiReader(r, bytes.NewReader(b.tail))
+	}
+	if b.held == nil {
+		return io.NopCloser(r)
+	}
+	b.held.hold()
+	return &heldReader{r: r, held: b.held}
+}
+
 // attemptRequest returns req aimed at backend be, with a fresh reader over
-// body so that every attempt sends the whole body.
-func attemptRequest(ctx context.Context, req *http.Request, be *balancer.Backend, in *url.URL, body []byte) *http.Request {
-	out := req.Clone(ctx)
+// body so that every attempt sends the whole body. Attempts share req's
+// header, which ReverseProxy made for them and nothing changes after
+// Rewrite (a transport must not modify a request).
+func attemptRequest(ctx context.Context, req *http.Request, be *balancer.Backend, in *url.URL, body sendBody) *http.Request {
+	out := req.WithContext(ctx)
 	u := *be.URL
 	u.Path, u.RawPath = joinPath(be.URL, in)
 	switch {
@@ -146,9 +173,9 @@ func attemptRequest(ctx context.Context, req *http.Request, be *balancer.Backend
 	}
 	out.URL = &u
 	out.Host = ""
-	out.Body = io.NopCloser(bytes.NewReader(body))
-	out.ContentLength = int64(len(body))
-	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	out.Body = body.open()
+	out.ContentLength = body.size()
+	out.GetBody = func() (io.ReadCloser, error) { return body.open(), nil }
 	return out
 }
 

@@ -70,16 +70,39 @@ func headerSize(r *http.Request) (fields, size int) {
 // without case and with _ read as -, since some servers treat them alike.
 func stripClientHeaders(h http.Header) {
 	for k := range h {
-		n := strings.ToLower(strings.ReplaceAll(k, "_", "-"))
-		if strings.HasPrefix(n, "x-llmlb-") || strings.HasPrefix(n, "x-forwarded-") {
+		if headerHasPrefix(k, "x-llmlb-") || headerHasPrefix(k, "x-forwarded-") {
 			delete(h, k)
 			continue
 		}
-		switch n {
-		case "forwarded", "x-real-ip", "x-client-ip", "true-client-ip", "x-original-forwarded-for", "cf-connecting-ip":
-			delete(h, k)
+		for _, n := range []string{"forwarded", "x-real-ip", "x-client-ip", "true-client-ip", "x-original-forwarded-for", "cf-connecting-ip"} {
+			if len(k) == len(n) && headerHasPrefix(k, n) {
+				delete(h, k)
+			}
 		}
 	}
+}
+
+// headerHasPrefix reports whether header name k starts with prefix, a
+// lower-case name with -, read without case and with _ as -. It compares
+// bytes, so that no header costs an allocation: header names are ASCII
+// tokens (net/http refuses others).
+func headerHasPrefix(k, prefix string) bool {
+	if len(k) < len(prefix) {
+		return false
+	}
+	for i := range len(prefix) {
+		c := k[i]
+		switch {
+		case c == '_':
+			c = '-'
+		case 'A' <= c && c <= 'Z':
+			c += 'a' - 'A'
+		}
+		if c != prefix[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // stripBackendHeaders removes x-llmlb-* headers a backend sent, and with
@@ -87,8 +110,8 @@ func stripClientHeaders(h http.Header) {
 // own.
 func stripBackendHeaders(h http.Header, keys bool) {
 	for k := range h {
-		n := strings.ToLower(k)
-		if strings.HasPrefix(n, "x-llmlb-") || keys && strings.HasPrefix(n, "x-ratelimit-") {
+		if strings.EqualFold(k[:min(len(k), len("x-llmlb-"))], "x-llmlb-") ||
+			keys && strings.EqualFold(k[:min(len(k), len("x-ratelimit-"))], "x-ratelimit-") {
 			delete(h, k)
 		}
 	}

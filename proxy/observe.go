@@ -6,6 +6,8 @@ import (
 	"io"
 	"sync"
 	"time"
+
+	"github.com/llmlb/llmlb/internal/jsonscan"
 )
 
 // Usage is the token counts a backend reported for one request, from the
@@ -85,11 +87,8 @@ func (o *observer) Read(p []byte) (int, error) {
 			}
 		}
 		if err == io.EOF && !o.over {
-			var body struct {
-				Usage *wireUsage `json:"usage"`
-			}
-			if json.Unmarshal(o.pending, &body) == nil && body.Usage != nil {
-				o.u.set(body.Usage)
+			if u := bodyUsage(o.pending); u != nil {
+				o.u.set(u)
 			}
 			o.pending = nil
 		}
@@ -153,6 +152,32 @@ func eventEnd(b []byte) int {
 	default:
 		return j + 4
 	}
+}
+
+// bodyUsage reads the "usage" object of a JSON response body; nil when
+// it has none. jsonscan finds the member without decoding the rest (a
+// completion's text); a body it is unsure of goes to encoding/json.
+func bodyUsage(body []byte) *wireUsage {
+	var raw []byte
+	if !jsonscan.Object(body, func(key, val []byte) bool {
+		if string(key) == "usage" {
+			raw = val
+		}
+		return true
+	}) {
+		var b struct {
+			Usage *wireUsage `json:"usage"`
+		}
+		if json.Unmarshal(body, &b) != nil {
+			return nil
+		}
+		return b.Usage
+	}
+	var u *wireUsage
+	if raw == nil || json.Unmarshal(raw, &u) != nil {
+		return nil
+	}
+	return u
 }
 
 // event reads one SSE event and appends it to out, less the usage chunk

@@ -151,8 +151,9 @@ func TestWithUsage(t *testing.T) {
 		if err == nil {
 			opts = req.StreamOptions
 		}
-		got, err := withUsage([]byte(c.in), opts)
-		if err != nil || string(got) != c.want {
+		b, err := withUsage([]byte(c.in), opts)
+		got := string(b.head) + string(b.tail)
+		if err != nil || got != c.want {
 			t.Errorf("%s: got %s (%v), want %s", c.in, got, err, c.want)
 		}
 	}

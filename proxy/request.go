@@ -42,7 +42,8 @@ type Request struct {
 	Messages json.RawMessage
 	Body     []byte
 	// Canonical is the prompt's canonical bytes (package prefix), for
-	// completions and chat; nil for other routes.
+	// completions and chat; nil for other routes, and in the proxy once
+	// the pick has read it (its buffer is lent to the next request).
 	Canonical []byte
 	// MaxTokens is max_completion_tokens or max_tokens; 0 if neither.
 	MaxTokens int
@@ -111,6 +112,12 @@ func checkContentType(h http.Header) *HTTPError {
 // carries the Model, so that a rejection can be counted and listed under
 // the model the client asked for; other errors come with nil.
 func ParseRequest(k Kind, body []byte) (*Request, error) {
+	return parseRequest(k, body, nil)
+}
+
+// parseRequest is ParseRequest writing the canonical prompt into canon's
+// spare capacity.
+func parseRequest(k Kind, body, canon []byte) (*Request, error) {
 	trimmed := bytes.TrimLeft(body, " \t\r\n")
 	if len(trimmed) == 0 {
 		return nil, badRequest("", "The request body is empty; expected a JSON object.")
@@ -183,12 +190,14 @@ func ParseRequest(k Kind, body []byte) (*Request, error) {
 			return r, badRequest("cache_salt", "cache_salt must be a string.")
 		}
 	}
+	// The body is valid UTF-8 and valid JSON (jsonscan or encoding/json
+	// took it whole), so the prompt's text need not be checked again.
 	var err error
 	switch k {
 	case KindCompletion:
-		r.Canonical, err = prefix.AppendCompletion(nil, w.Prompt)
+		r.Canonical, err = prefix.AppendValidCompletion(canon, w.Prompt)
 	case KindChat:
-		r.Canonical, err = prefix.AppendChat(nil, w.Messages, w.Tools)
+		r.Canonical, err = prefix.AppendValidChat(canon, w.Messages, w.Tools)
 	}
 	var fe *prefix.FormatError
 	if errors.As(err, &fe) {

@@ -24,32 +24,33 @@ func setModel(body []byte, model string) ([]byte, error) {
 // stream_options.include_usage true, the client's other stream options
 // kept, every other byte as it was. opts is the body's stream_options
 // value, nil when it has none; body must be a JSON object (ParseRequest
-// checked it).
-func withUsage(body []byte, opts json.RawMessage) ([]byte, error) {
+// checked it). When the body has no stream_options, the usual case, the
+// field is added at its end as a tail, and the body (a long prompt) is
+// not copied.
+func withUsage(body []byte, opts json.RawMessage) (sendBody, error) {
 	if opts == nil { // no stream_options: append it without walking the body
 		end := bytes.LastIndexByte(body, '}')
 		if end < 0 || !bytes.HasPrefix(bytes.TrimLeft(body, " \t\r\n"), []byte("{")) {
-			return nil, errors.New("request body is not a JSON object")
+			return sendBody{}, errors.New("request body is not a JSON object")
 		}
 		const add = `"stream_options":{"include_usage":true}`
-		out := make([]byte, 0, len(body)+len(add)+1)
-		out = append(out, body[:end]...)
+		tail := make([]byte, 0, len(add)+1+len(body)-end)
 		if bytes.IndexByte(bytes.TrimSpace(body[:end]), ':') >= 0 { // the object has fields
-			out = append(out, ',')
+			tail = append(tail, ',')
 		}
-		out = append(out, add...)
-		return append(out, body[end:]...), nil
+		tail = append(tail, add...)
+		return sendBody{head: body[:end], tail: append(tail, body[end:]...)}, nil
 	}
 	m := map[string]json.RawMessage{}
 	if !isNull(opts) {
 		if err := json.Unmarshal(opts, &m); err != nil {
-			return nil, err
+			return sendBody{}, err
 		}
 	}
 	m["include_usage"] = json.RawMessage("true")
 	val, _ := json.Marshal(m)
 	out, _, err := setField(body, "stream_options", val)
-	return out, err
+	return sendBody{head: out}, err
 }
 
 // setField returns body with every top-level value of key replaced by val,

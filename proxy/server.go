@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -41,6 +40,7 @@ type Server struct {
 	base    *http.Transport // the connections to backends, under rp's retries
 	started time.Time
 	picks   *pickLog
+	buffers *sizedPool // request bodies and canonical prompts
 
 	auth        auth // the API keys in force; see SetAuth
 	authMetrics *authMetrics
@@ -68,7 +68,7 @@ func New(cfg Config, bal *balancer.Balancer, reg prometheus.Registerer, logger *
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, bal: bal, logger: logger, started: time.Now(), picks: newPickLog()}
+	s := &Server{cfg: cfg, bal: bal, logger: logger, started: time.Now(), picks: newPickLog(), buffers: &sizedPool{}}
 	s.metrics = newMetrics(reg, bal)
 	s.authMetrics = newAuthMetrics(reg)
 	dialer := &net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second}
@@ -199,7 +199,7 @@ func (s *Server) admit(ex *exchange) error {
 // parse reads and parses the body. On an error after the model was read,
 // ex.req still carries the model.
 func (s *Server) parse(ex *exchange, r *http.Request, k Kind) error {
-	req, err := s.readRequest(ex.w, r, k)
+	req, err := s.readRequest(ex, r, k)
 	ex.req = req
 	return err
 }
@@ -222,6 +222,7 @@ func (s *Server) pick(ex *exchange, breq *balancer.Request) error {
 	breq.Guard = ex.guard
 	dec, err := s.bal.PickWait(ex.client, breq, make([]*balancer.Backend, 0, 4))
 	ex.dec, ex.picked = dec, true
+	s.dropCanonical(ex)
 	if dec.Waited > 0 {
 		s.metrics.queueWait.Observe(dec.Waited.Seconds())
 	}
@@ -247,9 +248,10 @@ func (s *Server) forward(ex *exchange, r *http.Request) {
 		}
 		req.Body = body
 	}
+	ex.body.head = req.Body
 	if s.cfg.RequestUsage && req.Stream && !req.IncludeUsage && req.Kind != KindOther {
 		if body, err := withUsage(req.Body, req.StreamOptions); err == nil {
-			req.Body, ex.stripUsage = body, true
+			ex.body.head, ex.body.tail, ex.stripUsage = body.head, body.tail, true
 		}
 	}
 	ex.forwarded = true
@@ -306,7 +308,7 @@ func (s *Server) observed(ex *exchange, backend, model string, status int, took 
 	s.metrics.tokens[2].WithLabelValues(backend, model).Add(float64(u.Cached))
 	// The balancer counts in its own estimate of tokens (bytes/4); scale its
 	// predicted share of the prompt to the backend's real prompt tokens.
-	if est := ex.req.PromptTokens(); est > 0 && ex.attempts <= len(ex.dec.Work) {
+	if est := ex.promptTokens; est > 0 && ex.attempts <= len(ex.dec.Work) {
 		w := ex.dec.Work[ex.attempts-1]
 		share := float64(max(0, est-w.UncachedTokens)) / float64(est)
 		s.metrics.predicted.WithLabelValues(backend).Add(share * float64(u.Prompt))
@@ -349,8 +351,10 @@ func (s *Server) balancerRequest(r *http.Request, req *Request, t *tenant) (*bal
 	return breq, nil
 }
 
-// readRequest reads and parses the body, bounded by MaxBodyBytes.
-func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, k Kind) (*Request, error) {
+// readRequest reads and parses the body, bounded by MaxBodyBytes, into
+// buffers the exchange holds until it is finished.
+func (s *Server) readRequest(ex *exchange, r *http.Request, k Kind) (*Request, error) {
+	w := ex.w
 	if herr := checkContentType(r.Header); herr != nil {
 		return nil, herr
 	}
@@ -359,11 +363,9 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, k Kind) (*R
 	if r.ContentLength > s.cfg.MaxBodyBytes {
 		return nil, tooLarge
 	}
-	var buf bytes.Buffer
-	if r.ContentLength > 0 {
-		buf.Grow(int(r.ContentLength) + bytes.MinRead)
-	}
-	if _, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)); err != nil {
+	buf, err := s.buffers.readAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes), r.ContentLength)
+	ex.body.held = newHeldBody(s.buffers, buf)
+	if err != nil {
 		var mbe *http.MaxBytesError
 		switch {
 		case errors.As(err, &mbe):
@@ -378,7 +380,18 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, k Kind) (*R
 	// The body is in: lift the limits middleware's read deadline, which
 	// would otherwise end the connection's background read mid-stream.
 	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
-	req, err := ParseRequest(k, buf.Bytes())
+	body := *buf
+	if k != KindOther {
+		ex.canon = s.buffers.get(len(body))
+	}
+	var canon []byte
+	if ex.canon != nil {
+		canon = *ex.canon
+	}
+	req, err := parseRequest(k, body, canon)
+	if ex.canon != nil && req != nil && cap(req.Canonical) > cap(*ex.canon) {
+		*ex.canon = req.Canonical // grown: the larger buffer goes back
+	}
 	if err != nil {
 		var he *HTTPError
 		if errors.As(err, &he) {

@@ -1,6 +1,8 @@
 package jsonscan
 
 import (
+	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"unicode/utf8"
 )
@@ -14,7 +16,20 @@ const maxDepth = 10000
 // returns false. It reports whether b is a valid object and every member
 // call returned true.
 func Object(b []byte, member func(key, val []byte) bool) bool {
-	s := scanner{b: b}
+	return object(scanner{b: b}, member)
+}
+
+// ValidObject is [Object] for b already known to be valid JSON in valid
+// UTF-8: a value inside a document that Object or Array accepted and that
+// utf8.Valid passed. It finds the same members, but reads each string only
+// for its closing quote, not checking its escapes and bytes again, which
+// is most of the work on a long prompt. On other input it does not panic,
+// but what it reports is unspecified.
+func ValidObject(b []byte, member func(key, val []byte) bool) bool {
+	return object(scanner{b: b, valid: true}, member)
+}
+
+func object(s scanner, member func(key, val []byte) bool) bool {
 	s.ws()
 	if !s.eat('{') {
 		return false
@@ -48,7 +63,16 @@ func Object(b []byte, member func(key, val []byte) bool) bool {
 // Array reads b as one JSON array and calls elem with each element's raw
 // value, as [Object] does.
 func Array(b []byte, elem func(val []byte) bool) bool {
-	s := scanner{b: b}
+	return array(scanner{b: b}, elem)
+}
+
+// ValidArray is [Array] for b already known to be valid, as
+// [ValidObject] is Object.
+func ValidArray(b []byte, elem func(val []byte) bool) bool {
+	return array(scanner{b: b, valid: true}, elem)
+}
+
+func array(s scanner, elem func(val []byte) bool) bool {
 	s.ws()
 	if !s.eat('[') {
 		return false
@@ -70,7 +94,13 @@ func PlainString(raw []byte) ([]byte, bool) {
 		return nil, false
 	}
 	in := raw[1 : len(raw)-1]
-	for _, c := range in {
+	i := 0
+	for ; i+8 <= len(in); i += 8 {
+		if special(binary.LittleEndian.Uint64(in[i:])) != 0 {
+			return nil, false
+		}
+	}
+	for _, c := range in[i:] {
 		if c == '"' || c == '\\' || c < 0x20 {
 			return nil, false
 		}
@@ -81,9 +111,24 @@ func PlainString(raw []byte) ([]byte, bool) {
 	return in, true
 }
 
+// ValidPlainString is [PlainString] for a string already known to be
+// valid JSON in valid UTF-8 (see [ValidObject]): only an escape can make
+// its text differ from its bytes.
+func ValidPlainString(raw []byte) ([]byte, bool) {
+	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
+		return nil, false
+	}
+	in := raw[1 : len(raw)-1]
+	if bytes.IndexByte(in, '\\') >= 0 {
+		return nil, false
+	}
+	return in, true
+}
+
 type scanner struct {
-	b []byte
-	i int
+	b     []byte
+	i     int
+	valid bool // b is known to be valid JSON in valid UTF-8 (ValidObject)
 }
 
 func (s *scanner) ws() {
@@ -110,8 +155,19 @@ func (s *scanner) str() (escaped, ok bool) {
 	if !s.eat('"') {
 		return false, false
 	}
+	if s.valid {
+		return s.validStr()
+	}
 	b := s.b
 	for i := s.i; i < len(b); {
+		// Long prompts are almost all plain text: step over it eight
+		// bytes at a time.
+		for i+8 <= len(b) && special(binary.LittleEndian.Uint64(b[i:])) == 0 {
+			i += 8
+		}
+		if i == len(b) {
+			break
+		}
 		c := b[i]
 		switch {
 		case c == '"':
@@ -145,6 +201,42 @@ func (s *scanner) str() (escaped, ok bool) {
 		}
 	}
 	return false, false
+}
+
+// validStr reads the rest of a string known to be valid, its opening
+// quote read: up to the first quote not escaped by an odd run of
+// backslashes, found with bytes.IndexByte, which is vectorised.
+func (s *scanner) validStr() (escaped, ok bool) {
+	start := s.i
+	for i := start; ; {
+		j := bytes.IndexByte(s.b[i:], '"')
+		if j < 0 {
+			return false, false
+		}
+		end := i + j
+		n := 0
+		for end-1-n >= start && s.b[end-1-n] == '\\' {
+			n++
+		}
+		if n%2 == 0 {
+			s.i = end + 1
+			return bytes.IndexByte(s.b[start:end], '\\') >= 0, true
+		}
+		i = end + 1
+	}
+}
+
+// special is non-zero when one of the eight bytes of w is '"', '\\' or a
+// control character (below 0x20): the bytes a JSON string scanner must
+// stop at. It uses the has-zero-byte and has-less-than tricks of Sean
+// Anderson's "Bit Twiddling Hacks", which are exact as to whether any byte
+// matches (only which byte may be misreported, and callers look at the
+// bytes themselves).
+func special(w uint64) uint64 {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	q := w ^ (ones * '"')
+	bs := w ^ (ones * '\\')
+	return ((q-ones)&^q | (bs-ones)&^bs | (w-ones*0x20)&^w) & highs
 }
 
 func isHex(c byte) bool {

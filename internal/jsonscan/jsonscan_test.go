@@ -2,7 +2,10 @@ package jsonscan
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -11,7 +14,9 @@ import (
 // FuzzObject: Object accepts exactly the objects encoding/json accepts
 // (it may leave any input to encoding/json, but never one it would take
 // as an object) and splits them into the same members, the last of a
-// repeated key winning; Array likewise for arrays.
+// repeated key winning; Array likewise for arrays. On input that Object
+// or Array took, in valid UTF-8, ValidObject and ValidArray find the same
+// members; on any input they do not panic.
 func FuzzObject(f *testing.F) {
 	for _, s := range []string{
 		`{}`, ` { "a" : 1 } `, `{"model":"m","prompt":"hi","stream":true,"max_tokens":16}`,
@@ -19,6 +24,7 @@ func FuzzObject(f *testing.F) {
 		`{"mod\u0065l":"x"}`, `{"s":"tab\tinside"}`, `{"s":"\ud800"}`, `{"a":01}`, `{"a":1.}`,
 		`{"a":1}x`, `{"a" 1}`, `{"a":1,}`, `[1]`, `null`, `{"a":"\x"}`, `{"a":tru}`, `{"a":"unterminated`,
 		`{"a":"é"}`, "{\"a\":\"\xff\"}", `{"a":[1 2]}`, `{"a":1e}`, `{"a":-}`, `{"\u00":1}`,
+		`{"a":"x\\\\","b":"\\\"q\\\\\"","c":["\\\\\\\"",{"d\\\"":"\\\\"}]}`, `["a\\\\",1,"b"]`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -43,8 +49,18 @@ func FuzzObject(f *testing.F) {
 				}
 			}
 		}
+		vgot := map[string]string{}
+		vok := ValidObject(b, func(k, v []byte) bool { vgot[string(k)] = string(v); return true })
+		if ok && utf8.Valid(b) && (!vok || !maps.Equal(got, vgot)) {
+			t.Fatalf("%q: ValidObject %v %v, Object %v", b, vok, vgot, got)
+		}
 		var elems []string
 		aok := Array(b, func(v []byte) bool { elems = append(elems, string(v)); return true })
+		var velems []string
+		vaok := ValidArray(b, func(v []byte) bool { velems = append(velems, string(v)); return true })
+		if aok && utf8.Valid(b) && (!vaok || !slices.Equal(elems, velems)) {
+			t.Fatalf("%q: ValidArray %v %q, Array %q", b, vaok, velems, elems)
+		}
 		var wantElems []json.RawMessage
 		aerr := json.Unmarshal(b, &wantElems)
 		switch {
@@ -85,13 +101,17 @@ func TestMemberRefusal(t *testing.T) {
 }
 
 // FuzzPlainString: where PlainString reads a JSON string without decoding
-// it, encoding/json decodes it to the same text.
+// it, encoding/json decodes it to the same text; ValidPlainString agrees
+// with PlainString on valid strings in valid UTF-8.
 func FuzzPlainString(f *testing.F) {
 	for _, s := range []string{`"hello"`, `""`, `"a\"b"`, `"tab	"`, "\"\xff\"", `"é"`, `"unterminated`, `x`, `"a"b"`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		p, ok := PlainString(raw)
+		if vp, vok := ValidPlainString(raw); json.Valid(raw) && utf8.Valid(raw) && len(raw) > 0 && raw[0] == '"' && (vok != ok || !bytes.Equal(vp, p)) {
+			t.Fatalf("ValidPlainString(%q) = %q %v, PlainString %q %v", raw, vp, vok, p, ok)
+		}
 		if !ok {
 			return
 		}
@@ -100,4 +120,26 @@ func FuzzPlainString(f *testing.F) {
 			t.Fatalf("PlainString(%q) = %q, encoding/json %q (%v)", raw, p, s, err)
 		}
 	})
+}
+
+// TestSpecialIsExact: special finds a '"', '\\' or control byte at every
+// position of a word, whatever the other bytes, and nothing in a word
+// without one.
+func TestSpecialIsExact(t *testing.T) {
+	isSpecial := func(c byte) bool { return c == '"' || c == '\\' || c < 0x20 }
+	for _, fill := range []byte{'a', ' ', '!', '#', '[', ']', 0x7f, 0x80, 0xff} {
+		for c := range 256 {
+			for pos := range 8 {
+				var w [8]byte
+				for i := range w {
+					w[i] = fill
+				}
+				w[pos] = byte(c)
+				want := isSpecial(byte(c)) || isSpecial(fill)
+				if got := special(binary.LittleEndian.Uint64(w[:])) != 0; got != want {
+					t.Errorf("special(%q) = %v, want %v", w, got, want)
+				}
+			}
+		}
+	}
 }
