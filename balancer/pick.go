@@ -115,6 +115,10 @@ type Candidate struct {
 	InFlight int64 `json:"in_flight"`
 	// PendingTokens are prompt tokens we sent that are not prefilled yet.
 	PendingTokens int64 `json:"pending_tokens"`
+	// AheadTokens estimates the prefill work queued before this request:
+	// our pending prompts plus the server's other queued requests at the
+	// mean size of ours (this prompt's when none is pending).
+	AheadTokens float64 `json:"ahead_tokens"`
 	// MatchedBlocks of the request's PromptBlocks the backend is believed
 	// to hold, MatchedTokens their tokens, UncachedTokens the rest.
 	MatchedBlocks  int       `json:"matched_blocks"`
@@ -137,10 +141,7 @@ type Candidate struct {
 	MissCost float64 `json:"miss_cost_seconds"`
 	Cost     float64 `json:"cost_seconds"`
 
-	pending     int64   // our requests there without a first byte
-	ahead       float64 // prefill tokens ahead
-	queuedAhead float64 // requests ahead
-	adapter     string  // the request's adapter on this backend, or ""
+	adapter string // the request's adapter on this backend, or ""
 }
 
 // Pick is one pick in progress, as scorers and pickers see it. Cands are
@@ -579,7 +580,7 @@ func (b *Balancer) candidate(be *Backend, req *Request) Candidate {
 	l, m, mk := be.Ledger, &be.Metrics, be.mark
 	inFlight := l.InFlight()
 	pending, pendingTok := l.Pending()
-	c := Candidate{Backend: be, InFlight: inFlight, PendingTokens: pendingTok, pending: pending}
+	c := Candidate{Backend: be, InFlight: inFlight, PendingTokens: pendingTok}
 	scraped := !m.At.IsZero()
 	sinceStarted := float64(l.started.Load() - mk.started)
 	sincePrefilled := float64(l.prefilled.Load() - mk.prefilled)
@@ -608,6 +609,11 @@ func (b *Balancer) candidate(be *Backend, req *Request) Candidate {
 	c.Saturated = (sat.Queue > 0 && scraped && m.Queued.Known && c.Queued >= float64(sat.Queue)) ||
 		(sat.KV > 0 && c.KVUsage.Known && c.KVUsage.V >= sat.KV)
 	c.UncachedTokens = req.PromptTokens
+	mean := float64(req.PromptTokens)
+	if pending > 0 {
+		mean = float64(pendingTok) / float64(pending)
+	}
+	c.AheadTokens = float64(pendingTok) + max(0, c.Queued-float64(pending))*mean
 	return c
 }
 
@@ -710,7 +716,7 @@ func (b *Balancer) work(req *Request, c *Candidate) Work {
 	if decode <= 0 {
 		decode = b.cfg.TTFT.DefaultMaxTokens
 	}
-	return Work{UncachedTokens: c.UncachedTokens, DecodeTokens: decode, Adapter: c.adapter, AheadTokens: c.ahead, QueuedAhead: c.queuedAhead}
+	return Work{UncachedTokens: c.UncachedTokens, DecodeTokens: decode, Adapter: c.adapter, AheadTokens: c.AheadTokens, QueuedAhead: c.Queued}
 }
 
 // keyOf hashes the start of a prompt too short for one block.

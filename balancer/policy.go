@@ -160,14 +160,7 @@ func (s *TTFTScorer) estimate(p *Pick, c *Candidate, pr prior) {
 	if est.Samples >= minSamples && est.Rate > 0 {
 		inv, base = 1/est.Rate, est.Base
 	}
-	foreign := max(0, c.Queued-float64(c.pending))
-	mean := float64(p.Req.PromptTokens)
-	if c.pending > 0 {
-		mean = float64(c.PendingTokens) / float64(c.pending)
-	}
-	c.ahead = float64(c.PendingTokens) + foreign*mean
-	c.queuedAhead = c.Queued
-	c.Prefill = base + (c.ahead+float64(c.UncachedTokens))*inv
+	c.Prefill = base + (c.AheadTokens+float64(c.UncachedTokens))*inv
 	c.QueueWait = c.Queued * est.QueueWait
 	c.KVPenalty = 0
 	rho := 0.0
