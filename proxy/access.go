@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"log/slog"
@@ -16,33 +15,6 @@ const HeaderRequestID = "X-Request-Id"
 
 // maxRequestID bounds a client's request ID; a longer one is replaced.
 const maxRequestID = 128
-
-// access is what one request's access line says. The handlers that know a
-// field fill it in; the access middleware writes the line once the handler
-// has returned, whatever path it took.
-type access struct {
-	id             string
-	model, target  string
-	backend        string
-	reason         string
-	status         int // 0: what the response writer saw
-	stream         bool
-	attempts       int
-	waited         time.Duration
-	ttft           time.Duration // streams: to the first token event; 0 if none
-	usage          Usage
-	promptForDebug []byte // the prompt's canonical text, kept only when prompts are logged
-}
-
-type accessKey struct{}
-
-func accessFrom(ctx context.Context) *access {
-	a, _ := ctx.Value(accessKey{}).(*access)
-	if a == nil {
-		return new(access) // a handler called without the middleware: written nowhere
-	}
-	return a
-}
 
 // requestID returns the client's ID when it is short printable ASCII,
 // else a new random one.
@@ -59,62 +31,42 @@ func requestID(h string) string {
 	return hex.EncodeToString(b[:])
 }
 
-// withAccess gives every request an ID and, for every route but the health
-// and readiness probes, writes exactly one access line when it ends.
-func (s *Server) withAccess(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id := requestID(r.Header.Get(HeaderRequestID))
-		r.Header.Set(HeaderRequestID, id) // forwarded to the backend with the other headers
-		w.Header().Set(HeaderRequestID, id)
-		if r.URL.Path == "/health" || r.URL.Path == "/ready" || !s.accessLog {
-			next.ServeHTTP(w, r)
-			return
+// maxLoggedPrompt bounds the prompt text a debug access line carries.
+const maxLoggedPrompt = 2 << 10
+
+// logAccess writes the exchange's one access line, at info.
+func (s *Server) logAccess(ex *exchange, r *http.Request, status int) {
+	attrs := []slog.Attr{
+		slog.String("id", ex.id),
+		slog.String("method", r.Method),
+		slog.String("path", r.URL.Path),
+		slog.Int("status", status),
+		slog.Float64("duration_s", time.Since(ex.start).Seconds()),
+	}
+	if m := ex.model(); m != "" {
+		attrs = append(attrs, slog.String("model", m))
+		if ex.target != m && ex.target != "" {
+			attrs = append(attrs, slog.String("target_model", ex.target))
 		}
-		a := &access{id: id}
-		rec := &statusRecorder{ResponseWriter: w}
-		start := time.Now()
-		defer func() {
-			status := a.status
-			if status == 0 {
-				status = rec.status
-			}
-			if status == 0 {
-				status = http.StatusInternalServerError // a panic before any answer
-			}
-			attrs := []slog.Attr{
-				slog.String("id", id),
-				slog.String("method", r.Method),
-				slog.String("path", r.URL.Path),
-				slog.Int("status", status),
-				slog.Float64("duration_s", time.Since(start).Seconds()),
-			}
-			if a.model != "" {
-				attrs = append(attrs, slog.String("model", a.model))
-				if a.target != a.model && a.target != "" {
-					attrs = append(attrs, slog.String("target_model", a.target))
-				}
-				attrs = append(attrs, slog.Bool("stream", a.stream))
-			}
-			if a.backend != "" {
-				attrs = append(attrs, slog.String("backend", a.backend), slog.String("reason", a.reason), slog.Int("attempts", a.attempts))
-			}
-			if a.waited > 0 {
-				attrs = append(attrs, slog.Float64("queued_s", a.waited.Seconds()))
-			}
-			if a.ttft > 0 {
-				attrs = append(attrs, slog.Float64("ttft_s", a.ttft.Seconds()))
-			}
-			if a.usage.Known {
-				attrs = append(attrs, slog.Int("prompt_tokens", a.usage.Prompt), slog.Int("completion_tokens", a.usage.Completion))
-				if a.usage.CachedKnown {
-					attrs = append(attrs, slog.Int("cached_tokens", a.usage.Cached))
-				}
-			}
-			if a.promptForDebug != nil {
-				attrs = append(attrs, slog.String("prompt", string(a.promptForDebug)))
-			}
-			s.logger.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
-		}()
-		next.ServeHTTP(rec, r.WithContext(context.WithValue(r.Context(), accessKey{}, a)))
-	})
+		attrs = append(attrs, slog.Bool("stream", ex.req.Stream))
+	}
+	if ex.backend != "" {
+		attrs = append(attrs, slog.String("backend", ex.backend), slog.String("reason", ex.reason()), slog.Int("attempts", ex.attempts))
+	}
+	if ex.dec.Waited > 0 {
+		attrs = append(attrs, slog.Float64("queued_s", ex.dec.Waited.Seconds()))
+	}
+	if ex.ttft > 0 {
+		attrs = append(attrs, slog.Float64("ttft_s", ex.ttft.Seconds()))
+	}
+	if ex.usage.Known {
+		attrs = append(attrs, slog.Int("prompt_tokens", ex.usage.Prompt), slog.Int("completion_tokens", ex.usage.Completion))
+		if ex.usage.CachedKnown {
+			attrs = append(attrs, slog.Int("cached_tokens", ex.usage.Cached))
+		}
+	}
+	if s.logPrompts && ex.target != "" && s.logger.Enabled(r.Context(), slog.LevelDebug) {
+		attrs = append(attrs, slog.String("prompt", string(ex.req.Canonical[:min(len(ex.req.Canonical), maxLoggedPrompt)])))
+	}
+	s.logger.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
 }

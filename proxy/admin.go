@@ -112,12 +112,12 @@ func (s *Server) serveRoute(w http.ResponseWriter, r *http.Request) {
 	}
 	req, err := ParseRequest(k, buf.Bytes())
 	if err != nil {
-		writeError(w, errorFor(r.Context(), err))
+		writeError(w, s.errorFor(r.Context(), err))
 		return
 	}
-	breq, herr := s.balancerRequest(r, req)
-	if herr != nil {
-		writeError(w, herr)
+	breq, err := s.balancerRequest(r, req)
+	if err != nil {
+		writeError(w, s.errorFor(r.Context(), err))
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{

@@ -97,22 +97,38 @@ func isDialError(err error) bool {
 	return errors.As(err, &op) && op.Op == "dial"
 }
 
+// unknownModelError is a request for a model no backend serves. Its answer
+// is the same 404 whatever the reason the model cannot be used here.
+type unknownModelError struct {
+	model string
+	err   error // balancer.ErrUnknownModel, or why this client may not see it
+}
+
+func (e *unknownModelError) Error() string { return "model " + quote(e.model) + ": " + e.err.Error() }
+func (e *unknownModelError) Unwrap() error { return e.err }
+
 // errorFor maps an error met while serving a request to what the client is
-// told. clientCtx is the client's own request context, so that a client that
-// left (499) is told apart from our own timeout (504).
-func errorFor(clientCtx context.Context, err error) *HTTPError {
-	var he *HTTPError
+// told: the one place a status and a client message are chosen for an
+// error. clientCtx is the client's own request context, so that a client
+// that left (499) is told apart from our own timeout (504).
+func (s *Server) errorFor(clientCtx context.Context, err error) *HTTPError {
+	var (
+		he  *HTTPError
+		ume *unknownModelError
+	)
 	switch {
 	case errors.As(err, &he):
 		return he
 	case clientCtx.Err() != nil:
 		return &HTTPError{Code: StatusClientClosed, Type: "client_closed", Msg: "client closed request", Err: err}
+	case errors.As(err, &ume):
+		return &HTTPError{Code: http.StatusNotFound, Type: "invalid_request_error", Param: "model", Kind: "model_not_found", Msg: "The model " + quote(ume.model) + " does not exist.", Err: err}
 	case errors.Is(err, balancer.ErrUnknownModel):
 		return &HTTPError{Code: http.StatusNotFound, Type: "invalid_request_error", Param: "model", Kind: "model_not_found", Msg: err.Error() + ": no backend serves it (GET /v1/models lists the models served here).", Err: err}
 	case errors.Is(err, balancer.ErrQueueFull):
-		return &HTTPError{Code: http.StatusTooManyRequests, Type: "rate_limit_error", Kind: "queue_full", Msg: "Every model server is saturated and the queue is full; retry later.", Err: err}
+		return &HTTPError{Code: http.StatusTooManyRequests, Type: "rate_limit_error", Kind: "queue_full", Msg: "Every model server is saturated and the queue is full; retry later.", Err: err, RetryAfter: s.bal.RetryAfter()}
 	case errors.Is(err, balancer.ErrShed):
-		return &HTTPError{Code: http.StatusTooManyRequests, Type: "rate_limit_error", Kind: "shed", Msg: "Every model server is saturated and this request's priority is sheddable; retry later.", Err: err}
+		return &HTTPError{Code: http.StatusTooManyRequests, Type: "rate_limit_error", Kind: "shed", Msg: "Every model server is saturated and this request's priority is sheddable; retry later.", Err: err, RetryAfter: s.bal.RetryAfter()}
 	case errors.Is(err, balancer.ErrQueueTimeout):
 		return &HTTPError{Code: http.StatusServiceUnavailable, Type: "service_unavailable", Kind: "queue_timeout", Msg: "Every model server stayed saturated while the request waited; retry later.", Err: err}
 	case errors.Is(err, balancer.ErrNoBackend):

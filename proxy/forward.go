@@ -17,44 +17,6 @@ import (
 	"github.com/llmlb/llmlb/balancer"
 )
 
-// exchange is one client request's state while it is forwarded. It rides in
-// the request context from the handler through Rewrite, RoundTrip,
-// ModifyResponse and ErrorHandler, all of which run on the handler's
-// goroutine.
-type exchange struct {
-	req       *Request
-	target    string // the model backends are asked for; req.Model is the client's
-	guard     *balancer.Guard
-	dec       balancer.Decision
-	clientCtx context.Context // the client's own context, before our timeout
-	inURL     *url.URL        // the path and query the client asked for
-	attempts  int             // backends tried so far
-	sentAt    time.Time       // when the latest attempt was sent
-	// stripUsage: llmlb asked for the stream's usage chunk, the client
-	// did not, so the observer drops it.
-	stripUsage bool
-	obs        *observer // the answering backend's body, once it answered 200
-	// streamErr is why the proxy cut the answering backend's stream
-	// (errStreamStalled), nil if it did not.
-	streamErr error
-}
-
-type exchangeKey struct{}
-
-// reason is the x-llmlb-reason of the backend that answered: the picker's
-// reason, or "retry" when earlier candidates failed.
-func (ex *exchange) reason() string {
-	if ex.attempts > 1 {
-		return "retry"
-	}
-	return ex.dec.Reason
-}
-
-func exchangeFrom(ctx context.Context) *exchange {
-	ex, _ := ctx.Value(exchangeKey{}).(*exchange)
-	return ex
-}
-
 // retryTransport tries the exchange's candidates in order until one answers
 // with a status that is not retryable. Because it returns before any byte of
 // the response is copied to the client, every retry happens before the first

@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
-	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -87,7 +86,7 @@ func New(cfg Config, bal *balancer.Balancer, reg prometheus.Registerer, logger *
 // Handler returns the client-facing routes.
 func (s *Server) Handler() http.Handler {
 	r := chi.NewRouter()
-	r.Use(s.limits, s.withAccess, s.recoverer)
+	r.Use(s.limits, s.withExchange)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &HTTPError{Code: http.StatusNotFound, Type: "invalid_request_error", Msg: "Unknown route " + r.Method + " " + r.URL.Path + "."})
 	})
@@ -113,127 +112,95 @@ func (s *Server) Handler() http.Handler {
 	return r
 }
 
-// serveModel handles a POST whose body names a model: parse, pick, forward.
+// serveModel handles a POST whose body names a model, in stages on the
+// request's exchange: parse, route, pick, forward. Each stage either fills
+// the exchange in or ends it with an error; [Server.withExchange] finishes
+// it whatever the path.
 func (s *Server) serveModel(k Kind) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		start := time.Now()
-		a := accessFrom(r.Context())
-		modelLabel, targetLabel, backendLabel := "", "", "none"
-		rec := &statusRecorder{ResponseWriter: w}
-		completed := false
-		var ex *exchange
-		defer func() {
-			status := rec.status
-			switch {
-			case r.Context().Err() != nil && !completed, status == StatusClientClosed:
-				status = StatusClientClosed
-			case !completed && ex != nil && ex.streamErr != nil:
-				status = errorFor(r.Context(), ex.streamErr).Code // a stall: cut by us
-			case !completed:
-				status = http.StatusBadGateway // the stream was cut by the backend after the header
-			}
-			a.status = status
-			if backendLabel == "none" && status != StatusClientClosed { // llmlb answered itself: list it too
-				reason := "rejected by llmlb"
-				if ex != nil {
-					reason = "no backend answered"
-				}
-				s.picks.add(pickEntry{At: time.Now(), ID: a.id, Model: a.model, Backend: "-", Reason: reason, Status: status, Duration: time.Since(start)}, Usage{})
-			}
-			s.metrics.requests.WithLabelValues(modelLabel, targetLabel, backendLabel, statusLabel(status)).Inc()
-			if backendLabel != "none" {
-				s.metrics.duration.WithLabelValues(backendLabel, modelLabel).Observe(time.Since(start).Seconds())
-			}
-			if ex != nil {
-				s.observed(ex, a, backendLabel, modelLabel, time.Since(start))
-			}
-		}()
-
-		req, herr := s.readRequest(rec, r, k)
-		if req != nil {
-			a.model = req.Model
-			modelLabel, targetLabel = s.modelLabel(req.Model), s.modelLabel(req.Model)
-		}
-		if herr != nil {
-			writeError(rec, herr)
-			completed = true
+		ex := exchangeFrom(r.Context())
+		ex.inference = true
+		if err := s.parse(ex, r, k); err != nil {
+			s.fail(ex, err)
 			return
 		}
-		a.stream = req.Stream
-		breq, herr := s.balancerRequest(r, req)
-		if herr != nil {
-			writeError(rec, herr)
-			completed = true
-			return
-		}
-		target := breq.Model
-		a.model, a.target = req.Model, target
-		if s.logPrompts && s.logger.Enabled(r.Context(), slog.LevelDebug) {
-			a.promptForDebug = req.Canonical[:min(len(req.Canonical), maxLoggedPrompt)]
-		}
-		guard := s.bal.NewGuard()
-		defer guard.Release()
-		breq.Guard = guard
-		dec, err := s.bal.PickWait(r.Context(), breq, make([]*balancer.Backend, 0, 4))
-		a.waited = dec.Waited
-		if dec.Waited > 0 {
-			s.metrics.queueWait.Observe(dec.Waited.Seconds())
-		}
+		breq, err := s.route(ex, r)
 		if err != nil {
-			if !errors.Is(err, balancer.ErrUnknownModel) {
-				modelLabel, targetLabel = req.Model, target
-			}
-			if errors.Is(err, balancer.ErrUnknownModel) {
-				modelLabel, targetLabel = unknownModel, unknownModel
-			}
-			he := errorFor(r.Context(), err)
-			switch {
-			case errors.Is(err, balancer.ErrUnknownModel):
-				he.Msg = "The model " + quote(req.Model) + " does not exist."
-			case errors.Is(err, balancer.ErrQueueFull), errors.Is(err, balancer.ErrShed):
-				he.RetryAfter = s.bal.RetryAfter()
-			}
-			if he.Code == StatusClientClosed {
-				rec.status = StatusClientClosed
-				return
-			}
-			writeError(rec, he)
-			completed = true
+			s.fail(ex, err)
 			return
 		}
-		modelLabel, targetLabel = req.Model, target
-		s.metrics.picks.WithLabelValues(dec.Candidates[0].ID, dec.Reason).Inc()
-		if target != req.Model {
-			body, err := setModel(req.Body, target)
-			if err != nil {
-				writeError(rec, badRequest("model", "The request body could not be rewritten for model %s: %v.", quote(target), err))
-				completed = true
-				return
-			}
-			req.Body = body
+		if err := s.pick(ex, breq); err != nil {
+			s.fail(ex, err)
+			return
 		}
-		injected := false
-		if s.cfg.RequestUsage && req.Stream && !req.IncludeUsage && k != KindOther {
-			if body, err := withUsage(req.Body, req.StreamOptions); err == nil {
-				req.Body, injected = body, true
-			}
-		}
-
-		ex = &exchange{req: req, target: target, guard: guard, dec: dec, clientCtx: r.Context(), inURL: r.URL, stripUsage: injected}
-		ctx := context.WithValue(r.Context(), exchangeKey{}, ex)
-		if s.cfg.RequestTimeout > 0 {
-			var cancel context.CancelFunc
-			ctx, cancel = context.WithTimeout(ctx, s.cfg.RequestTimeout)
-			defer cancel()
-		}
-		defer func() {
-			if be := guard.Backend(); be != nil {
-				backendLabel = be.ID
-			}
-		}()
-		s.rp.ServeHTTP(rec, r.WithContext(ctx))
-		completed = true
+		s.forward(ex, r)
 	}
+}
+
+// parse reads and parses the body. On an error after the model was read,
+// ex.req still carries the model.
+func (s *Server) parse(ex *exchange, r *http.Request, k Kind) error {
+	req, err := s.readRequest(ex.w, r, k)
+	ex.req = req
+	return err
+}
+
+// route resolves the request's model and reads the routing headers.
+func (s *Server) route(ex *exchange, r *http.Request) (*balancer.Request, error) {
+	breq, err := s.balancerRequest(r, ex.req)
+	if err != nil {
+		return nil, err
+	}
+	ex.target = breq.Model
+	return breq, nil
+}
+
+// pick asks the balancer for the request's backends, waiting in the
+// admission queue when every one is saturated. The guard it creates is
+// released by [Server.finish].
+func (s *Server) pick(ex *exchange, breq *balancer.Request) error {
+	ex.guard = s.bal.NewGuard()
+	breq.Guard = ex.guard
+	dec, err := s.bal.PickWait(ex.client, breq, make([]*balancer.Backend, 0, 4))
+	ex.dec, ex.picked = dec, true
+	if dec.Waited > 0 {
+		s.metrics.queueWait.Observe(dec.Waited.Seconds())
+	}
+	if errors.Is(err, balancer.ErrUnknownModel) {
+		return &unknownModelError{model: ex.req.Model, err: err}
+	}
+	if err != nil {
+		return err
+	}
+	s.metrics.picks.WithLabelValues(dec.Candidates[0].ID, dec.Reason).Inc()
+	return nil
+}
+
+// forward sends the request to the picked backends through ReverseProxy,
+// which retries before the first byte and streams the answer.
+func (s *Server) forward(ex *exchange, r *http.Request) {
+	req := ex.req
+	if ex.target != req.Model {
+		body, err := setModel(req.Body, ex.target)
+		if err != nil {
+			s.fail(ex, badRequest("model", "The request body could not be rewritten for model %s: %v.", quote(ex.target), err))
+			return
+		}
+		req.Body = body
+	}
+	if s.cfg.RequestUsage && req.Stream && !req.IncludeUsage && req.Kind != KindOther {
+		if body, err := withUsage(req.Body, req.StreamOptions); err == nil {
+			req.Body, ex.stripUsage = body, true
+		}
+	}
+	ex.forwarded = true
+	ctx := r.Context()
+	if s.cfg.RequestTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.cfg.RequestTimeout)
+		defer cancel()
+	}
+	s.rp.ServeHTTP(ex.w, r.WithContext(ctx))
 }
 
 // unknownModel is the model label of requests for a name no backend has
@@ -251,27 +218,24 @@ func (s *Server) modelLabel(name string) string {
 	return unknownModel
 }
 
-// maxLoggedPrompt bounds the prompt text a debug access line carries.
-const maxLoggedPrompt = 2 << 10
-
 // observed records what the observer saw of the answering backend's
 // response: time to first token, tokens from usage, and the prefix match
 // the balancer predicted against the cache hits the backend reported.
-func (s *Server) observed(ex *exchange, a *access, backend, model string, took time.Duration) {
+func (s *Server) observed(ex *exchange, backend, model string, status int, took time.Duration) {
 	if backend == "none" || ex.attempts == 0 {
 		return
 	}
-	a.backend, a.reason, a.attempts = backend, ex.reason(), ex.attempts
+	ex.backend = backend
 	var u Usage
 	if ex.obs != nil {
 		u = ex.obs.Usage()
 	}
-	a.usage = u
+	ex.usage = u
 	if !u.FirstToken.IsZero() && ex.req.Stream {
-		a.ttft = u.FirstToken.Sub(ex.sentAt)
-		s.metrics.ttft.WithLabelValues(backend, model).Observe(a.ttft.Seconds())
+		ex.ttft = u.FirstToken.Sub(ex.sentAt)
+		s.metrics.ttft.WithLabelValues(backend, model).Observe(ex.ttft.Seconds())
 	}
-	s.picks.add(pickEntry{At: time.Now(), ID: a.id, Model: model, Backend: backend, Reason: a.reason, Status: a.status, TTFT: a.ttft, Duration: took}, u)
+	s.picks.add(pickEntry{At: time.Now(), ID: ex.id, Model: model, Backend: backend, Reason: ex.reason(), Status: status, TTFT: ex.ttft, Duration: took}, u)
 	if !u.Known {
 		return
 	}
@@ -293,7 +257,7 @@ func (s *Server) observed(ex *exchange, a *access, backend, model string, took t
 
 // balancerRequest resolves the request's model (aliases and weighted
 // splits) and reads the routing headers into what the picker needs.
-func (s *Server) balancerRequest(r *http.Request, req *Request) (*balancer.Request, *HTTPError) {
+func (s *Server) balancerRequest(r *http.Request, req *Request) (*balancer.Request, error) {
 	target, prio := s.bal.Route(req.Model)
 	bcfg := s.bal.Config()
 	if h := r.Header.Get(bcfg.Admission.PriorityHeader); h != "" {
@@ -321,7 +285,7 @@ func (s *Server) balancerRequest(r *http.Request, req *Request) (*balancer.Reque
 }
 
 // readRequest reads and parses the body, bounded by MaxBodyBytes.
-func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, k Kind) (*Request, *HTTPError) {
+func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, k Kind) (*Request, error) {
 	if herr := checkContentType(r.Header); herr != nil {
 		return nil, herr
 	}
@@ -401,21 +365,17 @@ func (s *Server) modifyResponse(resp *http.Response) error {
 
 func (s *Server) errorHandler(w http.ResponseWriter, r *http.Request, err error) {
 	ex := exchangeFrom(r.Context())
-	he := errorFor(ex.clientCtx, err)
-	if he.Code == StatusClientClosed {
-		if rec, ok := w.(*statusRecorder); ok {
-			rec.status = StatusClientClosed
+	he := s.errorFor(ex.client, err)
+	if he.Code != StatusClientClosed { // nobody to answer otherwise; not an error of ours
+		if be := ex.guard.Backend(); be != nil && s.cfg.BackendHeaders {
+			w.Header().Set(HeaderBackend, be.ID)
+			w.Header().Set(HeaderReason, ex.reason())
 		}
-		return // nobody to answer; not an error of ours
+		if s.logger.Enabled(r.Context(), slog.LevelDebug) {
+			s.logger.DebugContext(r.Context(), "forward failed", "model", ex.req.Model, "status", he.Code, "err", err)
+		}
 	}
-	if be := ex.guard.Backend(); be != nil && s.cfg.BackendHeaders {
-		w.Header().Set(HeaderBackend, be.ID)
-		w.Header().Set(HeaderReason, ex.reason())
-	}
-	if s.logger.Enabled(r.Context(), slog.LevelDebug) {
-		s.logger.DebugContext(r.Context(), "forward failed", "model", ex.req.Model, "status", he.Code, "err", err)
-	}
-	writeError(w, he)
+	s.fail(ex, he)
 }
 
 // modelCard is one entry of GET /v1/models, in vLLM's shape.
@@ -487,58 +447,6 @@ func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"status": "ready", "ready_backends": ready})
 }
-
-// recoverer turns a panic in a handler into a 500 and a log line with the
-// stack. http.ErrAbortHandler, which ReverseProxy raises to cut a stream, is
-// re-raised so that net/http aborts the connection, as chi's Recoverer does.
-func (s *Server) recoverer(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		rec := &statusRecorder{ResponseWriter: w}
-		defer func() {
-			p := recover()
-			if p == nil {
-				return
-			}
-			if p == http.ErrAbortHandler {
-				panic(p)
-			}
-			s.logger.Error("handler panic", "panic", p, "stack", string(debug.Stack()))
-			if !rec.wrote {
-				writeError(rec, &HTTPError{Code: http.StatusInternalServerError, Type: "internal_error", Msg: "Internal error in the load balancer."})
-			}
-		}()
-		next.ServeHTTP(rec, r)
-	})
-}
-
-// statusRecorder remembers the status written through it. It unwraps for
-// http.ResponseController, so flushing reaches the real writer.
-type statusRecorder struct {
-	http.ResponseWriter
-	status int
-	wrote  bool
-}
-
-func (r *statusRecorder) WriteHeader(code int) {
-	if !r.wrote {
-		r.status = code
-		r.wrote = code >= 200
-	}
-	r.ResponseWriter.WriteHeader(code)
-}
-
-func (r *statusRecorder) Write(p []byte) (int, error) {
-	if !r.wrote {
-		r.status, r.wrote = http.StatusOK, true
-	}
-	return r.ResponseWriter.Write(p)
-}
-
-func (r *statusRecorder) Flush() {
-	_ = http.NewResponseController(r.ResponseWriter).Flush()
-}
-
-func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")

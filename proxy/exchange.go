@@ -1,0 +1,233 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/url"
+	"runtime/debug"
+	"time"
+
+	"github.com/llmlb/llmlb/balancer"
+)
+
+// exchange is one client request from its arrival to its last byte: the one
+// object the handler's stages (parse, route, pick, forward) fill in, and
+// from which [Server.finish] derives, once, the request's status, metrics,
+// status-page entry and access line.
+//
+// It rides in the request context from [Server.withExchange] through the
+// handler and ReverseProxy's Rewrite, RoundTrip, ModifyResponse and
+// ErrorHandler, all of which run on the handler's goroutine; only the
+// stream timers' cancel runs elsewhere, and it touches no field.
+type exchange struct {
+	// set on arrival
+	id     string
+	start  time.Time
+	w      *recorder       // the only writer the handler and ReverseProxy see
+	client context.Context // the client's own context, before our timeout
+	inURL  *url.URL        // the path and query the client asked for
+
+	// parse
+	inference bool     // a route that names a model: counted and listed as such
+	req       *Request // nil until parsed; carries the model when a later field was bad
+
+	// route
+	target string // the model backends are asked for; req.Model is the client's; "" before routing
+
+	// pick
+	picked bool // PickWait returned, with a decision or an error
+	guard  *balancer.Guard
+	dec    balancer.Decision
+
+	// forward
+	forwarded bool      // handed to ReverseProxy
+	attempts  int       // backends tried so far
+	sentAt    time.Time // when the latest attempt was sent
+	// stripUsage: llmlb asked for the stream's usage chunk, the client
+	// did not, so the observer drops it.
+	stripUsage bool
+	obs        *observer // the answering backend's body, once it answered 200
+	// streamErr is why the proxy cut the answering backend's stream
+	// (errStreamStalled), nil if it did not.
+	streamErr error
+
+	// finish
+	failure *HTTPError // what llmlb answered itself (status 499: nothing), nil if it did not
+	ended   bool       // the handler returned: the answer the client got is whole
+	backend string     // the answering backend's ID, "" if none
+	usage   Usage
+	ttft    time.Duration // streams: to the first token event; 0 if none
+}
+
+type exchangeKey struct{}
+
+func exchangeFrom(ctx context.Context) *exchange {
+	ex, _ := ctx.Value(exchangeKey{}).(*exchange)
+	return ex
+}
+
+// reason is the x-llmlb-reason of the backend that answered: the picker's
+// reason, or "retry" when earlier candidates failed.
+func (ex *exchange) reason() string {
+	if ex.attempts > 1 {
+		return "retry"
+	}
+	return ex.dec.Reason
+}
+
+// status is the request's status as counted and logged, decided here and
+// nowhere else: what the client was answered, 499 when it left first, and
+// for an answer that did not end (ReverseProxy aborted the stream) 504
+// when the proxy cut a stalled stream, 502 when the backend cut it.
+func (s *Server) status(ex *exchange) int {
+	switch {
+	case ex.failure != nil && ex.failure.Code == StatusClientClosed, !ex.ended && ex.client.Err() != nil:
+		return StatusClientClosed
+	case ex.ended && ex.w.status == 0:
+		return http.StatusOK // nothing written: net/http answers 200
+	case ex.ended:
+		return ex.w.status
+	case ex.streamErr != nil:
+		return s.errorFor(ex.client, ex.streamErr).Code
+	default:
+		return http.StatusBadGateway
+	}
+}
+
+// withExchange gives every request its exchange and its ID, and finishes
+// it when the handler returns, whatever path it took. A panic becomes a
+// 500 and a log line with the stack; http.ErrAbortHandler, which
+// ReverseProxy raises to cut a stream, is re-raised once the request is
+// finished, so that net/http aborts the connection, as chi's Recoverer
+// does.
+func (s *Server) withExchange(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := requestID(r.Header.Get(HeaderRequestID))
+		r.Header.Set(HeaderRequestID, id) // forwarded to the backend with the other headers
+		w.Header().Set(HeaderRequestID, id)
+		ex := &exchange{id: id, start: time.Now(), w: &recorder{ResponseWriter: w}, client: r.Context(), inURL: r.URL}
+		defer func() {
+			p := recover()
+			if p != nil && p != http.ErrAbortHandler {
+				s.logger.Error("handler panic", "panic", p, "stack", string(debug.Stack()))
+				if !ex.w.wrote {
+					writeError(ex.w, &HTTPError{Code: http.StatusInternalServerError, Type: "internal_error", Msg: "Internal error in the load balancer."})
+					ex.ended = true
+				}
+			}
+			s.finish(ex, r)
+			if p == http.ErrAbortHandler {
+				panic(p)
+			}
+		}()
+		next.ServeHTTP(ex.w, r.WithContext(context.WithValue(r.Context(), exchangeKey{}, ex)))
+		ex.ended = true
+	})
+}
+
+// fail ends the exchange with llmlb's own answer to err, as [errorFor]
+// maps it; a client that left is not answered.
+func (s *Server) fail(ex *exchange, err error) {
+	he := s.errorFor(ex.client, err)
+	ex.failure = he
+	if he.Code != StatusClientClosed {
+		writeError(ex.w, he)
+	}
+}
+
+// finish releases the exchange's place in the balancer's ledger and
+// records the request: metrics and the status page for model routes, the
+// access line for all but the health and readiness probes.
+func (s *Server) finish(ex *exchange, r *http.Request) {
+	status := s.status(ex)
+	if ex.inference {
+		s.account(ex, status)
+	}
+	if s.accessLog && r.URL.Path != "/health" && r.URL.Path != "/ready" {
+		s.logAccess(ex, r, status)
+	}
+}
+
+// account releases the exchange's guard and counts the request.
+func (s *Server) account(ex *exchange, status int) {
+	backendLabel := "none"
+	if ex.forwarded {
+		if be := ex.guard.Backend(); be != nil { // read before Release detaches it
+			backendLabel = be.ID
+		}
+	}
+	if ex.guard != nil {
+		ex.guard.Release()
+	}
+	took := time.Since(ex.start)
+	model, target := s.labels(ex)
+	if backendLabel == "none" && status != StatusClientClosed { // llmlb answered itself: list it too
+		reason := "rejected by llmlb"
+		if ex.forwarded {
+			reason = "no backend answered"
+		}
+		s.picks.add(pickEntry{At: time.Now(), ID: ex.id, Model: ex.model(), Backend: "-", Reason: reason, Status: status, Duration: took}, Usage{})
+	}
+	s.metrics.requests.WithLabelValues(model, target, backendLabel, statusLabel(status)).Inc()
+	if backendLabel != "none" {
+		s.metrics.duration.WithLabelValues(backendLabel, model).Observe(took.Seconds())
+	}
+	if ex.forwarded {
+		s.observed(ex, backendLabel, model, status, took)
+	}
+}
+
+// model is the model the client asked for, "" before it was read.
+func (ex *exchange) model() string {
+	if ex.req == nil {
+		return ""
+	}
+	return ex.req.Model
+}
+
+// labels are the exchange's model and target_model metric labels: the
+// names as routed once the balancer was asked, [unknownModel] for a model
+// nobody serves, and for a request refused before that the name when it
+// is known here (see [Server.modelLabel]).
+func (s *Server) labels(ex *exchange) (model, target string) {
+	switch {
+	case ex.req == nil:
+		return "", ""
+	case ex.failure != nil && errors.Is(ex.failure, balancer.ErrUnknownModel):
+		return unknownModel, unknownModel
+	case ex.picked:
+		return ex.req.Model, ex.target
+	}
+	m := s.modelLabel(ex.req.Model)
+	return m, m
+}
+
+// recorder remembers the status written through it. It unwraps for
+// http.ResponseController, so flushing reaches the real writer.
+type recorder struct {
+	http.ResponseWriter
+	status int
+	wrote  bool
+}
+
+func (r *recorder) WriteHeader(code int) {
+	if !r.wrote {
+		r.status = code
+		r.wrote = code >= 200
+	}
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *recorder) Write(p []byte) (int, error) {
+	if !r.wrote {
+		r.status, r.wrote = http.StatusOK, true
+	}
+	return r.ResponseWriter.Write(p)
+}
+
+func (r *recorder) Flush() {
+	_ = http.NewResponseController(r.ResponseWriter).Flush()
+}
+
+func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
