@@ -314,6 +314,9 @@ func (b *Balancer) pick(req *Request, dst []*Backend, dry bool, ex *Explanation)
 			continue
 		}
 		known = true
+		if skipEjected(be, ex) {
+			continue
+		}
 		switch {
 		case be.State == StateReady && !be.Stale:
 			cands = append(cands, b.candidate(be, req))

@@ -23,9 +23,10 @@ import (
 // KiB; a larger one is treated as unreadable.
 const maxPageBytes = 32 << 20
 
-// Target watches one backend: its health (active probes, and passive
-// ejection on failed requests), its metrics page and, unless configured,
-// its models. It publishes the backend's state to the balancer after every
+// Target watches one backend: its health (active probes, and the probes
+// that readmit a backend passive health ejected: the balancer decides
+// ejections, as Caddy's passive health does at selection), its metrics
+// page and, unless configured, its models. It publishes the backend's state to the balancer after every
 // change. Its fields are owned by its Run goroutine.
 type Target struct {
 	// immutable after newTarget
@@ -56,10 +57,6 @@ type Target struct {
 	detectedAt   time.Time // the last detection attempt
 	mismatch     string    // the engine the page shows when it contradicts declared
 	undetected   bool      // logged that no engine could be detected
-	ejected      bool      // out of rotation after failed requests
-	ejectedUntil time.Time // no readmission probe before this
-	ejections    int       // ejections in a row, for the backoff
-	readmitted   time.Time // when the last ejection ended
 }
 
 func newTarget(cfg Config, id string, u *url.URL, g *group, d deps) *Target {
@@ -154,13 +151,11 @@ func (t *Target) Run(ctx context.Context) {
 			return
 		case <-health.C:
 			health.Reset(t.cfg.HealthInterval)
-			if !t.ejected {
-				t.probeRound(ctx)
-			}
+			t.probeRound(ctx)
 		case <-scrape.C:
 			scrape.Reset(t.jitter())
 			t.scrape(ctx)
-			t.passive(ctx)
+			t.readmit(ctx)
 		}
 		if ctx.Err() != nil {
 			return
@@ -189,9 +184,6 @@ func (t *Target) probeRound(ctx context.Context) {
 			t.logger.Info("backend up", "backend", t.spec.ID)
 		}
 		t.spec.State, t.spec.Reason = balancer.StateReady, ""
-		if t.ejections > 0 && t.now().Sub(t.readmitted) > t.cfg.EjectBackoffMax {
-			t.ejections = 0 // healthy for a while: the next ejection starts short again
-		}
 		return
 	}
 	t.failures++
@@ -201,55 +193,21 @@ func (t *Target) probeRound(ctx context.Context) {
 	}
 }
 
-// passive ejects the backend after consecutive failed requests, and lets it
-// back once its backoff has passed and its health check answers.
-func (t *Target) passive(ctx context.Context) {
-	if t.cfg.EjectAfter <= 0 {
+// readmit probes a backend that passive health ejected, once its ejection
+// time is over, and tells the balancer whether it answers. It runs on the
+// scrape tick, so a backend returns within a scrape interval of its time.
+func (t *Target) readmit(ctx context.Context) {
+	if !t.ledger.ReadmitDue(t.now()) {
 		return
 	}
-	now := t.now()
-	if !t.ejected {
-		streak := t.ledger.FailureStreak()
-		if streak < int64(t.cfg.EjectAfter) {
-			return
-		}
-		t.ejections++
-		t.spec.Ejections++
-		t.ejected, t.ejectedUntil = true, now.Add(t.backoff())
-		t.spec.State = balancer.StateDown
-		t.spec.Reason = fmt.Sprintf("ejected after %d consecutive failed requests", streak)
-		t.metrics.ejections.WithLabelValues(t.spec.ID).Inc()
-		t.logger.Warn("backend ejected", "backend", t.spec.ID, "failed_requests", streak, "for", t.backoff())
+	err := t.probe(ctx)
+	if ctx.Err() != nil {
 		return
 	}
-	if now.Before(t.ejectedUntil) {
-		return
+	if err == nil {
+		t.failures = 0
 	}
-	if err := t.probe(ctx); err != nil {
-		if ctx.Err() != nil {
-			return
-		}
-		t.ejections++
-		t.ejectedUntil = now.Add(t.backoff())
-		t.logger.Debug("ejected backend still failing", "backend", t.spec.ID, "err", err, "for", t.backoff())
-		return
-	}
-	t.ejected = false
-	t.readmitted = now
-	t.failures = 0
-	t.ledger.ResetFailureStreak()
-	t.spec.State, t.spec.Reason = balancer.StateReady, ""
-	t.logger.Info("backend readmitted", "backend", t.spec.ID)
-}
-
-// backoff is the current ejection time: EjectBackoff doubled for each
-// ejection in a row after the first, capped at EjectBackoffMax.
-func (t *Target) backoff() time.Duration {
-	d := t.cfg.EjectBackoff
-	for i := 1; i < t.ejections && d < t.cfg.EjectBackoffMax; i++ {
-		d *= 2
-	}
-	return min(d, t.cfg.EjectBackoffMax)
+	t.bal.Probed(t.spec.ID, err == nil)
 }
 
 // probe GETs the health path.

@@ -113,10 +113,14 @@ func TestStaleness(t *testing.T) {
 	})
 }
 
-// TestPassiveEjectionBackoff: consecutive failed requests eject the backend
-// within one scrape interval; it returns only after the backoff and a good
-// health check; a second ejection in a row lasts twice as long.
-func TestPassiveEjectionBackoff(t *testing.T) {
+// TestEjectedBackendReadmittedAfterBackoff: the balancer ejects a backend
+// at its fifth failure in a row; scrape's loop readmits it within a scrape
+// interval of its ejection time, though its health check answered all
+// along (issue 17); a second ejection in a row lasts twice as long; a
+// readmitted backend is on probation, one failure ejecting it again; and
+// one whose health check fails when its time is over stays out until it
+// answers.
+func TestEjectedBackendReadmittedAfterBackoff(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var queue atomic.Int64
 		var page atomic.Value
@@ -124,43 +128,53 @@ func TestPassiveEjectionBackoff(t *testing.T) {
 		bal, cancel := bubbleTarget(t, tr)
 		defer cancel()
 		synctest.Wait()
-		fail := func() {
-			l := backend(bal).Ledger
-			for range 5 {
-				l.ObserveFailure()
+		fail := func(n int) {
+			for range n {
+				bal.Failed(backend(bal), balancer.FailStatus)
 			}
 		}
-		eject := func(wantFor time.Duration) {
+		out := func(wantFor time.Duration) {
 			t.Helper()
-			fail()
-			time.Sleep(110 * time.Millisecond)
-			synctest.Wait()
 			ejectedAt := time.Now()
-			if be := backend(bal); be.State != balancer.StateDown {
-				t.Fatalf("after 5 failures: %v, want down", be.State)
+			if !backend(bal).Ledger.Ejected() {
+				t.Fatal("not ejected")
 			}
-			for backend(bal).State == balancer.StateDown {
+			for backend(bal).Ledger.Ejected() {
 				time.Sleep(10 * time.Millisecond)
 				synctest.Wait()
 			}
 			took := time.Since(ejectedAt)
-			if took < wantFor-110*time.Millisecond || took > wantFor+200*time.Millisecond {
-				t.Errorf("ejected for %s, want about %s", took, wantFor)
+			if took < wantFor || took > wantFor+120*time.Millisecond {
+				t.Errorf("ejected for %s, want %s and at most a scrape interval more", took, wantFor)
 			}
 		}
-		eject(time.Second)
-		eject(2 * time.Second)
-		// Four failures, then a success: no ejection.
-		l := backend(bal).Ledger
-		for range 4 {
-			l.ObserveFailure()
+		fail(4)
+		if backend(bal).Ledger.Ejected() {
+			t.Fatal("ejected after 4 failures, want 5")
 		}
-		l.ObserveSuccess()
-		l.ObserveFailure()
-		time.Sleep(300 * time.Millisecond)
+		fail(1)
+		out(time.Second)
+		fail(1) // on probation
+		out(2 * time.Second)
+		bal.Succeeded(backend(bal))
+		fail(4)
+		if backend(bal).Ledger.Ejected() {
+			t.Fatal("a success did not end probation")
+		}
+		fail(1)
+		tr.down.Store(true)
+		time.Sleep(4*time.Second + 200*time.Millisecond)
 		synctest.Wait()
-		if s := backend(bal).State; s != balancer.StateReady {
-			t.Errorf("failures broken by a success ejected the backend: %v", s)
+		if !backend(bal).Ledger.Ejected() {
+			t.Fatal("readmitted while its health check fails")
+		}
+		tr.down.Store(false)
+		for backend(bal).Ledger.Ejected() {
+			time.Sleep(10 * time.Millisecond)
+			synctest.Wait()
+		}
+		if e := backend(bal).Ledger.Ejection(); e.Total != 3 {
+			t.Errorf("ejections = %d, want 3", e.Total)
 		}
 	})
 }
