@@ -83,6 +83,15 @@ type Config struct {
 	// DNSInterval is how often DNS names in `backends:` are resolved again.
 	// (default 10s)
 	DNSInterval time.Duration `mapstructure:"dns_interval"`
+	// ReadmitTokens is the length of the streaming completion a backend
+	// that passive health ejected must answer whole, after its health
+	// check, before it returns: a health check answers while the engine
+	// behind it cuts, stalls or refuses every generation (issue 17). 0
+	// readmits on the health check alone. (default 4)
+	ReadmitTokens int `mapstructure:"readmit_tokens"`
+	// ReadmitTimeout bounds that completion, first token to [DONE].
+	// (default 5s)
+	ReadmitTimeout time.Duration `mapstructure:"readmit_timeout"`
 }
 
 // DefaultConfig returns the scrape defaults.
@@ -97,6 +106,8 @@ func DefaultConfig() Config {
 		ScrapeTimeout:  500 * time.Millisecond,
 		StaleAfter:     2 * time.Second,
 		DNSInterval:    10 * time.Second,
+		ReadmitTokens:  4,
+		ReadmitTimeout: 5 * time.Second,
 	}
 }
 
@@ -121,10 +132,13 @@ func (c Config) Validate() error {
 	for _, d := range []struct {
 		key string
 		v   time.Duration
-	}{{"interval", c.Interval}, {"scrape_timeout", c.ScrapeTimeout}, {"dns_interval", c.DNSInterval}} {
+	}{{"interval", c.Interval}, {"scrape_timeout", c.ScrapeTimeout}, {"dns_interval", c.DNSInterval}, {"readmit_timeout", c.ReadmitTimeout}} {
 		if d.v <= 0 {
 			errs = append(errs, fmt.Errorf("scrape.%s: must be positive, got %s", d.key, d.v))
 		}
+	}
+	if c.ReadmitTokens < 0 {
+		errs = append(errs, fmt.Errorf("scrape.readmit_tokens: must not be negative, got %d", c.ReadmitTokens))
 	}
 	if c.StaleAfter <= c.Interval {
 		errs = append(errs, fmt.Errorf("scrape.stale_after: must be longer than scrape.interval (%s), got %s", c.Interval, c.StaleAfter))

@@ -1,6 +1,8 @@
 package scrape
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -194,20 +196,64 @@ func (t *Target) probeRound(ctx context.Context) {
 }
 
 // readmit probes a backend that passive health ejected, once its ejection
-// time is over, and tells the balancer whether it answers. It runs on the
-// scrape tick, so a backend returns within a scrape interval of its time.
+// time is over, and tells the balancer whether it answers: its health
+// check, then a short streaming completion that must end whole. It runs on
+// the scrape tick, so a backend returns within a scrape interval of its
+// time.
 func (t *Target) readmit(ctx context.Context) {
 	if !t.ledger.ReadmitDue(t.now()) {
 		return
 	}
 	err := t.probe(ctx)
+	if err == nil {
+		t.failures = 0
+		err = t.probeGeneration(ctx)
+	}
 	if ctx.Err() != nil {
 		return
 	}
-	if err == nil {
-		t.failures = 0
+	if err != nil {
+		t.logger.Debug("ejected backend not readmitted", "backend", t.spec.ID, "err", err)
 	}
 	t.bal.Probed(t.spec.ID, err == nil)
+}
+
+// probeGeneration asks the backend for a streaming completion of
+// ReadmitTokens tokens and reads it to its [DONE]: what users get, not
+// what the health route says. A backend whose models are not known yet,
+// or with ReadmitTokens 0, is not asked.
+func (t *Target) probeGeneration(ctx context.Context) error {
+	if t.cfg.ReadmitTokens == 0 || len(t.spec.Models) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, t.cfg.ReadmitTimeout)
+	defer cancel()
+	u := t.spec.URL.JoinPath("/v1/completions")
+	body, _ := json.Marshal(map[string]any{"model": t.spec.Models[0], "prompt": "ping", "max_tokens": t.cfg.ReadmitTokens,
+		"stream": true, "ignore_eos": true})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := t.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("readmission completion %s: status %d", u, resp.StatusCode)
+	}
+	sc := bufio.NewScanner(io.LimitReader(resp.Body, 1<<20))
+	for sc.Scan() {
+		if bytes.Equal(bytes.TrimSpace(sc.Bytes()), []byte("data: [DONE]")) {
+			return nil
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("readmission completion %s: %w", u, err)
+	}
+	return fmt.Errorf("readmission completion %s: stream ended without [DONE]", u)
 }
 
 // probe GETs the health path.

@@ -19,13 +19,19 @@ import (
 // target runs inside a synctest bubble; down makes it refuse like a dead
 // server.
 type handlerTransport struct {
-	h    http.Handler
-	down atomic.Bool
+	h        http.Handler
+	down     atomic.Bool
+	genFails atomic.Bool // completions answer 500 while health answers
 }
 
 func (ht *handlerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if ht.down.Load() {
 		return nil, errors.New("connect: connection refused")
+	}
+	if ht.genFails.Load() && req.URL.Path == "/v1/completions" {
+		rec := httptest.NewRecorder()
+		rec.WriteHeader(http.StatusInternalServerError)
+		return rec.Result(), nil
 	}
 	rec := httptest.NewRecorder()
 	ht.h.ServeHTTP(rec, req)
@@ -37,6 +43,8 @@ func (ht *handlerTransport) RoundTrip(req *http.Request) (*http.Response, error)
 func fakeVLLM(queue *atomic.Int64, page *atomic.Value) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
+		case "/v1/completions":
+			io.WriteString(w, "data: {\"choices\":[{\"text\":\" a\"}]}\n\ndata: [DONE]\n\n")
 		case "/health":
 		case "/metrics":
 			if p, _ := page.Load().(string); p != "" {
@@ -118,8 +126,8 @@ func TestStaleness(t *testing.T) {
 // interval of its ejection time, though its health check answered all
 // along (issue 17); a second ejection in a row lasts twice as long; a
 // readmitted backend is on probation, one failure ejecting it again; and
-// one whose health check fails when its time is over stays out until it
-// answers.
+// one whose health check fails, or whose completions fail while its health
+// check answers, when its time is over stays out until it answers both.
 func TestEjectedBackendReadmittedAfterBackoff(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var queue atomic.Int64
@@ -169,6 +177,13 @@ func TestEjectedBackendReadmittedAfterBackoff(t *testing.T) {
 			t.Fatal("readmitted while its health check fails")
 		}
 		tr.down.Store(false)
+		tr.genFails.Store(true)
+		time.Sleep(8*time.Second + 200*time.Millisecond)
+		synctest.Wait()
+		if !backend(bal).Ledger.Ejected() {
+			t.Fatal("readmitted while its health check answers but its completions fail")
+		}
+		tr.genFails.Store(false)
 		for backend(bal).Ledger.Ejected() {
 			time.Sleep(10 * time.Millisecond)
 			synctest.Wait()

@@ -444,19 +444,26 @@ func (s *Server) metricsFault(w http.ResponseWriter, r *http.Request, page func(
 		if _, err := io.WriteString(w, page()); err != nil {
 			return true
 		}
-		line := make([]byte, 0, 64)
-		for i, n := int64(0), int64(0); n < f.Bytes; i++ {
-			line = strconv.AppendInt(append(line[:0], `sim_padding{series="`...), i, 10)
-			line = append(line, "\"} 1\n"...)
-			if _, err := w.Write(line); err != nil {
+		// One block of filler written again and again: the page is
+		// meant to be too large to read, not to be parsed.
+		for n := int64(0); n < f.Bytes; n += int64(len(hugeBlock)) {
+			if _, err := w.Write(hugeBlock[:min(int64(len(hugeBlock)), f.Bytes-n)]); err != nil {
 				return true
 			}
-			n += int64(len(line))
 		}
 		return true
 	}
 	return false
 }
+
+// hugeBlock is metrics-huge's filler, 64 KiB of series lines.
+var hugeBlock = func() []byte {
+	var b []byte
+	for i := 0; len(b) < 64<<10; i++ {
+		b = fmt.Appendf(b, "sim_padding{series=\"%d\"} 1\n", i)
+	}
+	return b
+}()
 
 // healthy answers /health: 200, or 503 in the down half of a flap.
 func (s *Server) healthy(w http.ResponseWriter, r *http.Request) {
