@@ -42,7 +42,7 @@ fuzz:
 # requests completed, failed and lost, and llmlb's memory, goroutines and
 # file descriptors before, during and after.
 soak: build
-	LLMLB_SOAK=$(SOAK) LLMLB_SOAK_STREAMS=$(SOAK_STREAMS) LLMLB_BIN=$(BIN) $(GO) test -count=1 -run '^TestSoak$$' -v -timeout 0 .
+	LLMLB_SOAK=$(SOAK) LLMLB_SOAK_STREAMS=$(SOAK_STREAMS) LLMLB_BIN=$(BIN) $(GO) test -count=1 -vet=off -run '^TestSoak$$' -v -timeout 0 .
 
 soak-short:
 	$(MAKE) soak SOAK=30s

@@ -76,7 +76,7 @@ func faultSeconds(t *testing.T) time.Duration {
 
 // faultSlots bounds the fault tests running at once: each streams through
 // a whole llmlb, and timing bounds are part of what they check.
-var faultSlots = make(chan struct{}, 2)
+var faultSlots = make(chan struct{}, 3)
 
 // clientRequest is one client request's outcome.
 type clientRequest struct {
