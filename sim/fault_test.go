@@ -244,3 +244,24 @@ func TestFaultSwitchOverHTTP(t *testing.T) {
 		t.Errorf("after DELETE: status %d, want 200", code)
 	}
 }
+
+// FuzzParseFaults: ParseFaults never panics, and what it accepts writes
+// out as a list it reads back the same.
+func FuzzParseFaults(f *testing.F) {
+	for _, s := range []string{"", "hang", "die-mid-stream:after=5s,for=10s,events=3,drip:gap=2s", "5xx:status=503,429", "for=1s", "metrics-huge:bytes=9"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		fs, err := ParseFaults(s)
+		if err != nil {
+			return
+		}
+		again, err := ParseFaults(fs.String())
+		if err != nil {
+			t.Fatalf("ParseFaults(%q) = %q, which does not parse: %v", s, fs.String(), err)
+		}
+		if again.String() != fs.String() {
+			t.Fatalf("ParseFaults(%q).String() = %q, read back as %q", s, fs.String(), again.String())
+		}
+	})
+}
