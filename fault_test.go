@@ -134,6 +134,7 @@ func runFault(t *testing.T, fc faultCase) {
 		fc.cfg(&cfg)
 	}
 	inst := startTest(t, cfg, 3)
+	badHeader := backendHeader(t, inst.adminAddr, bad)
 
 	// The rotation watcher: when the faulty backend leaves and returns.
 	type sample struct {
@@ -272,7 +273,7 @@ func runFault(t *testing.T, fc faultCase) {
 	failed, onBad, total := 0, 0, len(reqs)
 	var late []clientRequest
 	for _, r := range reqs {
-		if r.backend == bad && r.start.After(back) && !back.IsZero() {
+		if r.backend == badHeader && r.start.After(back) && !back.IsZero() {
 			onBad++
 		}
 		if r.err == "" {
@@ -284,7 +285,7 @@ func runFault(t *testing.T, fc faultCase) {
 		}
 	}
 	for _, r := range late {
-		t.Logf("late failure: on faulty %v, started %s after the fault, took %s: %s", r.backend == bad, r.start.Sub(broke).Round(time.Millisecond), r.end.Sub(r.start).Round(time.Millisecond), r.err)
+		t.Logf("late failure: on faulty %v, started %s after the fault, took %s: %s", r.backend == badHeader, r.start.Sub(broke).Round(time.Millisecond), r.end.Sub(r.start).Round(time.Millisecond), r.err)
 	}
 	if len(late) > 0 {
 		t.Errorf("%d of %d client requests failed that should not have (faulty server out of rotation after %s); first: %+v",
@@ -295,6 +296,26 @@ func runFault(t *testing.T, fc faultCase) {
 	}
 	t.Logf("%s: %d requests, %d failed; out of rotation %s after the fault, back %s after it ended, then served %d",
 		fc.spec, total, failed, out.Sub(broke).Round(time.Millisecond), back.Sub(recovered).Round(time.Millisecond), onBad)
+}
+
+// backendHeader returns what x-llmlb-backend says for the backend id: its
+// name where /debug/backends gives one, else its ID.
+func backendHeader(t *testing.T, adminAddr, id string) string {
+	t.Helper()
+	var st []struct {
+		ID   string `json:"id"`
+		Name string `json:"name"`
+	}
+	getJSON(t, "http://"+adminAddr+"/debug/backends", &struct {
+		Backends any `json:"backends"`
+	}{&st})
+	for _, b := range st {
+		if b.ID == id {
+			return cmpOr(b.Name, b.ID)
+		}
+	}
+	t.Fatalf("backend %s not in /debug/backends", id)
+	return ""
 }
 
 // streamOnce sends one streaming completion and reads it to its end.

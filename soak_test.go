@@ -87,6 +87,7 @@ backends:
 	lb := startProc(t, bin, "serve", "--config", cfgPath)
 	addr, admin := "127.0.0.1:"+ports[4], "http://127.0.0.1:"+ports[5]
 	waitBackends(t, "127.0.0.1:"+ports[5], 4)
+	victimHeader := backendHeader(t, "127.0.0.1:"+ports[5], victimURL)
 
 	before := measure(t, lb.Process.Pid, admin)
 	t.Logf("before: %s", before)
@@ -124,7 +125,7 @@ backends:
 				// no answer, naming no backend: it counts as the kill's
 				// when it ends within two seconds of it.
 				kill := !killedAt.IsZero() && at.After(killedAt) && at.Sub(killedAt) < 2*time.Second
-				if backend != victimURL && !(backend == "" && kill) {
+				if backend != victimHeader && !(backend == "" && kill) {
 					badFailures = append(badFailures, fmt.Sprintf("backend %q: %v", backend, err))
 				}
 				mu.Unlock()
