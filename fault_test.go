@@ -45,7 +45,12 @@ func TestFaultStall(t *testing.T) { runFault(t, faultCase{spec: "stall:events=2"
 
 // TestFaultDrip: first tokens 300 ms apart, 30 times the fleet's: an
 // outlier. The streams on it finish, slowly.
-func TestFaultDrip(t *testing.T) { runFault(t, faultCase{spec: "drip:gap=300ms"}) }
+// The idle limit is 3 s here: a drip is slow, not silent, and under
+// -race beside other packages a 300 ms gap plus a pause of the process
+// must not read as a stall.
+func TestFaultDrip(t *testing.T) {
+	runFault(t, faultCase{spec: "drip:gap=300ms", cfg: func(c *config.Config) { c.Proxy.StreamIdleTimeout = 3 * time.Second }})
+}
 
 func TestFault5xx(t *testing.T) {
 	t.Run("503", func(t *testing.T) { runFault(t, faultCase{spec: "5xx:status=503"}) })
