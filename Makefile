@@ -7,15 +7,20 @@ BIN       ?= bin/llmlb
 FUZZTIME  ?= 50000x
 BENCHTIME ?= 1s
 
-.PHONY: all build test unit fuzz demo run sim bench lint clean
+.PHONY: all build test unit fuzz soak soak-short demo run sim bench lint clean
+
+# make soak's length and concurrency (issue 17).
+SOAK         ?= 10m
+SOAK_STREAMS ?= 2000
 
 all: build
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN) .
 
-# The whole suite with the race detector, then every fuzz target briefly.
-test: unit fuzz
+# The whole suite with the race detector, a 30-second soak, then every
+# fuzz target briefly.
+test: unit soak-short fuzz
 
 unit:
 	$(GO) vet ./...
@@ -31,6 +36,16 @@ fuzz:
 			$(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) $$pkg; \
 		done; \
 	done
+
+# SOAK_STREAMS concurrent streams for SOAK through the llmlb binary against
+# four emulated servers, one killed halfway and started again; prints
+# requests completed, failed and lost, and llmlb's memory, goroutines and
+# file descriptors before, during and after.
+soak: build
+	LLMLB_SOAK=$(SOAK) LLMLB_SOAK_STREAMS=$(SOAK_STREAMS) LLMLB_BIN=$(BIN) $(GO) test -count=1 -vet=off -run '^TestSoak$$' -v -timeout 0 .
+
+soak-short:
+	$(MAKE) soak SOAK=30s
 
 # Four emulated vLLM servers (one slower), the balancer, 24 streaming
 # clients and a live per-backend view for 20 seconds.

@@ -73,7 +73,7 @@ func busyFleet(t *testing.T) *instance {
 	}))
 	t.Cleanup(failing.Close)
 	cfg := testConfig(append(urls, failing.URL))
-	cfg.Scrape.EjectBackoff = 500 * time.Millisecond
+	cfg.Balancer.Passive.EjectBackoff = 500 * time.Millisecond
 	// Every backend first in turn, so the failing one fails five requests
 	// in a row and is ejected; the default policy learns from its first
 	// failure to avoid it, and an ejection would never come.

@@ -14,6 +14,7 @@ import (
 	"os/signal"
 	"runtime/debug"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -495,8 +496,16 @@ func ignoreClosed(err error) error {
 	return err
 }
 
+func faultKinds() []string {
+	var s []string
+	for _, k := range sim.FaultKinds() {
+		s = append(s, string(k))
+	}
+	return s
+}
+
 func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("sim", "llmlb sim [--engine vllm] [--preset h100-8b] [--listen ADDR] [--model NAME] [--lora a,b] [--max-lora N] [--speed X] [--count N]", stderr)
+	fs := newFlagSet("sim", "llmlb sim [--engine vllm] [--preset h100-8b] [--listen ADDR] [--model NAME] [--lora a,b] [--max-lora N] [--speed X] [--count N] [--fault KIND[:k=v,...],... [--fault-on 0,2]]", stderr)
 	engine := fs.String("engine", "vllm", "engine flavour to emulate: vllm, sglang, triton-tensorrt-llm or trtllm-serve")
 	preset := fs.String("preset", "h100-8b", "engine model preset: "+strings.Join(sim.PresetNames(), ", "))
 	listen := fs.String("listen", "127.0.0.1:8001", "address of the first server; --count servers take consecutive ports")
@@ -505,8 +514,22 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	speed := fs.Float64("speed", 1, "run this many times faster than real time")
 	count := fs.Int("count", 1, "number of servers to start")
 	maxLoRA := fs.Int("max-lora", 0, "adapters a batch may use at once (0: the preset's)")
+	faultSpec := fs.String("fault", "", "faults to show, e.g. die-mid-stream:after=5s,for=10s (kinds: "+strings.Join(faultKinds(), ", ")+"); switch them at runtime with PUT /sim/faults")
+	faultOn := fs.String("fault-on", "0", "comma-separated indexes (from 0) of the servers --fault applies to")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	faults, err := sim.ParseFaults(*faultSpec)
+	if err != nil {
+		return fmt.Errorf("sim: --fault: %w", err)
+	}
+	faulty := map[int]bool{}
+	for w := range strings.SplitSeq(*faultOn, ",") {
+		i, err := strconv.Atoi(strings.TrimSpace(w))
+		if err != nil || i < 0 {
+			return fmt.Errorf("sim: --fault-on %q: not a list of server indexes", *faultOn)
+		}
+		faulty[i] = true
 	}
 	ecfg, err := sim.Preset(*preset)
 	if err != nil {
@@ -550,7 +573,13 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 		hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
 		servers = append(servers, hs)
-		fmt.Fprintf(stdout, "sim: %s (%s, x%g) serving %s at http://%s\n", *engine, *preset, *speed, *model, ln.Addr())
+		ln = s.Listener(ln)
+		note := ""
+		if faulty[i] && len(faults) > 0 {
+			s.SetFaults(faults)
+			note = " with faults " + faults.String()
+		}
+		fmt.Fprintf(stdout, "sim: %s (%s, x%g) serving %s at http://%s%s\n", *engine, *preset, *speed, *model, ln.Addr(), note)
 		wg.Go(func() { _ = hs.Serve(ln) })
 	}
 	<-ctx.Done()

@@ -80,9 +80,6 @@ type Backend struct {
 	// type, a rack), shown on the status page; nil when none. Never
 	// written once published.
 	Labels map[string]string
-	// Ejections counts the times passive health took the backend out of
-	// rotation since its watch began.
-	Ejections int
 	// Metrics is the last good reading of the backend's /metrics page.
 	// Metrics.At is zero before the first one.
 	Metrics Metrics
@@ -200,6 +197,8 @@ type Ledger struct {
 
 	est estimator
 
+	health health // passive health: ejection and the outlier averages
+
 	amu      sync.Mutex
 	adapters map[string]int // guarded by amu; LoRA adapters in flight
 }
@@ -291,13 +290,14 @@ func (l *Ledger) ObserveTTFB(d time.Duration) {
 	}
 }
 
-// ObserveFailure counts a request that failed to connect or got a 5xx.
-func (l *Ledger) ObserveFailure() {
+// ObserveFailure counts a failed request and returns the failures in a row
+// it makes. [Balancer.Failed] calls it and decides on ejection.
+func (l *Ledger) ObserveFailure() int64 {
 	l.failures.Add(1)
-	l.streak.Add(1)
+	return l.streak.Add(1)
 }
 
-// ObserveSuccess records an answer below 500, ending a failure streak. It
+// ObserveSuccess records a request that did not fail, ending a failure streak. It
 // runs on every request, so it writes only when there is a streak to end:
 // a load keeps the counter's cache line shared between cores.
 func (l *Ledger) ObserveSuccess() {
@@ -309,10 +309,6 @@ func (l *Ledger) ObserveSuccess() {
 // FailureStreak returns the number of failures since the last success, which
 // passive health checking ejects on.
 func (l *Ledger) FailureStreak() int64 { return l.streak.Load() }
-
-// ResetFailureStreak forgets the current streak, when a backend that was
-// ejected answers its health check again.
-func (l *Ledger) ResetFailureStreak() { l.streak.Store(0) }
 
 // Estimate is a backend's learned first-token model: TTFT = Base +
 // work/Rate + queued×QueueWait, where work is the prefill tokens ahead of

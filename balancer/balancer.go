@@ -77,19 +77,18 @@ type Deps struct {
 // Spec is what a writer knows about one backend: its identity and what it
 // serves. [Balancer.Update] turns specs into snapshot entries.
 type Spec struct {
-	ID        string
-	Name      string // what clients may see (Backend.Name); "" gives the next b<N>
-	URL       *url.URL
-	Engine    string
-	Models    []string // nil: not known yet
-	Adapters  []Adapter
-	State     State
-	Reason    string            // why State, for /debug/backends
-	Warning   string            // a problem that leaves State alone (see Backend.Warning)
-	Labels    map[string]string // from config, for operators (see Backend.Labels)
-	Ejections int               // passive ejections since the backend's watch began
-	Metrics   Metrics           // last good reading; zero At before the first
-	Stale     bool              // Metrics is too old to trust
+	ID       string
+	Name     string // what clients may see (Backend.Name); "" gives the next b<N>
+	URL      *url.URL
+	Engine   string
+	Models   []string // nil: not known yet
+	Adapters []Adapter
+	State    State
+	Reason   string            // why State, for /debug/backends
+	Warning  string            // a problem that leaves State alone (see Backend.Warning)
+	Labels   map[string]string // from config, for operators (see Backend.Labels)
+	Metrics  Metrics           // last good reading; zero At before the first
+	Stale    bool              // Metrics is too old to trust
 }
 
 // Snapshot is an immutable view of every backend. Readers may use it from any
@@ -137,6 +136,12 @@ type Balancer struct {
 	rr     atomic.Uint64 // round-robin position
 	ring   atomic.Pointer[ring]
 	cold   coldLRU // llm-d-load's no-hit-lru order
+
+	// passive health (passive.go)
+	ejectMu   sync.Mutex // serialises ejections, so that two cannot both pass the cap
+	ejections [len(ejectReasons)]atomic.Int64
+	capped    atomic.Int64
+	fleet     fleetTTFT
 
 	mu        sync.Mutex          // serialises writers
 	ledgers   map[string]*Ledger  // guarded by mu; by backend ID, kept while the backend exists
@@ -215,21 +220,20 @@ func (b *Balancer) Update(specs ...Spec) {
 		old := b.current[s.ID]
 		l := b.ledgerLocked(s.ID)
 		nb := &Backend{
-			ID:        s.ID,
-			Name:      s.Name,
-			URL:       s.URL,
-			Engine:    s.Engine,
-			Models:    s.Models,
-			Adapters:  s.Adapters,
-			State:     s.State,
-			Reason:    s.Reason,
-			Warning:   s.Warning,
-			Labels:    s.Labels,
-			Ejections: s.Ejections,
-			Metrics:   s.Metrics,
-			Stale:     s.Stale,
-			Since:     now,
-			Ledger:    l,
+			ID:       s.ID,
+			Name:     s.Name,
+			URL:      s.URL,
+			Engine:   s.Engine,
+			Models:   s.Models,
+			Adapters: s.Adapters,
+			State:    s.State,
+			Reason:   s.Reason,
+			Warning:  s.Warning,
+			Labels:   s.Labels,
+			Metrics:  s.Metrics,
+			Stale:    s.Stale,
+			Since:    now,
+			Ledger:   l,
 		}
 		if nb.Name == "" {
 			nb.Name = b.nameLocked(s.ID)

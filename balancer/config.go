@@ -32,6 +32,9 @@ type Config struct {
 	ConsistentHash ConsistentHashConfig `mapstructure:"consistent_hash"`
 	// SGLang tunes the sglang-cache-aware preset.
 	SGLang SGLangConfig `mapstructure:"sglang"`
+	// Passive is passive health: ejection on failed requests and TTFT
+	// outliers (passive.go).
+	Passive PassiveConfig `mapstructure:"passive"`
 }
 
 // TTFTConfig tunes the ttft policy. Learned values replace the first two
@@ -214,6 +217,7 @@ func DefaultConfig() Config {
 		Session:        SessionConfig{MaxSessions: 65536},
 		ConsistentHash: ConsistentHashConfig{PrefixBytes: 100, LoadFactor: 1.25, VirtualNodes: 256},
 		SGLang:         SGLangConfig{CacheThreshold: 0.3, BalanceAbsThreshold: 64, BalanceRelThreshold: 1.5, MaxTreeBytes: 1 << 26},
+		Passive:        DefaultPassiveConfig(),
 	}
 }
 
@@ -229,6 +233,7 @@ func (c Config) Validate() error {
 	if c.MaxCandidates < 1 || c.MaxCandidates > maxCandidates {
 		bad("max_candidates", "must be 1..%d, got %d", maxCandidates, c.MaxCandidates)
 	}
+	c.Passive.validate(bad)
 	t := c.TTFT
 	if t.PrefillRate <= 0 {
 		bad("ttft.prefill_rate", "must be positive, got %g", t.PrefillRate)

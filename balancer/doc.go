@@ -7,4 +7,10 @@
 // survive a rebuild (requests in flight, request totals, time-to-first-byte
 // estimates) live in a long-lived [Ledger] per backend whose pointer every
 // snapshot copies, as grpc-go's leastrequest balancer does.
+//
+// Passive health is decided here, where picks are made (passive.go): the
+// proxy reports each failed request with [Balancer.Failed]; the ledger keeps
+// the streak and the ejection; the pick's filter skips an ejected backend
+// until its time is over and scrape's readmission probe, reported with
+// [Balancer.Probed], says it answers again.
 package balancer

@@ -29,13 +29,15 @@ type Work struct {
 // error, retry, client gone, timeout or panic. Release is idempotent, so a
 // deferred Release is always safe. A Guard is safe for concurrent use.
 type Guard struct {
-	onRelease func() // immutable; may be nil
+	onRelease func()    // immutable; may be nil
+	bal       *Balancer // immutable; nil for NewGuard's: no passive health
 
 	mu       sync.Mutex
 	backend  *Backend  // guarded by mu; nil when not attached
 	work     Work      // guarded by mu
 	attached time.Time // guarded by mu
 	first    bool      // guarded by mu; the first byte arrived
+	stream   bool      // guarded by mu; the first byte is the first token
 	cfg      *TTFTConfig
 }
 
@@ -45,7 +47,7 @@ func NewGuard() *Guard { return new(Guard) }
 // NewGuard returns a guard whose releases wake the balancer's admission
 // queue: a request that ends frees capacity.
 func (b *Balancer) NewGuard() *Guard {
-	return &Guard{onRelease: b.adm.notify, cfg: &b.cfg.TTFT}
+	return &Guard{onRelease: b.adm.notify, bal: b, cfg: &b.cfg.TTFT}
 }
 
 // Attach moves the request onto be with the work w: it releases the backend
@@ -63,6 +65,15 @@ func (g *Guard) Attach(be *Backend, w Work, now time.Time) {
 	l.openTokens.Add(int64(w.UncachedTokens + w.DecodeTokens))
 	l.addAdapter(w.Adapter, 1)
 	g.backend, g.work, g.attached, g.first = be, w, now, false
+}
+
+// Stream marks the request as a stream, whose first byte is its first
+// token: only those times feed outlier detection (a whole non-streaming
+// answer's time depends on its length, not on the backend alone).
+func (g *Guard) Stream() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.stream = true
 }
 
 // Backend returns the backend the guard is attached to, or nil.
@@ -92,6 +103,9 @@ func (g *Guard) FirstByte(now time.Time) time.Duration {
 	if g.cfg != nil {
 		l.est.observe(g.work.AheadTokens+float64(g.work.UncachedTokens), g.work.QueuedAhead, d.Seconds(),
 			1/g.cfg.PrefillRate, g.cfg.BaseLatency.Seconds())
+	}
+	if g.bal != nil && g.stream {
+		g.bal.firstByte(g.backend, g.work.UncachedTokens, d)
 	}
 	if g.onRelease != nil {
 		g.onRelease() // the request left the queue: room for another

@@ -385,6 +385,9 @@ func (b *Balancer) filter(s *scratch, p *Pick, ex *Explanation) (tier, reason st
 			continue
 		}
 		known = true
+		if skipEjected(be, ex) {
+			continue
+		}
 		switch {
 		case be.State == StateReady && !be.Stale:
 			cands = append(cands, b.candidate(be, req))

@@ -26,6 +26,7 @@ type BackendStatus struct {
 	Warning     string             `json:"warning,omitempty"`
 	Labels      map[string]string  `json:"labels,omitempty"`
 	Ejections   int                `json:"ejections_total"`
+	Ejection    *balancer.Ejection `json:"ejection,omitempty"` // passive health's ejection; absent when in rotation
 	Since       time.Time          `json:"since"`
 	Metrics     *balancer.Metrics  `json:"metrics"` // null before the first reading
 	Stale       bool               `json:"metrics_stale"`
@@ -39,6 +40,7 @@ type BackendStatus struct {
 func Statuses(snap *balancer.Snapshot) []BackendStatus {
 	out := make([]BackendStatus, 0, len(snap.Backends))
 	for _, be := range snap.Backends {
+		ej := be.Ledger.Ejection()
 		out = append(out, BackendStatus{
 			ID:          be.ID,
 			Name:        be.Name,
@@ -50,7 +52,8 @@ func Statuses(snap *balancer.Snapshot) []BackendStatus {
 			Reason:      be.Reason,
 			Warning:     be.Warning,
 			Labels:      be.Labels,
-			Ejections:   be.Ejections,
+			Ejections:   ej.Total,
+			Ejection:    ejectionOrNil(ej),
 			Since:       be.Since,
 			Metrics:     metricsOrNil(be.Metrics),
 			Stale:       be.Stale,
@@ -127,4 +130,11 @@ func (s *Server) serveRoute(w http.ResponseWriter, r *http.Request) {
 		"target_model":    breq.Model,
 		"explanation":     s.bal.Explain(breq),
 	})
+}
+
+func ejectionOrNil(e balancer.Ejection) *balancer.Ejection {
+	if !e.Ejected {
+		return nil
+	}
+	return &e
 }

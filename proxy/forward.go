@@ -26,8 +26,9 @@ type retryTransport struct {
 	maxAttempts   int
 	retryStatuses []int
 	retryBroken   bool
-	firstByte     time.Duration // streams: wait for response headers; 0: none of our own
-	idle          time.Duration // streams: silence allowed once headers arrived; 0: none
+	firstByte     time.Duration      // streams: wait for response headers; 0: none of our own
+	idle          time.Duration      // streams: silence allowed once headers arrived; 0: none
+	bal           *balancer.Balancer // told of every failure: passive health
 	logger        *slog.Logger
 	metrics       *metrics
 }
@@ -72,10 +73,14 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			if ctx.Err() != nil {
 				return nil, err
 			}
+			kind := balancer.FailConnect
 			if firstByte {
 				err = fmt.Errorf("backend %s sent no headers within %s: %w", be.ID, t.firstByte, errFirstByteTimeout)
 			}
-			be.Ledger.ObserveFailure()
+			if firstByte || isTimeout(err) {
+				kind = balancer.FailFirstByte
+			}
+			t.bal.Failed(be, kind)
 			// Nothing reached the client yet. A refused connection sent
 			// nothing; a connection that broke before the response
 			// headers (the server died or restarted) produced nothing; a
@@ -94,8 +99,16 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 			return nil, err
 		}
-		if !last && slices.Contains(t.retryStatuses, resp.StatusCode) {
-			be.Ledger.ObserveFailure()
+		failed, kind := resp.StatusCode >= 500, balancer.FailStatus
+		if resp.StatusCode == http.StatusTooManyRequests {
+			// The server is overloaded: it counts against it, and the
+			// request goes to the next candidate (issue 17).
+			failed, kind = true, balancer.FailOverloaded
+		}
+		if !last && (kind == balancer.FailOverloaded || slices.Contains(t.retryStatuses, resp.StatusCode)) {
+			if failed {
+				t.bal.Failed(be, kind)
+			}
 			t.metrics.retries.WithLabelValues(be.ID).Inc()
 			t.debug(ctx, "backend answered retryable status, trying next", be, nil, "status", resp.StatusCode)
 			// Drain a little so the connection can be reused, then drop it.
@@ -104,12 +117,12 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			cancel(nil)
 			continue
 		}
-		if resp.StatusCode >= 500 {
-			be.Ledger.ObserveFailure()
-		} else {
-			be.Ledger.ObserveSuccess()
+		if failed {
+			t.bal.Failed(be, kind)
 		}
-		sb := &attemptBody{ReadCloser: resp.Body, ctx: actx, cancel: cancel, be: be, ex: ex}
+		// A good answer counts as a success once its body has ended: a
+		// stream cut after its headers is a failure (issue 17).
+		sb := &attemptBody{ReadCloser: resp.Body, ctx: actx, cancel: cancel, be: be, ex: ex, bal: t.bal, judge: !failed}
 		if ex.req.Stream && t.idle > 0 {
 			sb.idle = t.idle
 			sb.timer = time.AfterFunc(t.idle, func() { cancel(errStreamStalled) })
@@ -211,30 +224,50 @@ var (
 // releases the attempt's context. On a stream with an idle limit, each Read
 // runs a timer that cuts the stream when the backend sends nothing for
 // that long; time spent outside Read (the client reading slowly) does not
-// count. Read and Close run on the handler's goroutine; only the timer's
-// cancel runs elsewhere.
+// count. Its end tells passive health how the answer went: whole (a
+// success), stalled, or cut by the backend; a client that left or
+// llmlb's own request timeout says nothing of the backend. Read and
+// Close run on the handler's goroutine; only the timer's cancel runs
+// elsewhere.
 type attemptBody struct {
 	io.ReadCloser
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	be     *balancer.Backend
 	ex     *exchange
+	bal    *balancer.Balancer
+	judge  bool // the status was not a failure already counted; cleared once judged
 	idle   time.Duration
 	timer  *time.Timer // nil without an idle limit
 }
 
 func (b *attemptBody) Read(p []byte) (int, error) {
-	if b.timer == nil {
-		return b.ReadCloser.Read(p)
+	if b.timer != nil {
+		b.timer.Reset(b.idle)
 	}
-	b.timer.Reset(b.idle)
 	n, err := b.ReadCloser.Read(p)
-	b.timer.Stop()
-	if err != nil && err != io.EOF && errors.Is(context.Cause(b.ctx), errStreamStalled) {
-		if b.ex.streamErr == nil {
-			b.ex.streamErr = fmt.Errorf("backend %s sent nothing for %s: %w", b.be.ID, b.idle, errStreamStalled)
-			b.be.Ledger.ObserveFailure()
+	if b.timer != nil {
+		b.timer.Stop()
+	}
+	if err == nil {
+		return n, nil
+	}
+	stalled := errors.Is(context.Cause(b.ctx), errStreamStalled)
+	if stalled && b.ex.streamErr == nil {
+		b.ex.streamErr = fmt.Errorf("backend %s sent nothing for %s: %w", b.be.ID, b.idle, errStreamStalled)
+	}
+	if b.judge {
+		b.judge = false
+		switch {
+		case err == io.EOF:
+			b.bal.Succeeded(b.be)
+		case stalled:
+			b.bal.Failed(b.be, balancer.FailStall)
+		case b.ctx.Err() == nil: // not our cancel nor the client's: the backend cut it
+			b.bal.Failed(b.be, balancer.FailCut)
 		}
+	}
+	if stalled {
 		return n, b.ex.streamErr
 	}
 	return n, err

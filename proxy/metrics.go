@@ -105,6 +105,15 @@ var (
 		prometheus.NewDesc("llmlb_backend_running_requests", "Requests running on each backend, from its last metrics reading; absent while unknown.", []string{"backend"}, nil),
 		prometheus.NewDesc("llmlb_backend_kv_cache_usage_ratio", "Used fraction of each backend's KV cache, from its last metrics reading; absent while unknown.", []string{"backend"}, nil),
 	}
+	ejectedDesc = prometheus.NewDesc("llmlb_backend_ejected",
+		"1 while passive health has the backend out of rotation, else 0.", []string{"backend"}, nil)
+	backendEjectionsDesc = prometheus.NewDesc("llmlb_backend_ejections_total",
+		"Times passive health took each backend out of rotation.", []string{"backend"}, nil)
+	ejectionsDesc = prometheus.NewDesc("llmlb_ejections_total",
+		"Passive ejections by reason: the last failure of the streak (connect, 5xx, 429, first-byte-timeout, stall, stream-cut) or ttft-outlier.",
+		[]string{"reason"}, nil)
+	cappedDesc = prometheus.NewDesc("llmlb_ejections_capped_total",
+		"Ejections passive health wanted but balancer.passive.max_ejection_percent refused.", nil, nil)
 	refusedDesc = prometheus.NewDesc("llmlb_admission_refused_total",
 		"Requests the admission queue turned away, by reason: queue-full (429), shed (429), timeout (503), cancelled (client left while waiting).",
 		[]string{"reason"}, nil)
@@ -122,11 +131,18 @@ func (c *inFlightCollector) Describe(ch chan<- *prometheus.Desc) {
 	}
 	ch <- queueLenDesc
 	ch <- refusedDesc
+	ch <- ejectedDesc
+	ch <- backendEjectionsDesc
+	ch <- ejectionsDesc
+	ch <- cappedDesc
 }
 
 func (c *inFlightCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, be := range c.bal.Snapshot().Backends {
 		ch <- prometheus.MustNewConstMetric(inFlightDesc, prometheus.GaugeValue, float64(be.Ledger.InFlight()), be.ID)
+		ej := be.Ledger.Ejection()
+		ch <- prometheus.MustNewConstMetric(ejectedDesc, prometheus.GaugeValue, b2f(ej.Ejected), be.ID)
+		ch <- prometheus.MustNewConstMetric(backendEjectionsDesc, prometheus.CounterValue, float64(ej.Total), be.ID)
 		for _, st := range []balancer.State{balancer.StateUnknown, balancer.StateReady, balancer.StateDown, balancer.StateDraining} {
 			v := 0.0
 			if be.State == st {
@@ -145,6 +161,18 @@ func (c *inFlightCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, reason := range []string{"queue-full", "shed", "timeout", "cancelled"} {
 		ch <- prometheus.MustNewConstMetric(refusedDesc, prometheus.CounterValue, float64(refused[reason]), reason)
 	}
+	byReason, capped := c.bal.Ejections()
+	for i, reason := range balancer.EjectReasons() {
+		ch <- prometheus.MustNewConstMetric(ejectionsDesc, prometheus.CounterValue, float64(byReason[i]), reason)
+	}
+	ch <- prometheus.MustNewConstMetric(cappedDesc, prometheus.CounterValue, float64(capped))
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func statusLabel(code int) string { return strconv.Itoa(code) }

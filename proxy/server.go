@@ -87,7 +87,7 @@ func New(cfg Config, bal *balancer.Balancer, reg prometheus.Registerer, logger *
 	s.rp = &httputil.ReverseProxy{
 		Rewrite: s.rewrite,
 		Transport: &retryTransport{base: base, maxAttempts: cfg.MaxAttempts, retryStatuses: cfg.RetryStatuses, retryBroken: cfg.RetryBrokenConnections,
-			firstByte: cfg.StreamFirstByteTimeout, idle: cfg.StreamIdleTimeout, logger: logger, metrics: s.metrics},
+			firstByte: cfg.StreamFirstByteTimeout, idle: cfg.StreamIdleTimeout, bal: bal, logger: logger, metrics: s.metrics},
 		FlushInterval:  -1, // every write reaches the client at once: SSE events are never held back
 		ModifyResponse: s.modifyResponse,
 		ErrorHandler:   s.errorHandler,
@@ -219,6 +219,9 @@ func (s *Server) route(ex *exchange, r *http.Request) (*balancer.Request, error)
 // released by [Server.finish].
 func (s *Server) pick(ex *exchange, breq *balancer.Request) error {
 	ex.guard = s.bal.NewGuard()
+	if ex.req.Stream {
+		ex.guard.Stream()
+	}
 	breq.Guard = ex.guard
 	dec, err := s.bal.PickWait(ex.client, breq, make([]*balancer.Backend, 0, 4))
 	ex.dec, ex.picked = dec, true

@@ -136,7 +136,7 @@ dl{display:grid;grid-template-columns:max-content auto;gap:.1em 1em;color:#555;m
 <dt>engine</dt><dd>the engine row the backend's metrics are read with (auto: not detected yet), and its labels from config (gpu=...)</dd>
 <dt>queued, running, KV use</dt><dd>from the backend's own metrics page; - when unknown, stale when too old to trust</dd>
 <dt>in flight, requests, failures</dt><dd>counted by llmlb: sent and not finished, sent since start, answered with a connect failure or a 5xx</dd>
-<dt>ejections</dt><dd>times the backend was taken out of rotation after consecutive failed requests</dd>
+<dt>ejections</dt><dd>times passive health took the backend out of rotation: failed requests in a row (refused, 5xx, 429, streams timed out, stalled or cut) or a time to first token far beyond the fleet's</dd>
 <dt>TTFT, prefix hits</dt><dd>smoothed time to first byte; share of prompt tokens the backend reported served from its cache</dd>
 <dt>LoRA</dt><dd>adapters running / waiting / max</dd>
 </dl>
@@ -179,9 +179,13 @@ func (s *Server) serveStatus(w http.ResponseWriter, r *http.Request) {
 		if be.State == balancer.StateReady {
 			data.Ready++
 		}
+		ej := be.Ledger.Ejection()
 		row := statusRow{ID: be.ID, Engine: be.Engine, Labels: labelText(be.Labels), State: be.State.String(), Reason: be.Reason, Warning: be.Warning,
-			Stale: be.Stale, InFlight: be.Ledger.InFlight(), Requests: be.Ledger.Total(), Failures: be.Ledger.Failures(), Ejections: be.Ejections,
+			Stale: be.Stale, InFlight: be.Ledger.InFlight(), Requests: be.Ledger.Total(), Failures: be.Ledger.Failures(), Ejections: ej.Total,
 			Queued: "-", Running: "-", KV: "-", TTFT: "-", HitRate: "-", LoRA: "-"}
+		if ej.Ejected {
+			row.State, row.Reason = "ejected", ej.Reason // out of rotation whatever its health check says
+		}
 		m := be.Metrics
 		if !m.At.IsZero() {
 			if m.Queued.Known {

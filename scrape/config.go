@@ -87,36 +87,34 @@ type Config struct {
 	// trusted: it gets requests only when no backend with fresh metrics
 	// can serve. (default 2s)
 	StaleAfter time.Duration `mapstructure:"stale_after"`
-	// EjectAfter is the number of consecutive proxied requests that failed
-	// to connect or got a 5xx after which the backend is taken out of
-	// rotation (passive health checking). 0 disables it. (default 5)
-	EjectAfter int `mapstructure:"eject_after"`
-	// EjectBackoff is how long the first ejection lasts; each further one
-	// in a row doubles it, up to EjectBackoffMax. The backend returns only
-	// after its health check answers. (default 1s)
-	EjectBackoff time.Duration `mapstructure:"eject_backoff"`
-	// EjectBackoffMax caps the ejection time. (default 30s)
-	EjectBackoffMax time.Duration `mapstructure:"eject_backoff_max"`
 	// DNSInterval is how often DNS names in `backends:` are resolved again.
 	// (default 10s)
 	DNSInterval time.Duration `mapstructure:"dns_interval"`
+	// ReadmitTokens is the length of the streaming completion a backend
+	// that passive health ejected must answer whole, after its health
+	// check, before it returns: a health check answers while the engine
+	// behind it cuts, stalls or refuses every generation (issue 17). 0
+	// readmits on the health check alone. (default 4)
+	ReadmitTokens int `mapstructure:"readmit_tokens"`
+	// ReadmitTimeout bounds that completion, first token to [DONE].
+	// (default 5s)
+	ReadmitTimeout time.Duration `mapstructure:"readmit_timeout"`
 }
 
 // DefaultConfig returns the scrape defaults.
 func DefaultConfig() Config {
 	return Config{
-		HealthPath:      "/health",
-		HealthInterval:  2 * time.Second,
-		Timeout:         time.Second,
-		UnhealthyAfter:  2,
-		ModelsInterval:  30 * time.Second,
-		Interval:        100 * time.Millisecond,
-		ScrapeTimeout:   500 * time.Millisecond,
-		StaleAfter:      2 * time.Second,
-		EjectAfter:      5,
-		EjectBackoff:    time.Second,
-		EjectBackoffMax: 30 * time.Second,
-		DNSInterval:     10 * time.Second,
+		HealthPath:     "/health",
+		HealthInterval: 2 * time.Second,
+		Timeout:        time.Second,
+		UnhealthyAfter: 2,
+		ModelsInterval: 30 * time.Second,
+		Interval:       100 * time.Millisecond,
+		ScrapeTimeout:  500 * time.Millisecond,
+		StaleAfter:     2 * time.Second,
+		DNSInterval:    10 * time.Second,
+		ReadmitTokens:  4,
+		ReadmitTimeout: 5 * time.Second,
 	}
 }
 
@@ -141,19 +139,16 @@ func (c Config) Validate() error {
 	for _, d := range []struct {
 		key string
 		v   time.Duration
-	}{{"interval", c.Interval}, {"scrape_timeout", c.ScrapeTimeout}, {"eject_backoff", c.EjectBackoff}, {"dns_interval", c.DNSInterval}} {
+	}{{"interval", c.Interval}, {"scrape_timeout", c.ScrapeTimeout}, {"dns_interval", c.DNSInterval}, {"readmit_timeout", c.ReadmitTimeout}} {
 		if d.v <= 0 {
 			errs = append(errs, fmt.Errorf("scrape.%s: must be positive, got %s", d.key, d.v))
 		}
 	}
+	if c.ReadmitTokens < 0 {
+		errs = append(errs, fmt.Errorf("scrape.readmit_tokens: must not be negative, got %d", c.ReadmitTokens))
+	}
 	if c.StaleAfter <= c.Interval {
 		errs = append(errs, fmt.Errorf("scrape.stale_after: must be longer than scrape.interval (%s), got %s", c.Interval, c.StaleAfter))
-	}
-	if c.EjectAfter < 0 {
-		errs = append(errs, fmt.Errorf("scrape.eject_after: must not be negative, got %d", c.EjectAfter))
-	}
-	if c.EjectBackoffMax < c.EjectBackoff {
-		errs = append(errs, fmt.Errorf("scrape.eject_backoff_max: must be at least eject_backoff (%s), got %s", c.EjectBackoff, c.EjectBackoffMax))
 	}
 	return errors.Join(errs...)
 }

@@ -14,7 +14,6 @@ type metrics struct {
 	errors     *prometheus.CounterVec   // backend, reason
 	missing    *prometheus.GaugeVec     // backend, signal
 	mismatch   *prometheus.GaugeVec     // backend, declared, detected
-	ejections  *prometheus.CounterVec   // backend
 	dnsErrors  *prometheus.CounterVec   // name
 	dnsTargets *prometheus.GaugeVec     // name
 }
@@ -38,10 +37,6 @@ func newMetrics(reg prometheus.Registerer, bal *balancer.Balancer, now func() ti
 			Name: "llmlb_backend_engine_mismatch",
 			Help: "1 while a backend's metrics page contradicts its declared engine: the page has none of the declared row's signals and is read with the row it matches (detected); absent otherwise.",
 		}, []string{"backend", "declared", "detected"}),
-		ejections: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "llmlb_backend_ejections_total",
-			Help: "Times a backend was taken out of rotation after consecutive failed requests.",
-		}, []string{"backend"}),
 		dnsErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmlb_discovery_dns_errors_total",
 			Help: "DNS lookups of a backends entry that failed; the last good set of backends is kept.",
@@ -52,7 +47,7 @@ func newMetrics(reg prometheus.Registerer, bal *balancer.Balancer, now func() ti
 		}, []string{"name"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.duration, m.errors, m.missing, m.mismatch, m.ejections, m.dnsErrors, m.dnsTargets, &ageCollector{bal: bal, now: now})
+		reg.MustRegister(m.duration, m.errors, m.missing, m.mismatch, m.dnsErrors, m.dnsTargets, &ageCollector{bal: bal, now: now})
 	}
 	return m
 }

@@ -1,6 +1,8 @@
 package scrape
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -23,9 +25,10 @@ import (
 // KiB; a larger one is treated as unreadable.
 const maxPageBytes = 32 << 20
 
-// Target watches one backend: its health (active probes, and passive
-// ejection on failed requests), its metrics page and, unless configured,
-// its models. It publishes the backend's state to the balancer after every
+// Target watches one backend: its health (active probes, and the probes
+// that readmit a backend passive health ejected: the balancer decides
+// ejections, as Caddy's passive health does at selection), its metrics
+// page and, unless configured, its models. It publishes the backend's state to the balancer after every
 // change. Its fields are owned by its Run goroutine.
 type Target struct {
 	// immutable after newTarget
@@ -56,10 +59,6 @@ type Target struct {
 	detectedAt   time.Time // the last detection attempt
 	mismatch     string    // the engine the page shows when it contradicts declared
 	undetected   bool      // logged that no engine could be detected
-	ejected      bool      // out of rotation after failed requests
-	ejectedUntil time.Time // no readmission probe before this
-	ejections    int       // ejections in a row, for the backoff
-	readmitted   time.Time // when the last ejection ended
 }
 
 func newTarget(cfg Config, id string, u *url.URL, g *group, d deps) *Target {
@@ -155,13 +154,11 @@ func (t *Target) Run(ctx context.Context) {
 			return
 		case <-health.C:
 			health.Reset(t.cfg.HealthInterval)
-			if !t.ejected {
-				t.probeRound(ctx)
-			}
+			t.probeRound(ctx)
 		case <-scrape.C:
 			scrape.Reset(t.jitter())
 			t.scrape(ctx)
-			t.passive(ctx)
+			t.readmit(ctx)
 		}
 		if ctx.Err() != nil {
 			return
@@ -190,9 +187,6 @@ func (t *Target) probeRound(ctx context.Context) {
 			t.logger.Info("backend up", "backend", t.spec.ID)
 		}
 		t.spec.State, t.spec.Reason = balancer.StateReady, ""
-		if t.ejections > 0 && t.now().Sub(t.readmitted) > t.cfg.EjectBackoffMax {
-			t.ejections = 0 // healthy for a while: the next ejection starts short again
-		}
 		return
 	}
 	t.failures++
@@ -202,55 +196,65 @@ func (t *Target) probeRound(ctx context.Context) {
 	}
 }
 
-// passive ejects the backend after consecutive failed requests, and lets it
-// back once its backoff has passed and its health check answers.
-func (t *Target) passive(ctx context.Context) {
-	if t.cfg.EjectAfter <= 0 {
+// readmit probes a backend that passive health ejected, once its ejection
+// time is over, and tells the balancer whether it answers: its health
+// check, then a short streaming completion that must end whole. It runs on
+// the scrape tick, so a backend returns within a scrape interval of its
+// time.
+func (t *Target) readmit(ctx context.Context) {
+	if !t.ledger.ReadmitDue(t.now()) {
 		return
 	}
-	now := t.now()
-	if !t.ejected {
-		streak := t.ledger.FailureStreak()
-		if streak < int64(t.cfg.EjectAfter) {
-			return
-		}
-		t.ejections++
-		t.spec.Ejections++
-		t.ejected, t.ejectedUntil = true, now.Add(t.backoff())
-		t.spec.State = balancer.StateDown
-		t.spec.Reason = fmt.Sprintf("ejected after %d consecutive failed requests", streak)
-		t.metrics.ejections.WithLabelValues(t.spec.ID).Inc()
-		t.logger.Warn("backend ejected", "backend", t.spec.ID, "failed_requests", streak, "for", t.backoff())
+	err := t.probe(ctx)
+	if err == nil {
+		t.failures = 0
+		err = t.probeGeneration(ctx)
+	}
+	if ctx.Err() != nil {
 		return
 	}
-	if now.Before(t.ejectedUntil) {
-		return
+	if err != nil {
+		t.logger.Debug("ejected backend not readmitted", "backend", t.spec.ID, "err", err)
 	}
-	if err := t.probe(ctx); err != nil {
-		if ctx.Err() != nil {
-			return
-		}
-		t.ejections++
-		t.ejectedUntil = now.Add(t.backoff())
-		t.logger.Debug("ejected backend still failing", "backend", t.spec.ID, "err", err, "for", t.backoff())
-		return
-	}
-	t.ejected = false
-	t.readmitted = now
-	t.failures = 0
-	t.ledger.ResetFailureStreak()
-	t.spec.State, t.spec.Reason = balancer.StateReady, ""
-	t.logger.Info("backend readmitted", "backend", t.spec.ID)
+	t.bal.Probed(t.spec.ID, err == nil)
 }
 
-// backoff is the current ejection time: EjectBackoff doubled for each
-// ejection in a row after the first, capped at EjectBackoffMax.
-func (t *Target) backoff() time.Duration {
-	d := t.cfg.EjectBackoff
-	for i := 1; i < t.ejections && d < t.cfg.EjectBackoffMax; i++ {
-		d *= 2
+// probeGeneration asks the backend for a streaming completion of
+// ReadmitTokens tokens and reads it to its [DONE]: what users get, not
+// what the health route says. A backend whose models are not known yet,
+// or with ReadmitTokens 0, is not asked.
+func (t *Target) probeGeneration(ctx context.Context) error {
+	if t.cfg.ReadmitTokens == 0 || len(t.spec.Models) == 0 {
+		return nil
 	}
-	return min(d, t.cfg.EjectBackoffMax)
+	ctx, cancel := context.WithTimeout(ctx, t.cfg.ReadmitTimeout)
+	defer cancel()
+	u := t.spec.URL.JoinPath("/v1/completions")
+	body, _ := json.Marshal(map[string]any{"model": t.spec.Models[0], "prompt": "ping", "max_tokens": t.cfg.ReadmitTokens,
+		"stream": true, "ignore_eos": true})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := t.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("readmission completion %s: status %d", u, resp.StatusCode)
+	}
+	sc := bufio.NewScanner(io.LimitReader(resp.Body, 1<<20))
+	for sc.Scan() {
+		if bytes.Equal(bytes.TrimSpace(sc.Bytes()), []byte("data: [DONE]")) {
+			return nil
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("readmission completion %s: %w", u, err)
+	}
+	return fmt.Errorf("readmission completion %s: stream ended without [DONE]", u)
 }
 
 // probe GETs the health path.

@@ -256,7 +256,7 @@ func TestValidateConfig(t *testing.T) {
 		t.Fatalf("defaults invalid: %v", err)
 	}
 	err := Config{HealthPath: "x"}.Validate()
-	for _, f := range []string{"health_path", "health_interval", "timeout", "unhealthy_after", "models_interval", "interval", "scrape_timeout", "stale_after", "dns_interval", "eject_backoff"} {
+	for _, f := range []string{"health_path", "health_interval", "timeout", "unhealthy_after", "models_interval", "interval", "scrape_timeout", "stale_after", "dns_interval"} {
 		if err == nil || !strings.Contains(err.Error(), "scrape."+f+":") {
 			t.Errorf("no error for scrape.%s in %v", f, err)
 		}

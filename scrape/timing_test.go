@@ -19,13 +19,19 @@ import (
 // target runs inside a synctest bubble; down makes it refuse like a dead
 // server.
 type handlerTransport struct {
-	h    http.Handler
-	down atomic.Bool
+	h        http.Handler
+	down     atomic.Bool
+	genFails atomic.Bool // completions answer 500 while health answers
 }
 
 func (ht *handlerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if ht.down.Load() {
 		return nil, errors.New("connect: connection refused")
+	}
+	if ht.genFails.Load() && req.URL.Path == "/v1/completions" {
+		rec := httptest.NewRecorder()
+		rec.WriteHeader(http.StatusInternalServerError)
+		return rec.Result(), nil
 	}
 	rec := httptest.NewRecorder()
 	ht.h.ServeHTTP(rec, req)
@@ -37,6 +43,8 @@ func (ht *handlerTransport) RoundTrip(req *http.Request) (*http.Response, error)
 func fakeVLLM(queue *atomic.Int64, page *atomic.Value) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
+		case "/v1/completions":
+			io.WriteString(w, "data: {\"choices\":[{\"text\":\" a\"}]}\n\ndata: [DONE]\n\n")
 		case "/health":
 		case "/metrics":
 			if p, _ := page.Load().(string); p != "" {
@@ -113,10 +121,14 @@ func TestStaleness(t *testing.T) {
 	})
 }
 
-// TestPassiveEjectionBackoff: consecutive failed requests eject the backend
-// within one scrape interval; it returns only after the backoff and a good
-// health check; a second ejection in a row lasts twice as long.
-func TestPassiveEjectionBackoff(t *testing.T) {
+// TestEjectedBackendReadmittedAfterBackoff: the balancer ejects a backend
+// at its fifth failure in a row; scrape's loop readmits it within a scrape
+// interval of its ejection time, though its health check answered all
+// along (issue 17); a second ejection in a row lasts twice as long; a
+// readmitted backend is on probation, one failure ejecting it again; and
+// one whose health check fails, or whose completions fail while its health
+// check answers, when its time is over stays out until it answers both.
+func TestEjectedBackendReadmittedAfterBackoff(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var queue atomic.Int64
 		var page atomic.Value
@@ -124,43 +136,60 @@ func TestPassiveEjectionBackoff(t *testing.T) {
 		bal, cancel := bubbleTarget(t, tr)
 		defer cancel()
 		synctest.Wait()
-		fail := func() {
-			l := backend(bal).Ledger
-			for range 5 {
-				l.ObserveFailure()
+		fail := func(n int) {
+			for range n {
+				bal.Failed(backend(bal), balancer.FailStatus)
 			}
 		}
-		eject := func(wantFor time.Duration) {
+		out := func(wantFor time.Duration) {
 			t.Helper()
-			fail()
-			time.Sleep(110 * time.Millisecond)
-			synctest.Wait()
 			ejectedAt := time.Now()
-			if be := backend(bal); be.State != balancer.StateDown {
-				t.Fatalf("after 5 failures: %v, want down", be.State)
+			if !backend(bal).Ledger.Ejected() {
+				t.Fatal("not ejected")
 			}
-			for backend(bal).State == balancer.StateDown {
+			for backend(bal).Ledger.Ejected() {
 				time.Sleep(10 * time.Millisecond)
 				synctest.Wait()
 			}
 			took := time.Since(ejectedAt)
-			if took < wantFor-110*time.Millisecond || took > wantFor+200*time.Millisecond {
-				t.Errorf("ejected for %s, want about %s", took, wantFor)
+			if took < wantFor || took > wantFor+120*time.Millisecond {
+				t.Errorf("ejected for %s, want %s and at most a scrape interval more", took, wantFor)
 			}
 		}
-		eject(time.Second)
-		eject(2 * time.Second)
-		// Four failures, then a success: no ejection.
-		l := backend(bal).Ledger
-		for range 4 {
-			l.ObserveFailure()
+		fail(4)
+		if backend(bal).Ledger.Ejected() {
+			t.Fatal("ejected after 4 failures, want 5")
 		}
-		l.ObserveSuccess()
-		l.ObserveFailure()
-		time.Sleep(300 * time.Millisecond)
+		fail(1)
+		out(time.Second)
+		fail(1) // on probation
+		out(2 * time.Second)
+		bal.Succeeded(backend(bal))
+		fail(4)
+		if backend(bal).Ledger.Ejected() {
+			t.Fatal("a success did not end probation")
+		}
+		fail(1)
+		tr.down.Store(true)
+		time.Sleep(4*time.Second + 200*time.Millisecond)
 		synctest.Wait()
-		if s := backend(bal).State; s != balancer.StateReady {
-			t.Errorf("failures broken by a success ejected the backend: %v", s)
+		if !backend(bal).Ledger.Ejected() {
+			t.Fatal("readmitted while its health check fails")
+		}
+		tr.down.Store(false)
+		tr.genFails.Store(true)
+		time.Sleep(8*time.Second + 200*time.Millisecond)
+		synctest.Wait()
+		if !backend(bal).Ledger.Ejected() {
+			t.Fatal("readmitted while its health check answers but its completions fail")
+		}
+		tr.genFails.Store(false)
+		for backend(bal).Ledger.Ejected() {
+			time.Sleep(10 * time.Millisecond)
+			synctest.Wait()
+		}
+		if e := backend(bal).Ledger.Ejection(); e.Total != 3 {
+			t.Errorf("ejections = %d, want 3", e.Total)
 		}
 	})
 }

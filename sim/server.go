@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -35,6 +37,10 @@ type Server struct {
 	model   Model
 	created int64
 	seq     atomic.Int64 // request ids
+
+	faults        atomic.Pointer[faultState] // nil: no fault
+	fmu           sync.Mutex
+	faultsChanged chan struct{} // guarded by fmu; closed by SetFaults
 }
 
 // NewServer returns an emulated server that runs requests on m.
@@ -56,16 +62,18 @@ func NewServer(cfg ServerConfig, m Model) (*Server, error) {
 		// hold; the emulation shrinks it instead.
 		cfg.MaxModelLen = min(cfg.MaxModelLen, c.Capacity())
 	}
-	return &Server{cfg: cfg, model: m, created: time.Now().Unix()}, nil
+	return &Server{cfg: cfg, model: m, created: time.Now().Unix(), faultsChanged: make(chan struct{})}, nil
 }
 
-// Handler returns the server's routes.
+// Handler returns the server's routes, and /sim/faults, the switch for
+// the faults it shows (see [Server.SetFaults]).
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, false) })
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, true) })
 	mux.HandleFunc("GET /v1/models", s.models)
-	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
+	mux.HandleFunc("GET /health", s.healthy)
+	mux.HandleFunc("/sim/faults", s.serveFaults)
 	switch s.cfg.Engine {
 	case "trtllm-serve":
 		// Prometheus text lives at /prometheus/metrics; /metrics is JSON.
@@ -73,11 +81,11 @@ func (s *Server) Handler() http.Handler {
 		mux.HandleFunc("GET /metrics", s.iterationStats)
 	case "triton-tensorrt-llm":
 		mux.HandleFunc("GET /metrics", s.metrics)
-		mux.HandleFunc("GET /v2/health/ready", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
+		mux.HandleFunc("GET /v2/health/ready", s.healthy)
 	default:
 		mux.HandleFunc("GET /metrics", s.metrics)
 	}
-	return mux
+	return s.withConnFaults(mux)
 }
 
 // vllmError writes vLLM's error shape:
@@ -185,6 +193,9 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		vllmError(w, http.StatusBadRequest, "BadRequestError", "", "Invalid request body: "+err.Error())
 		return
 	}
+	if s.generationFault(w, r) {
+		return
+	}
 	adapter, ok := s.serves(g.Model)
 	if !ok {
 		vllmError(w, http.StatusNotFound, "NotFoundError", "model", fmt.Sprintf("The model `%s` does not exist.", g.Model))
@@ -233,7 +244,10 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	if !g.Stream {
 		var text strings.Builder
 		n := 0
-		cached, err := s.model.Run(r.Context(), job, func() error { text.WriteString(word(id, n)); n++; return nil })
+		cached, err := s.model.Run(r.Context(), job, s.faultyEmit(r.Context(), func() error { text.WriteString(word(id, n)); n++; return nil }))
+		if errors.Is(err, errDie) {
+			panic(http.ErrAbortHandler) // the connection closes with no answer
+		}
 		if err != nil {
 			return // the client left; vLLM aborts the request the same way
 		}
@@ -288,7 +302,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		return c
 	}
 	n := 0
-	cached, err := s.model.Run(r.Context(), job, func() error {
+	cached, err := s.model.Run(r.Context(), job, s.faultyEmit(r.Context(), func() error {
 		var finish any
 		if n == maxTokens-1 {
 			finish = "length"
@@ -308,7 +322,10 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		}
 		n++
 		return send(chunk([]any{choice}))
-	})
+	}))
+	if errors.Is(err, errDie) {
+		panic(http.ErrAbortHandler) // cut the stream: no final chunk, no [DONE]
+	}
 	if err != nil {
 		return
 	}
@@ -353,8 +370,14 @@ func (s *Server) models(w http.ResponseWriter, r *http.Request) {
 
 // metrics serves the engine's Prometheus page for the model's state.
 func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
+	page := func() string {
+		return RenderMetrics(s.cfg.Engine, s.cfg.Model, len(s.cfg.Adapters) > 0, s.model.Stats(), time.Now())
+	}
+	if s.metricsFault(w, r, page) {
+		return
+	}
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-	_, _ = w.Write([]byte(RenderMetrics(s.cfg.Engine, s.cfg.Model, len(s.cfg.Adapters) > 0, s.model.Stats(), time.Now())))
+	_, _ = w.Write([]byte(page()))
 }
 
 // iterationStats answers trtllm-serve's JSON /metrics: a list of iteration

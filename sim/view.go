@@ -20,6 +20,11 @@ type BackendView struct {
 	Requests    int64    `json:"requests_total"`
 	Failures    int64    `json:"failures_total"`
 	TTFBSeconds float64  `json:"ttfb_seconds"`
+	// Ejection is set while passive health has the backend out of
+	// rotation.
+	Ejection *struct {
+		Reason string `json:"reason"`
+	} `json:"ejection"`
 	// Labels are the backend's labels from config (the demo's gpu).
 	Labels map[string]string `json:"labels"`
 }

@@ -1,0 +1,267 @@
+package sim
+
+import (
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestParseFaults(t *testing.T) {
+	tests := []struct {
+		name    string
+		in      string
+		want    string // String of the result
+		wantErr bool
+	}{
+		{name: "empty", in: "", want: ""},
+		{name: "one", in: "hang", want: "hang"},
+		{name: "several", in: "5xx,429, metrics-garbage", want: "5xx:status=500,429,metrics-garbage"},
+		{name: "schedule", in: "die-mid-stream:after=5s,for=10s,events=3,drip:gap=2s", want: "die-mid-stream:after=5s,for=10s,events=3,drip:gap=2s"},
+		{name: "status", in: "5xx:status=503", want: "5xx:status=503"},
+		{name: "huge", in: "metrics-huge:bytes=1000", want: "metrics-huge:bytes=1000"},
+		{name: "unknown kind", in: "explode", wantErr: true},
+		{name: "param first", in: "for=1s", wantErr: true},
+		{name: "param of another kind", in: "hang:events=3", wantErr: true},
+		{name: "bad duration", in: "stall:after=soon", wantErr: true},
+		{name: "negative duration", in: "stall:for=-1s", wantErr: true},
+		{name: "status not 5xx", in: "5xx:status=404", wantErr: true},
+		{name: "zero gap", in: "drip:gap=0s", wantErr: true},
+		{name: "not name=value", in: "stall:events", wantErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fs, err := ParseFaults(tt.in)
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("ParseFaults(%q) error = %v, want error %v", tt.in, err, tt.wantErr)
+			}
+			if err == nil && fs.String() != tt.want {
+				t.Errorf("ParseFaults(%q) = %q, want %q", tt.in, fs.String(), tt.want)
+			}
+		})
+	}
+}
+
+// faultServer is an emulated vLLM fast enough for whole streams in
+// milliseconds, its listener wrapped for the refuse fault.
+func faultServer(t *testing.T) (*Server, *httptest.Server) {
+	t.Helper()
+	s, err := NewServer(ServerConfig{Model: "m", MaxModelLen: 4096}, NewSteady(SteadyConfig{Speed: 1000}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(s.Handler())
+	srv.Listener = s.Listener(srv.Listener)
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return s, srv
+}
+
+const streamBody = `{"model":"m","prompt":"hello there","max_tokens":5,"stream":true}`
+
+// stream posts a streaming completion with a short deadline and returns
+// the status, the events read and the read error.
+func stream(t *testing.T, url string, timeout time.Duration) (int, []string, error) {
+	t.Helper()
+	client := &http.Client{Timeout: timeout}
+	resp, err := client.Post(url+"/v1/completions", "application/json", strings.NewReader(streamBody))
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	var evs []string
+	for ev := range strings.SplitSeq(string(b), "\n\n") {
+		if ev != "" {
+			evs = append(evs, ev)
+		}
+	}
+	return resp.StatusCode, evs, err
+}
+
+func TestFaultsShowAndClear(t *testing.T) {
+	s, srv := faultServer(t)
+	set := func(spec string) {
+		t.Helper()
+		fs, err := ParseFaults(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.SetFaults(fs)
+	}
+	healthy := func() {
+		t.Helper()
+		code, evs, err := stream(t, srv.URL, 5*time.Second)
+		if err != nil || code != 200 || evs[len(evs)-1] != "data: [DONE]" {
+			t.Fatalf("after clearing: status %d, %d events, err %v; want a whole stream", code, len(evs), err)
+		}
+	}
+	healthy()
+
+	set("5xx:status=503")
+	if code, _, _ := stream(t, srv.URL, 5*time.Second); code != 503 {
+		t.Errorf("5xx:status=503: status %d, want 503", code)
+	}
+	if resp, err := http.Get(srv.URL + "/health"); err != nil || resp.StatusCode != 200 {
+		t.Errorf("5xx: /health = %v %v, want 200 (a broken engine behind a live front)", resp, err)
+	}
+	set("429")
+	if code, _, _ := stream(t, srv.URL, 5*time.Second); code != 429 {
+		t.Errorf("429: status %d, want 429", code)
+	}
+	set("die-mid-stream:events=2")
+	code, evs, err := stream(t, srv.URL, 5*time.Second)
+	if code != 200 || err == nil || len(evs) != 2 {
+		t.Errorf("die-mid-stream: status %d, events %q, err %v; want 200, two events, then a broken body", code, evs, err)
+	}
+	set("stall:events=1")
+	code, evs, err = stream(t, srv.URL, 300*time.Millisecond)
+	if code != 200 || err == nil || len(evs) != 1 {
+		t.Errorf("stall: status %d, events %q, err %v; want 200, one event, then silence until the client's timeout", code, evs, err)
+	}
+	set("hang")
+	if _, _, err := stream(t, srv.URL, 300*time.Millisecond); err == nil {
+		t.Errorf("hang: answered, want no headers before the client's timeout")
+	}
+	set("drip:gap=100ms")
+	start := time.Now()
+	code, evs, err = stream(t, srv.URL, 5*time.Second)
+	if took := time.Since(start); code != 200 || err != nil || took < 500*time.Millisecond {
+		t.Errorf("drip:gap=100ms: status %d, %d events, err %v in %s; want five tokens at least 500ms apart in all", code, len(evs), err, took)
+	}
+	set("close")
+	if _, _, err := stream(t, srv.URL, 5*time.Second); err == nil {
+		t.Errorf("close: answered, want the connection closed")
+	}
+	set("close:for=50ms")
+	time.Sleep(60 * time.Millisecond) // a fault's schedule is in real time by design
+	healthy()
+
+	set("metrics-garbage")
+	resp, err := http.Get(srv.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if strings.Contains(string(page), "vllm:num_requests_running") {
+		t.Errorf("metrics-garbage: the real page came back")
+	}
+	set("metrics-huge:bytes=100000")
+	resp, err = http.Get(srv.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if len(page) < 100000 || !strings.Contains(string(page), "vllm:num_requests_running") {
+		t.Errorf("metrics-huge:bytes=100000: %d bytes, want the page and 100000 more", len(page))
+	}
+	set("metrics-hang")
+	if _, err := (&http.Client{Timeout: 200 * time.Millisecond}).Get(srv.URL + "/metrics"); err == nil {
+		t.Errorf("metrics-hang: answered")
+	}
+	set("health-flap:gap=10s")
+	if resp, err := http.Get(srv.URL + "/health"); err != nil || resp.StatusCode != 503 {
+		t.Errorf("health-flap: first half = %v %v, want 503", resp, err)
+	}
+	s.SetFaults(nil)
+	healthy()
+}
+
+func TestRefuseClosesTheSocketAndReopens(t *testing.T) {
+	s, srv := faultServer(t)
+	// A stream open when the fault begins is reset.
+	s.SetFaults(Faults{{Kind: FaultStall, Events: 1}})
+	resp, err := http.Post(srv.URL+"/v1/completions", "application/json", strings.NewReader(streamBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	s.SetFaults(Faults{{Kind: FaultRefuse}})
+	if _, err := io.ReadAll(resp.Body); err == nil {
+		t.Errorf("a stream open when refuse began ended cleanly, want it reset")
+	}
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			if !errors.Is(err, syscall.ECONNREFUSED) {
+				t.Logf("dial: %v", err)
+			}
+			break
+		}
+		c.Close()
+		if time.Now().After(deadline) {
+			t.Fatal("connections still accepted under refuse")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	s.SetFaults(nil)
+	deadline = time.Now().Add(5 * time.Second)
+	for {
+		code, _, err := stream(t, srv.URL, time.Second)
+		if err == nil && code == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not serving again after refuse cleared: %d %v", code, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestFaultSwitchOverHTTP(t *testing.T) {
+	_, srv := faultServer(t)
+	req, _ := http.NewRequest(http.MethodPut, srv.URL+"/sim/faults", strings.NewReader("5xx:for=1h"))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || strings.TrimSpace(string(b)) != "5xx:for=1h0m0s,status=500" {
+		t.Errorf("PUT /sim/faults = %d %q", resp.StatusCode, b)
+	}
+	if code, _, _ := stream(t, srv.URL, 5*time.Second); code != 500 {
+		t.Errorf("after PUT 5xx: status %d, want 500", code)
+	}
+	req, _ = http.NewRequest(http.MethodPut, srv.URL+"/sim/faults", strings.NewReader("nonsense"))
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != 400 {
+		t.Errorf("PUT nonsense = %v %v, want 400", resp, err)
+	}
+	req, _ = http.NewRequest(http.MethodDelete, srv.URL+"/sim/faults", nil)
+	if _, err := http.DefaultClient.Do(req); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, _ := stream(t, srv.URL, 5*time.Second); code != 200 {
+		t.Errorf("after DELETE: status %d, want 200", code)
+	}
+}
+
+// FuzzParseFaults: ParseFaults never panics, and what it accepts writes
+// out as a list it reads back the same.
+func FuzzParseFaults(f *testing.F) {
+	for _, s := range []string{"", "hang", "die-mid-stream:after=5s,for=10s,events=3,drip:gap=2s", "5xx:status=503,429", "for=1s", "metrics-huge:bytes=9"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		fs, err := ParseFaults(s)
+		if err != nil {
+			return
+		}
+		again, err := ParseFaults(fs.String())
+		if err != nil {
+			t.Fatalf("ParseFaults(%q) = %q, which does not parse: %v", s, fs.String(), err)
+		}
+		if again.String() != fs.String() {
+			t.Fatalf("ParseFaults(%q).String() = %q, read back as %q", s, fs.String(), again.String())
+		}
+	})
+}

@@ -1,0 +1,388 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/llmlb/llmlb/sim"
+)
+
+// TestSoak is `make soak` (issue 17): LLMLB_SOAK_STREAMS concurrent
+// streams (default 2,000) for LLMLB_SOAK (a duration; the test is skipped
+// without it) through the llmlb binary at LLMLB_BIN against four emulated
+// servers in two `llmlb sim` processes, the one of them serving a single
+// server killed (SIGKILL) halfway and started again a tenth of the run
+// later. It prints requests completed, failed and lost; llmlb's RSS,
+// goroutines and file descriptors before, during (peak) and after; and
+// memory and goroutines per stream. It fails if a request is lost, if a
+// request fails that was not streaming from the killed server, or if
+// llmlb's ledger or goroutines do not come back to their starting level
+// (counting two goroutines for each keep-alive connection its pools still
+// hold).
+func TestSoak(t *testing.T) {
+	spec := os.Getenv("LLMLB_SOAK")
+	if spec == "" {
+		t.Skip("LLMLB_SOAK not set: make soak runs it")
+	}
+	dur, err := time.ParseDuration(spec)
+	if err != nil || dur <= 0 {
+		t.Fatalf("LLMLB_SOAK=%q: want a duration such as 10m", spec)
+	}
+	streams := 2000
+	if s := os.Getenv("LLMLB_SOAK_STREAMS"); s != "" {
+		if streams, err = strconv.Atoi(s); err != nil || streams < 1 {
+			t.Fatalf("LLMLB_SOAK_STREAMS=%q: want a count", s)
+		}
+	}
+	bin, err := filepath.Abs(cmpOr(os.Getenv("LLMLB_BIN"), "bin/llmlb"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(bin); err != nil {
+		t.Fatalf("no llmlb binary at %s (make build): %v", bin, err)
+	}
+
+	ports := freePorts(t, 6) // three good servers, the victim, llmlb, admin
+	for _, p := range ports[:3] {
+		startProc(t, bin, "sim", "--count", "1", "--listen", "127.0.0.1:"+p)
+	}
+	victimArgs := []string{"sim", "--count", "1", "--listen", "127.0.0.1:" + ports[3]}
+	victim := startProc(t, bin, victimArgs...)
+	victimURL := "http://127.0.0.1:" + ports[3]
+
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "soak.yaml")
+	var backends strings.Builder
+	for _, p := range ports[:4] {
+		fmt.Fprintf(&backends, "  - url: http://127.0.0.1:%s\n", p)
+	}
+	if err := os.WriteFile(cfgPath, []byte(fmt.Sprintf(`listen: 127.0.0.1:%s
+admin:
+  listen: 127.0.0.1:%s
+log:
+  level: warn
+  access: false
+balancer:
+  admission:             # room for every stream: a soak, not a refusal test
+    max_queue: %d
+    timeout: 2m
+backends:
+%s`, ports[4], ports[5], 2*streams, backends.String())), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	lb := startProc(t, bin, "serve", "--config", cfgPath)
+	addr, admin := "127.0.0.1:"+ports[4], "http://127.0.0.1:"+ports[5]
+	waitBackends(t, "127.0.0.1:"+ports[5], 4)
+	victimHeader := backendHeader(t, "127.0.0.1:"+ports[5], victimURL)
+
+	before := measure(t, lb.Process.Pid, admin)
+	t.Logf("before: %s", before)
+
+	var (
+		completed, failed, started, finished atomic.Int64
+		mu                                   sync.Mutex
+		badFailures                          []string
+		killedAt, restartedAt                time.Time
+	)
+	stop := make(chan struct{})
+	client := &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: streams, MaxConnsPerHost: 0}}
+	var wg sync.WaitGroup
+	for i := range streams {
+		wg.Go(func() {
+			prompt := fmt.Sprintf("client %d asks for a story about the sea", i)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				started.Add(1)
+				backend, err := soakStream(client, addr, prompt)
+				finished.Add(1)
+				if err == nil {
+					completed.Add(1)
+					continue
+				}
+				failed.Add(1)
+				at := time.Now()
+				mu.Lock()
+				// A stream the victim cut before llmlb had flushed its
+				// headers reaches the client as a connection closed with
+				// no answer, naming no backend: it counts as the kill's
+				// when it ends within two seconds of it.
+				kill := !killedAt.IsZero() && at.After(killedAt) && at.Sub(killedAt) < 2*time.Second
+				if backend != victimHeader && !(backend == "" && kill) {
+					badFailures = append(badFailures, fmt.Sprintf("backend %q: %v", backend, err))
+				}
+				mu.Unlock()
+			}
+		})
+	}
+
+	// During: procSample every second; kill the victim halfway, start it
+	// again a tenth of the run later.
+	peak := before
+	start := time.Now()
+	killAt, reviveAt := start.Add(dur/2), start.Add(dur/2+max(dur/10, 3*time.Second))
+	tick := time.NewTicker(time.Second)
+	for now := range tick.C {
+		if m, err := measureErr(lb.Process.Pid, admin); err == nil {
+			peak = peak.max(m)
+		}
+		if killedAt.IsZero() && now.After(killAt) {
+			mu.Lock()
+			killedAt = time.Now()
+			mu.Unlock()
+			_ = victim.Process.Kill()
+			_ = victim.Wait()
+			t.Logf("%s: killed the server at %s", time.Since(start).Round(time.Second), victimURL)
+		}
+		if !killedAt.IsZero() && restartedAt.IsZero() && now.After(reviveAt) {
+			victim = startProc(t, bin, victimArgs...)
+			restartedAt = time.Now()
+			t.Logf("%s: started it again", restartedAt.Sub(start).Round(time.Second))
+		}
+		if now.Sub(start) >= dur {
+			break
+		}
+	}
+	tick.Stop()
+	during := peak
+	close(stop)
+	waited := make(chan struct{})
+	go func() { wg.Wait(); close(waited) }()
+	select {
+	case <-waited:
+	case <-time.After(2 * time.Minute):
+	}
+	lost := started.Load() - finished.Load()
+	client.CloseIdleConnections()
+
+	// After: the ledger at 0 and goroutines back. A run of five minutes
+	// or more waits, up to two minutes, for llmlb's keep-alive pools to
+	// idle out (90 s) and wants the starting goroutines and descriptors
+	// back; a shorter one allows two goroutines for each connection still
+	// kept alive.
+	strict := dur >= 5*time.Minute
+	settled := func(a procSample) bool {
+		if strict {
+			return a.inFlight == 0 && a.goroutines <= before.goroutines+goroutineSlack && a.fds <= before.fds+4
+		}
+		return a.inFlight == 0 && a.goroutines <= before.goroutines+2*max(0, a.fds-before.fds)+goroutineSlack
+	}
+	var after procSample
+	deadline := time.Now().Add(30 * time.Second)
+	if strict {
+		deadline = time.Now().Add(2 * time.Minute)
+	}
+	for {
+		after = measure(t, lb.Process.Pid, admin)
+		if settled(after) || time.Now().After(deadline) {
+			break
+		}
+		pollPause()
+	}
+	secs := time.Since(start).Seconds()
+	fmt.Printf("soak: %d streams for %s through llmlb, server %s killed at %s and started again at %s\n",
+		streams, dur, victimURL, killedAt.Sub(start).Round(time.Second), restartedAt.Sub(start).Round(time.Second))
+	fmt.Printf("soak: requests completed %d, failed %d, lost %d (%.0f/s)\n", completed.Load(), failed.Load(), lost, float64(finished.Load())/secs)
+	fmt.Printf("soak: before  %s\n", before)
+	fmt.Printf("soak: during  %s (peak)\n", during)
+	fmt.Printf("soak: after   %s (%s after the run)\n", after, time.Since(start.Add(dur)).Round(time.Second))
+	fmt.Printf("soak: per stream: %.1f KiB of RSS, %.2f goroutines\n",
+		float64(during.rssKiB-before.rssKiB)/float64(streams), float64(during.goroutines-before.goroutines)/float64(streams))
+
+	if lost != 0 {
+		t.Errorf("%d requests lost (neither completed nor failed)", lost)
+	}
+	if len(badFailures) > 0 {
+		t.Errorf("%d requests failed that were not streaming from the killed server; first: %s", len(badFailures), badFailures[0])
+	}
+	if completed.Load() == 0 {
+		t.Errorf("no request completed")
+	}
+	if after.inFlight != 0 {
+		t.Errorf("ledger in flight %d after the run, want 0", after.inFlight)
+	}
+	if !settled(after) {
+		t.Errorf("after the run: %s; before: %s (strict %v: two goroutines allowed per kept-alive connection unless strict, %d to spare)",
+			after, before, strict, goroutineSlack)
+	}
+}
+
+// goroutineSlack is the goroutines llmlb may have above its start once a
+// soak is over: timers and pollers that come and go.
+const goroutineSlack = 16
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// soakStream sends one streaming chat completion and reads it to [DONE].
+func soakStream(client *http.Client, addr, prompt string) (backend string, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	body := `{"model":"llama-3.1-8b","messages":[{"role":"user","content":"` + prompt + `"}],"max_tokens":16,"stream":true}`
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := client.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	backend = resp.Header.Get("X-Llmlb-Backend")
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 256))
+		return backend, fmt.Errorf("status %d: %s", resp.StatusCode, b)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if bytes.Equal(sc.Bytes(), []byte("data: [DONE]")) {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			return backend, nil
+		}
+	}
+	if sc.Err() != nil {
+		return backend, sc.Err()
+	}
+	return backend, io.ErrUnexpectedEOF
+}
+
+// procSample is llmlb's process at one moment.
+type procSample struct {
+	rssKiB, hwmKiB int64
+	fds            int
+	goroutines     int
+	inFlight       int64
+}
+
+func (s procSample) String() string {
+	return fmt.Sprintf("RSS %.1f MiB (high-water %.1f MiB), %d goroutines, %d file descriptors, %d in flight",
+		float64(s.rssKiB)/1024, float64(s.hwmKiB)/1024, s.goroutines, s.fds, s.inFlight)
+}
+
+func (s procSample) max(o procSample) procSample {
+	return procSample{rssKiB: max(s.rssKiB, o.rssKiB), hwmKiB: max(s.hwmKiB, o.hwmKiB), fds: max(s.fds, o.fds),
+		goroutines: max(s.goroutines, o.goroutines), inFlight: max(s.inFlight, o.inFlight)}
+}
+
+func measure(t *testing.T, pid int, admin string) procSample {
+	t.Helper()
+	s, err := measureErr(pid, admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// measureErr reads the process's RSS and descriptors from /proc, and its
+// goroutines and in-flight ledger from its admin listener.
+func measureErr(pid int, admin string) (procSample, error) {
+	var s procSample
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return s, err
+	}
+	for line := range strings.Lines(string(status)) {
+		f := strings.Fields(line)
+		if len(f) >= 2 && (f[0] == "VmRSS:" || f[0] == "VmHWM:") {
+			n, _ := strconv.ParseInt(f[1], 10, 64)
+			if f[0] == "VmRSS:" {
+				s.rssKiB = n
+			} else {
+				s.hwmKiB = n
+			}
+		}
+	}
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		return s, err
+	}
+	s.fds = len(fds)
+	resp, err := http.Get(admin + "/metrics")
+	if err != nil {
+		return s, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "go_goroutines "); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			s.goroutines = int(f)
+		}
+	}
+	bs, err := sim.FetchBackends(http.DefaultClient, admin)
+	if err != nil {
+		return s, err
+	}
+	for _, b := range bs {
+		s.inFlight += b.InFlight
+	}
+	return s, nil
+}
+
+// freePorts returns n ports free a moment ago.
+func freePorts(t *testing.T, n int) []string {
+	t.Helper()
+	var out []string
+	var lns []net.Listener
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lns = append(lns, ln)
+		_, p, _ := net.SplitHostPort(ln.Addr().String())
+		out = append(out, p)
+	}
+	for _, ln := range lns {
+		ln.Close()
+	}
+	return out
+}
+
+// startProc starts bin with args until the test ends.
+func startProc(t *testing.T, bin string, args ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Stderr = os.Stderr
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "LLMLB_") { // llmlb reads those as config
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Signal(os.Interrupt)
+			done := make(chan struct{})
+			go func() { _ = cmd.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				_ = cmd.Process.Kill()
+			}
+		}
+	})
+	return cmd
+}
