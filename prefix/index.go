@@ -63,21 +63,22 @@ const bytesPerToken = 4
 // covers a long prompt, while one block is still a small fraction of it.
 const minAutoBlockBytes = 256
 
-// EntryBytes estimates the memory one remembered block costs: its map
-// slot, its record and its LRU node (BenchmarkIndexMemory measures it).
-const EntryBytes = 96
+// EntryBytes estimates the memory one remembered block costs: its record,
+// its LRU node and its hash-table slot at the table's mean fill
+// (BenchmarkIndexMemory measures it).
+const EntryBytes = 115
 
 // Index is an approximate prefix-cache index: per backend slot, an LRU of
 // the block hashes sent there, sized from that backend's KV capacity, and
-// one map from block hash to a record of the slots holding it. Slots are
+// one table from block hash to a record of the slots holding it. Slots are
 // small integers the caller assigns, one per backend, reused after
 // [Index.Forget].
 //
 // Each slot's LRU is a doubly linked list of nodes kept in the slot's own
 // slice and linked by index, and each record lists its holders as (slot,
-// node) pairs, so a block costs one map lookup to match or re-touch, and a
-// new block one lookup, one insert and at most one delete (for the block it
-// evicts), with no allocation once the index is warm. (Issue 19: a
+// node) pairs, so a block costs one table lookup to match or re-touch, and
+// a new block one lookup, one insert and at most one delete (for the block
+// it evicts), with no allocation once the index is warm. (Issue 19: a
 // simplelru per slot and a separate reverse map took about seven map
 // operations and a node allocation a block, 28% of the proxy's CPU on
 // 220 KB prompts.)
@@ -89,12 +90,12 @@ type Index struct {
 	blockBytes atomic.Int64
 
 	mu       sync.RWMutex
-	blocks   map[uint64]int32 // guarded by mu; block hash → its record in recs
-	recs     []record         // guarded by mu; in use when in blocks, else listed in freeRecs
-	freeRecs []int32          // guarded by mu; records not in use
-	slots    []slotLRU        // guarded by mu; by slot
-	entries  int              // guarded by mu; sum of the slots' lengths
-	resets   int64            // guarded by mu; times the block size changed
+	blocks   blockTable // guarded by mu; block hash → its record in recs
+	recs     []record   // guarded by mu; in use when in blocks, else listed in freeRecs
+	freeRecs []int32    // guarded by mu; records not in use
+	slots    []slotLRU  // guarded by mu; by slot
+	entries  int        // guarded by mu; sum of the slots' lengths
+	resets   int64      // guarded by mu; times the block size changed
 }
 
 // holder is one slot holding a block, and where the block's node sits in
@@ -232,7 +233,7 @@ func NewIndex(cfg Config) *Index {
 	if cfg.FallbackEntries <= 0 {
 		cfg.FallbackEntries = DefaultConfig().FallbackEntries
 	}
-	x := &Index{cfg: cfg, blocks: make(map[uint64]int32)}
+	x := &Index{cfg: cfg}
 	bb := cfg.BlockBytes
 	if bb == 0 {
 		bb = autoBlockBytes(16)
@@ -283,7 +284,7 @@ func (x *Index) Match(hashes []uint64, dst []int32) int {
 	defer x.mu.RUnlock()
 	best := 0
 	for i, h := range hashes {
-		id, ok := x.blocks[h]
+		id, ok := x.blocks.get(h)
 		if !ok {
 			break
 		}
@@ -326,7 +327,7 @@ func (x *Index) Insert(slot int, hashes []uint64) {
 	l := x.slotLocked(slot)
 	s := int32(slot)
 	for _, h := range hashes {
-		id, known := x.blocks[h]
+		id, known := x.blocks.get(h)
 		if known {
 			r := &x.recs[id]
 			if j := r.find(s); j >= 0 { // held: refresh recency
@@ -467,18 +468,18 @@ func (x *Index) newRecordLocked(h uint64) int32 {
 	}
 	r := &x.recs[id]
 	r.hash, r.n, r.more = h, 0, r.more[:0]
-	x.blocks[h] = id
+	x.blocks.put(h, id)
 	return id
 }
 
 // releaseLocked drops slot from record id's holders, and the record with
-// its map entry when no slot holds the block any more. The caller unlinks
+// its table entry when no slot holds the block any more. The caller unlinks
 // the node and counts it. Caller must hold x.mu for writing.
 func (x *Index) releaseLocked(slot, id int32) {
 	r := &x.recs[id]
 	r.removeAt(r.find(slot))
 	if r.n == 0 {
-		delete(x.blocks, r.hash)
+		x.blocks.del(r.hash)
 		x.freeRecs = append(x.freeRecs, id)
 	}
 }
@@ -486,7 +487,7 @@ func (x *Index) releaseLocked(slot, id int32) {
 // resetLocked empties every slot, keeping their sizes. Caller must hold
 // x.mu for writing.
 func (x *Index) resetLocked() {
-	clear(x.blocks)
+	x.blocks.reset()
 	x.freeRecs = x.freeRecs[:0]
 	for i := range x.recs {
 		x.recs[i].n, x.recs[i].more = 0, x.recs[i].more[:0]

@@ -118,7 +118,7 @@ func (m *modelIndex) entries() int {
 
 // checkInternals holds x's layout to itself and to m: each slot's list in
 // both directions, each node's record holding that node, each record
-// entered under its hash, and nothing else in the map.
+// entered under its hash, and nothing else in the table.
 func checkInternals(t *testing.T, x *Index, m *modelIndex) {
 	t.Helper()
 	x.mu.RLock()
@@ -158,7 +158,14 @@ func checkInternals(t *testing.T, x *Index, m *modelIndex) {
 		held += l.n
 	}
 	holders := 0
-	for h, id := range x.blocks {
+	for _, ts := range x.blocks.slots {
+		if ts.rec == 0 {
+			continue
+		}
+		h, id := ts.hash, ts.rec-1
+		if got, ok := x.blocks.get(h); !ok || got != id {
+			t.Fatalf("blocks.get(%#x) = %d %v, want %d", h, got, ok, id)
+		}
 		r := &x.recs[id]
 		if r.hash != h || r.n == 0 {
 			t.Fatalf("blocks[%#x] = record %d with hash %#x and %d holders", h, id, r.hash, r.n)
@@ -168,8 +175,8 @@ func checkInternals(t *testing.T, x *Index, m *modelIndex) {
 	if holders != held || x.entries != held {
 		t.Fatalf("holders %d, entries %d, nodes in lists %d", holders, x.entries, held)
 	}
-	if len(x.blocks)+len(x.freeRecs) != len(x.recs) {
-		t.Fatalf("%d records in use and %d free of %d", len(x.blocks), len(x.freeRecs), len(x.recs))
+	if x.blocks.n+len(x.freeRecs) != len(x.recs) {
+		t.Fatalf("%d records in use and %d free of %d", x.blocks.n, len(x.freeRecs), len(x.recs))
 	}
 }
 
@@ -313,4 +320,44 @@ func TestIndexConcurrentUse(t *testing.T) {
 		}
 	}
 	checkInternals(t, x, m)
+}
+
+// TestBlockTableMatchesMap runs random puts, deletes and gets on a table
+// and a map, with hashes from a small range so probe runs collide, wrap
+// and shift back on deletion.
+func TestBlockTableMatchesMap(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	var tb blockTable
+	m := map[uint64]int32{}
+	for i := range 200_000 {
+		h := r.Uint64N(300) << (r.Uint64N(2) * 60) // high bits too
+		switch want, ok := m[h]; {
+		case r.IntN(3) == 0 && ok:
+			tb.del(h)
+			delete(m, h)
+		case !ok && r.IntN(2) == 0:
+			tb.put(h, int32(i))
+			m[h] = int32(i)
+		default:
+			if got, gok := tb.get(h); gok != ok || got != want {
+				t.Fatalf("op %d: get(%#x) = %d %v, want %d %v", i, h, got, gok, want, ok)
+			}
+		}
+		if i%1000 == 0 {
+			used := 0
+			for _, s := range tb.slots {
+				if s.rec != 0 {
+					used++
+				}
+			}
+			if used != len(m) || tb.n != len(m) {
+				t.Fatalf("op %d: %d slots used, n %d, want %d", i, used, tb.n, len(m))
+			}
+			for h, want := range m {
+				if got, ok := tb.get(h); !ok || got != want {
+					t.Fatalf("op %d: get(%#x) = %d %v, want %d", i, h, got, ok, want)
+				}
+			}
+		}
+	}
 }
