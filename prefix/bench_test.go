@@ -45,44 +45,113 @@ func BenchmarkHashBytes(b *testing.B) {
 	}
 }
 
-// BenchmarkIndexMatch looks up a 512-block prompt of which 16 backends hold
-// the first 256 blocks, in an index holding 16k blocks per backend.
-func BenchmarkIndexMatch(b *testing.B) {
-	x := NewIndex(Config{BlockBytes: 256, FallbackEntries: 16 << 10})
-	hs := make([]uint64, 512)
-	for i := range hs {
-		hs[i] = uint64(i) * 0x9e3779b97f4a7c15
-	}
-	for s := range 16 {
-		x.Insert(s, hs[:256])
-		filler := make([]uint64, 16<<10-256)
-		for i := range filler {
-			filler[i] = uint64(s)<<40 | uint64(i)
+// benchBlocks is issue 19's long prompt: 512 blocks, the default
+// MaxBlocks, about 32k tokens at 256-byte blocks.
+const benchBlocks = 512
+
+// mix spreads a counter over 64 bits as block hashes are spread.
+func mix(n uint64) uint64 {
+	n += 0x9e3779b97f4a7c15
+	n = (n ^ n>>30) * 0xbf58476d1ce4e5b9
+	n = (n ^ n>>27) * 0x94d049bb133111eb
+	return n ^ n>>31
+}
+
+// fullIndex returns an index of n backends at the default 16384 entries
+// each, every LRU full of unrelated blocks, as a busy balancer's is, and
+// the counter mix has reached.
+func fullIndex(n int) (*Index, uint64) {
+	x := NewIndex(Config{BlockBytes: 256})
+	var c uint64
+	hs := make([]uint64, benchBlocks)
+	for s := range n {
+		for range DefaultConfig().FallbackEntries / benchBlocks {
+			for i := range hs {
+				c++
+				hs[i] = mix(c)
+			}
+			x.Insert(s, hs)
 		}
-		x.Insert(s, filler)
 	}
-	dst := make([]int32, 16)
-	b.ReportAllocs()
-	for b.Loop() {
-		clear(dst)
-		if x.Match(hs, dst) != 256 {
-			b.Fatal("wrong match")
-		}
+	return x, c
+}
+
+// BenchmarkIndexInsert inserts a 512-block prompt into one backend of an
+// index whose every backend's LRU is full: "new" is a prompt no backend
+// holds (each block evicts one), "held" one the backend already holds
+// (each block is re-touched).
+func BenchmarkIndexInsert(b *testing.B) {
+	for _, n := range []int{8, 64} {
+		b.Run(fmt.Sprintf("new/backends-%d", n), func(b *testing.B) {
+			x, c := fullIndex(n)
+			hs := make([]uint64, benchBlocks)
+			s := 0
+			b.ReportAllocs()
+			for b.Loop() {
+				for i := range hs {
+					c++
+					hs[i] = mix(c)
+				}
+				x.Insert(s, hs)
+				s = (s + 1) % n
+			}
+		})
+		b.Run(fmt.Sprintf("held/backends-%d", n), func(b *testing.B) {
+			x, c := fullIndex(n)
+			hs := make([]uint64, benchBlocks)
+			for i := range hs {
+				hs[i] = mix(c + 1 + uint64(i))
+			}
+			x.Insert(n/2, hs)
+			b.ReportAllocs()
+			for b.Loop() {
+				x.Insert(n/2, hs)
+			}
+		})
 	}
 }
 
-// BenchmarkIndexInsert inserts a fresh 128-block prompt into a full LRU.
-func BenchmarkIndexInsert(b *testing.B) {
-	x := NewIndex(Config{BlockBytes: 256, FallbackEntries: 16 << 10})
-	hs := make([]uint64, 128)
-	n := uint64(0)
-	b.ReportAllocs()
-	for b.Loop() {
-		for i := range hs {
-			n++
-			hs[i] = n
-		}
-		x.Insert(0, hs)
+// BenchmarkIndexMatch looks up a 512-block prompt in the same full index:
+// "new" is a prompt no backend holds (the walk stops at the first block),
+// "held" one that one backend holds whole after a 64-block system prompt
+// that every backend holds.
+func BenchmarkIndexMatch(b *testing.B) {
+	for _, n := range []int{8, 64} {
+		b.Run(fmt.Sprintf("new/backends-%d", n), func(b *testing.B) {
+			x, c := fullIndex(n)
+			hs := make([]uint64, benchBlocks)
+			dst := make([]int32, n)
+			b.ReportAllocs()
+			for b.Loop() {
+				for i := range hs {
+					c++
+					hs[i] = mix(c)
+				}
+				clear(dst)
+				if x.Match(hs, dst) != 0 {
+					b.Fatal("wrong match")
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("held/backends-%d", n), func(b *testing.B) {
+			x, c := fullIndex(n)
+			hs := make([]uint64, benchBlocks)
+			for i := range hs {
+				hs[i] = mix(c + 1 + uint64(i))
+			}
+			for s := range n {
+				x.Insert(s, hs[:64])
+			}
+			x.Insert(n/2, hs)
+			dst := make([]int32, n)
+			b.ReportAllocs()
+			for b.Loop() {
+				clear(dst)
+				if x.Match(hs, dst) != benchBlocks || dst[0] != 64 {
+					b.Fatal("wrong match")
+				}
+			}
+		})
 	}
 }
 
