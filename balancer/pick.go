@@ -309,22 +309,28 @@ func (b *Balancer) pick(req *Request, dst []*Backend, dry bool, ex *Explanation)
 	*p = Pick{Req: req, Dry: dry, snap: b.snap.Load()}
 	b.hashPrompt(s, p)
 
-	locked := req.Guard != nil && !dry
-	if locked {
-		b.pickMu.Lock()
-	}
-	dec, primary, err := b.choose(s, p, dst, ex)
-	if err == nil && locked {
-		req.Guard.Attach(p.Cands[primary].Backend, dec.Work[0], b.now())
-	}
-	if locked {
-		b.pickMu.Unlock()
-	}
+	dec, primary, err := b.chooseAndAttach(s, p, dst, ex)
 	if err != nil || dry {
 		return dec, err
 	}
 	b.commit(p, primary)
 	return dec, nil
+}
+
+// chooseAndAttach is choose, and for a pick with a guard, the attach,
+// both under pickMu.
+func (b *Balancer) chooseAndAttach(s *scratch, p *Pick, dst []*Backend, ex *Explanation) (Decision, int, error) {
+	g := p.Req.Guard
+	if g == nil || p.Dry {
+		return b.choose(s, p, dst, ex)
+	}
+	b.pickMu.Lock()
+	defer b.pickMu.Unlock()
+	dec, primary, err := b.choose(s, p, dst, ex)
+	if err == nil {
+		g.Attach(p.Cands[primary].Backend, dec.Work[0], b.now())
+	}
+	return dec, primary, err
 }
 
 // choose is the part of a pick that reads the ledgers: filter, prefix
