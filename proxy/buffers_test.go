@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"errors"
 	"io"
 	"strings"
@@ -43,15 +42,16 @@ func TestSizedPoolReadAll(t *testing.T) {
 // reads nothing more.
 func TestHeldBodyWaitsForEveryReader(t *testing.T) {
 	var p sizedPool
-	buf := p.get(16)
-	*buf = append(*buf, `{"model":"m"}`...)
+	text := `{"model":"m","prompt":"` + strings.Repeat("a", inlineBody) + `"}`
+	buf := p.get(len(text))
+	*buf = append(*buf, text...)
 	h := newHeldBody(&p, buf)
 	body := sendBody{head: *buf, tail: []byte(`,"x":1}`), held: h}
 	r1, r2 := body.open(), body.open()
 	h.release() // the handler is done
 	got, err := io.ReadAll(r1)
-	if err != nil || !bytes.Equal(got, []byte(`{"model":"m"},"x":1}`)) {
-		t.Fatalf("read %q, %v", got, err)
+	if err != nil || string(got) != text+`,"x":1}` {
+		t.Fatalf("read %d bytes, %v", len(got), err)
 	}
 	r1.Close()
 	r1.Close() // a second close lets go of nothing more
@@ -64,5 +64,26 @@ func TestHeldBodyWaitsForEveryReader(t *testing.T) {
 	}
 	if _, err := r2.Read(make([]byte, 4)); !errors.Is(err, errBodyClosed) {
 		t.Errorf("Read after Close: %v, want errBodyClosed", err)
+	}
+}
+
+// TestSmallBodyIsSentFromACopy: a body that fits the transport's write
+// buffer is read from a copy of its own, which holds no pooled buffer and
+// stays whole after the buffer is lent again.
+func TestSmallBodyIsSentFromACopy(t *testing.T) {
+	var p sizedPool
+	buf := p.get(16)
+	*buf = append(*buf, `{"model":"m"}`...)
+	h := newHeldBody(&p, buf)
+	body := sendBody{head: (*buf)[:len(*buf)-1], tail: []byte(`,"x":1}`), held: h}
+	r := body.open()
+	if n := h.refs.Load(); n != 1 {
+		t.Fatalf("%d holds with a small body's reader open, want 1 (the handler's)", n)
+	}
+	h.release()
+	copy(*buf, "XXXXXXXXXXXXX") // the pool lends the buffer again
+	got, err := io.ReadAll(r)
+	if err != nil || string(got) != `{"model":"m","x":1}` {
+		t.Fatalf("read %q, %v", got, err)
 	}
 }

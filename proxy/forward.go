@@ -156,9 +156,20 @@ type sendBody struct {
 
 func (b sendBody) size() int64 { return int64(len(b.head) + len(b.tail)) }
 
+// inlineBody is the largest body sent from a copy of its own: net/http's
+// transport writes the headers and a body it knows is in memory (a
+// bytes.Reader) in one write when both fit its 4 KB buffer, but flushes
+// the headers alone before any other body. Below this size the copy costs
+// less than the second write; above it the body is written in parts
+// anyway.
+const inlineBody = 4 << 10
+
 // open returns a reader over the whole body, which holds the pooled
-// buffer until it is closed.
+// buffer until it is closed, or, for a small body, reads a copy of it.
 func (b sendBody) open() io.ReadCloser {
+	if b.size() <= inlineBody {
+		return io.NopCloser(bytes.NewReader(append(append(make([]byte, 0, b.size()), b.head...), b.tail...)))
+	}
 	var r io.Reader = bytes.NewReader(b.head)
 	if len(b.tail) > 0 {
 		r = io.MultiReader(r, bytes.NewReader(b.tail))

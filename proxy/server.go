@@ -88,7 +88,11 @@ func New(cfg Config, bal *balancer.Balancer, reg prometheus.Registerer, logger *
 		Rewrite: s.rewrite,
 		Transport: &retryTransport{base: base, maxAttempts: cfg.MaxAttempts, retryStatuses: cfg.RetryStatuses, retryBroken: cfg.RetryBrokenConnections,
 			firstByte: cfg.StreamFirstByteTimeout, idle: cfg.StreamIdleTimeout, bal: bal, logger: logger, metrics: s.metrics},
-		FlushInterval:  -1, // every write reaches the client at once: SSE events are never held back
+		// 0: ReverseProxy flushes every write of an event stream or a body
+		// of unknown length at once (its own rule), and a body of known
+		// length once, at its end: with -1 every JSON answer cost a timer
+		// goroutine flushing the headers alone, then a second write.
+		FlushInterval:  0,
 		ModifyResponse: s.modifyResponse,
 		ErrorHandler:   s.errorHandler,
 		ErrorLog:       slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
