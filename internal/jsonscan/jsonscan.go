@@ -94,18 +94,7 @@ func PlainString(raw []byte) ([]byte, bool) {
 		return nil, false
 	}
 	in := raw[1 : len(raw)-1]
-	i := 0
-	for ; i+8 <= len(in); i += 8 {
-		if special(binary.LittleEndian.Uint64(in[i:])) != 0 {
-			return nil, false
-		}
-	}
-	for _, c := range in[i:] {
-		if c == '"' || c == '\\' || c < 0x20 {
-			return nil, false
-		}
-	}
-	if !utf8.Valid(in) {
+	if bytes.IndexByte(in, '"') >= 0 || bytes.IndexByte(in, '\\') >= 0 || hasControl(in) || !utf8.Valid(in) {
 		return nil, false
 	}
 	return in, true
@@ -158,49 +147,51 @@ func (s *scanner) str() (escaped, ok bool) {
 	if s.valid {
 		return s.validStr()
 	}
+	// Long prompts are almost all plain text: the next quote and the next
+	// backslash before it are found with bytes.IndexByte, which is
+	// vectorised, and the text between is checked for control characters
+	// a word at a time. q, the next quote at or after i, is searched for
+	// again only once an escape has stepped past it.
 	b := s.b
-	for i := s.i; i < len(b); {
-		// Long prompts are almost all plain text: step over it eight
-		// bytes at a time.
-		for i+8 <= len(b) && special(binary.LittleEndian.Uint64(b[i:])) == 0 {
-			i += 8
-		}
-		if i == len(b) {
-			break
-		}
-		c := b[i]
-		switch {
-		case c == '"':
-			s.i = i + 1
-			return escaped, true
-		case c < 0x20:
-			return false, false
-		case c == '\\':
-			escaped = true
-			if i+1 >= len(b) {
+	q := -1
+	for i := s.i; ; {
+		if q < i {
+			j := bytes.IndexByte(b[i:], '"')
+			if j < 0 {
 				return false, false
 			}
-			switch b[i+1] {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-				i += 2
-			case 'u':
-				if i+6 > len(b) {
+			q = i + j
+		}
+		end := q
+		if k := bytes.IndexByte(b[i:q], '\\'); k >= 0 {
+			end = i + k
+		}
+		if hasControl(b[i:end]) {
+			return false, false
+		}
+		if end == q {
+			s.i = q + 1
+			return escaped, true
+		}
+		escaped = true
+		i = end // a backslash; q is after it, so b[i+1] exists
+		switch b[i+1] {
+		case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			i += 2
+		case 'u':
+			if i+6 > len(b) {
+				return false, false
+			}
+			for _, h := range b[i+2 : i+6] {
+				if !isHex(h) {
 					return false, false
 				}
-				for _, h := range b[i+2 : i+6] {
-					if !isHex(h) {
-						return false, false
-					}
-				}
-				i += 6
-			default:
-				return false, false
 			}
+			i += 6
 		default:
-			i++
+			return false, false
 		}
 	}
-	return false, false
 }
 
 // validStr reads the rest of a string known to be valid, its opening
@@ -226,17 +217,34 @@ func (s *scanner) validStr() (escaped, ok bool) {
 	}
 }
 
-// special is non-zero when one of the eight bytes of w is '"', '\\' or a
-// control character (below 0x20): the bytes a JSON string scanner must
-// stop at. It uses the has-zero-byte and has-less-than tricks of Sean
-// Anderson's "Bit Twiddling Hacks", which are exact as to whether any byte
-// matches (only which byte may be misreported, and callers look at the
-// bytes themselves).
-func special(w uint64) uint64 {
+// hasControl reports whether b holds a control character (below 0x20),
+// which a JSON string may not, eight bytes at a time with the has-less-than
+// trick of Sean Anderson's "Bit Twiddling Hacks" (exact as to whether any
+// byte of a word is below 0x20).
+func hasControl(b []byte) bool {
 	const ones, highs = 0x0101010101010101, 0x8080808080808080
-	q := w ^ (ones * '"')
-	bs := w ^ (ones * '\\')
-	return ((q-ones)&^q | (bs-ones)&^bs | (w-ones*0x20)&^w) & highs
+	i := 0
+	for ; i+32 <= len(b); i += 32 {
+		w0 := binary.LittleEndian.Uint64(b[i:])
+		w1 := binary.LittleEndian.Uint64(b[i+8:])
+		w2 := binary.LittleEndian.Uint64(b[i+16:])
+		w3 := binary.LittleEndian.Uint64(b[i+24:])
+		if ((w0-ones*0x20)&^w0|(w1-ones*0x20)&^w1|(w2-ones*0x20)&^w2|(w3-ones*0x20)&^w3)&highs != 0 {
+			return true
+		}
+	}
+	for ; i+8 <= len(b); i += 8 {
+		w := binary.LittleEndian.Uint64(b[i:])
+		if (w-ones*0x20)&^w&highs != 0 {
+			return true
+		}
+	}
+	for ; i < len(b); i++ {
+		if b[i] < 0x20 {
+			return true
+		}
+	}
+	return false
 }
 
 func isHex(c byte) bool {

@@ -2,7 +2,6 @@ package jsonscan
 
 import (
 	"bytes"
-	"encoding/binary"
 	"encoding/json"
 	"maps"
 	"slices"
@@ -122,24 +121,47 @@ func FuzzPlainString(f *testing.F) {
 	})
 }
 
-// TestSpecialIsExact: special finds a '"', '\\' or control byte at every
-// position of a word, whatever the other bytes, and nothing in a word
-// without one.
-func TestSpecialIsExact(t *testing.T) {
-	isSpecial := func(c byte) bool { return c == '"' || c == '\\' || c < 0x20 }
-	for _, fill := range []byte{'a', ' ', '!', '#', '[', ']', 0x7f, 0x80, 0xff} {
-		for c := range 256 {
-			for pos := range 8 {
-				var w [8]byte
-				for i := range w {
-					w[i] = fill
-				}
-				w[pos] = byte(c)
-				want := isSpecial(byte(c)) || isSpecial(fill)
-				if got := special(binary.LittleEndian.Uint64(w[:])) != 0; got != want {
-					t.Errorf("special(%q) = %v, want %v", w, got, want)
+// TestHasControlIsExact: hasControl finds a control byte at every
+// position of a slice of up to 40 bytes (so in every lane of the 32-byte
+// and 8-byte loops and in the tail), whatever the other bytes, and
+// nothing in a slice without one.
+func TestHasControlIsExact(t *testing.T) {
+	for _, fill := range []byte{'a', ' ', '!', '"', '\\', 0x7f, 0x80, 0xff} {
+		for n := range 41 {
+			b := bytes.Repeat([]byte{fill}, n)
+			if hasControl(b) {
+				t.Fatalf("hasControl(%q) = true", b)
+			}
+			for c := range 256 {
+				for pos := range n {
+					b[pos] = byte(c)
+					if got, want := hasControl(b), c < 0x20; got != want {
+						t.Fatalf("hasControl(%q) = %v, want %v", b, got, want)
+					}
+					b[pos] = fill
 				}
 			}
 		}
+	}
+}
+
+// BenchmarkObject: splitting a 220 KB chat request, issue 19's agent
+// prompt, as text with a newline (an escape) every 60 bytes and as one
+// plain run.
+func BenchmarkObject(b *testing.B) {
+	line := strings.Repeat("word ", 12)
+	for _, tc := range []struct{ name, text string }{
+		{"lines", strings.Repeat(line+"\n", 220<<10/61)},
+		{"plain", strings.Repeat("word ", 220<<10/5)},
+	} {
+		body, _ := json.Marshal(map[string]any{"model": "m", "messages": []map[string]string{{"role": "user", "content": tc.text}}})
+		b.Run(tc.name, func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				if !Object(body, func(k, v []byte) bool { return true }) {
+					b.Fatal("refused")
+				}
+			}
+		})
 	}
 }
