@@ -240,7 +240,7 @@ func compact(names []string) []string {
 // cmdOverhead measures what llmlb adds to a request against a direct
 // connection, HAProxy and nginx, in front of one fast emulated backend.
 func cmdOverhead(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("overhead", "llmlb overhead [--proxy direct,llmlb,haproxy,nginx] [--duration D] [--scale F] [--json FILE] [--require] [--quiet] [--llmlb PATH]", stderr)
+	fs := newFlagSet("overhead", "llmlb overhead [--proxy direct,llmlb,haproxy,nginx] [--duration D] [--scale F] [--scenario S,...] [--json FILE] [--cpuprofile DIR] [--require] [--quiet] [--llmlb PATH]", stderr)
 	proxies := fs.String("proxy", "direct,llmlb,haproxy,nginx", "comma-separated rows: direct, llmlb (this executable), haproxy, nginx (from PATH or /usr/sbin)")
 	duration := fs.Duration("duration", 5*time.Second, "how long each scenario runs against each proxy")
 	scale := fs.Float64("scale", 1, "share of the clients of the concurrent scenarios (64 requests, 8 long prompts, 150 long chats, 256 streams)")
@@ -248,6 +248,8 @@ func cmdOverhead(ctx context.Context, args []string, getenv func(string) string,
 	jsonFile := fs.String("json", "", "also write the results as JSON to this file")
 	quiet := fs.Bool("quiet", false, "no progress lines")
 	self := fs.String("llmlb", "", "llmlb executable to measure (default: this one)")
+	scenarios := fs.String("scenario", "", "comma-separated scenarios to run: latency, throughput, long-prompt, long-chat, streams (default: all)")
+	profDir := fs.String("cpuprofile", "", "write llmlb's CPU profile of each scenario, from its admin pprof, to DIR/llmlb-<scenario>.pprof")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -262,7 +264,12 @@ func cmdOverhead(ctx context.Context, args []string, getenv func(string) string,
 		*self = exe
 	}
 	o := overhead.Options{LLMLB: *self, Proxies: split(*proxies), Duration: *duration, Scale: *scale,
-		Require: *require || getenv("LLMLB_REQUIRE_PROXIES") == "1"}
+		Require: *require || getenv("LLMLB_REQUIRE_PROXIES") == "1", Scenarios: split(*scenarios), ProfileDir: *profDir}
+	if *profDir != "" {
+		if err := os.MkdirAll(*profDir, 0o755); err != nil {
+			return fmt.Errorf("overhead: --cpuprofile: %w", err)
+		}
+	}
 	if !*quiet {
 		o.Progress = stderr
 	}

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -37,6 +38,13 @@ type Options struct {
 	// Require makes a proxy that is not installed an error instead of a
 	// skipped row.
 	Require bool
+	// Scenarios, if set, are the names of the scenarios to run (see
+	// [Scenarios]); empty runs every one.
+	Scenarios []string
+	// ProfileDir, if set, gets llmlb's CPU profile of each scenario,
+	// taken from its admin listener's pprof while the load runs, as
+	// llmlb-<scenario>.pprof (`go tool pprof` reads it).
+	ProfileDir string
 	// Progress, if set, gets a line as each cell finishes.
 	Progress io.Writer
 }
@@ -166,10 +174,21 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	}
 	defer stopBackend()
 
-	scenarios := Scenarios(o.Scale)
+	scenarios, err := pickScenarios(Scenarios(o.Scale), o.Scenarios)
+	if err != nil {
+		return rep, err
+	}
 	for _, name := range o.Proxies {
 		row := Row{Proxy: name}
-		url, version, pid, stop, err := startProxy(ctx, name, o.LLMLB, backend, dir)
+		admin := ""
+		if name == "llmlb" && o.ProfileDir != "" {
+			port, err := freePort()
+			if err != nil {
+				return rep, err
+			}
+			admin = fmt.Sprintf("127.0.0.1:%d", port)
+		}
+		url, version, pid, stop, err := startProxy(ctx, name, o.LLMLB, backend, dir, admin)
 		var missing errMissing
 		switch {
 		case errors.As(err, &missing) && !o.Require:
@@ -187,7 +206,17 @@ func Run(ctx context.Context, o Options) (Report, error) {
 				resetPeaks(pid)
 				before, _ = usageOf(pid)
 			}
+			profiled := make(chan error, 1)
+			if admin != "" {
+				go func() { profiled <- saveProfile(ctx, admin, o.Duration, filepath.Join(o.ProfileDir, "llmlb-"+sc.Name+".pprof")) }()
+			} else {
+				profiled <- nil
+			}
 			res := Load{URL: url + path, Body: sc.Body, Bodies: sc.Bodies, Stream: sc.Stream, Clients: sc.Clients, Duration: o.Duration, PerClient: sc.PerClient}.Run(ctx)
+			if err := <-profiled; err != nil {
+				stop()
+				return rep, fmt.Errorf("overhead: profile of %s: %w", sc.Name, err)
+			}
 			cell := Cell{Scenario: sc.Name, Clients: sc.Clients, Requests: res.Requests, Errors: res.Errors, FirstError: res.FirstErr,
 				PerSecond: float64(res.Requests) / res.Elapsed.Seconds(), P50: bench.Quantile(res.Latency, .5), P99: bench.Quantile(res.Latency, .99)}
 			if pid > 0 {
@@ -250,9 +279,58 @@ type errMissing struct{ name string }
 
 func (e errMissing) Error() string { return e.name + " is not installed" }
 
+// pickScenarios returns the scenarios of all that names asks for, in
+// their order; no names is every one.
+func pickScenarios(all []Scenario, names []string) ([]Scenario, error) {
+	if len(names) == 0 {
+		return all, nil
+	}
+	var out []Scenario
+	for _, n := range names {
+		i := slices.IndexFunc(all, func(sc Scenario) bool { return sc.Name == n })
+		if i < 0 {
+			known := make([]string, len(all))
+			for j, sc := range all {
+				known[j] = sc.Name
+			}
+			return nil, fmt.Errorf("overhead: no scenario %q (scenarios: %s)", n, strings.Join(known, ", "))
+		}
+		out = append(out, all[i])
+	}
+	return out, nil
+}
+
+// saveProfile asks the llmlb admin listener at admin for a CPU profile
+// of the next d and writes it to path.
+func saveProfile(ctx context.Context, admin string, d time.Duration, path string) error {
+	secs := max(1, int(d.Round(time.Second)/time.Second))
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", admin, secs), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("pprof answered %s", resp.Status)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
 // startProxy starts the named proxy in front of backend and returns its
 // base URL, its version, its process id (0 for direct) and how to stop it.
-func startProxy(ctx context.Context, name, llmlb, backend, dir string) (url, version string, pid int, stop func(), err error) {
+// admin, for llmlb, is the address of its admin listener ("" for none).
+func startProxy(ctx context.Context, name, llmlb, backend, dir, admin string) (url, version string, pid int, stop func(), err error) {
 	host := strings.TrimPrefix(backend, "http://")
 	switch name {
 	case "direct":
@@ -267,7 +345,7 @@ func startProxy(ctx context.Context, name, llmlb, backend, dir string) (url, ver
 		// request it sent and has no first byte for yet as queued, so 64
 		// clients kept it queueing in its admission queue: routing
 		// policy, not what proxying costs.
-		cfg := fmt.Sprintf("listen: 127.0.0.1:0\nadmin:\n  listen: \"\"\nlog:\n  level: warn\n  access: false\nbalancer:\n  saturation:\n    queue: 4096\nbackends:\n  - url: %s\n", backend)
+		cfg := fmt.Sprintf("listen: 127.0.0.1:0\nadmin:\n  listen: %q\nlog:\n  level: warn\n  access: false\nbalancer:\n  saturation:\n    queue: 4096\nbackends:\n  - url: %s\n", admin, backend)
 		path := filepath.Join(dir, "llmlb.yaml")
 		if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
 			return "", "", 0, nil, err
@@ -498,6 +576,12 @@ func Write(w io.Writer, rep Report) {
 		}
 		return fmt.Sprintf("%.2fms", s*1000)
 	}
+	num := func(x float64) string {
+		if math.IsNaN(x) {
+			return "-"
+		}
+		return fmt.Sprintf("%.0f", x)
+	}
 	us := func(s float64) string {
 		if s == 0 {
 			return "-"
@@ -533,21 +617,28 @@ func Write(w io.Writer, rep Report) {
 			errs += c.Errors
 			peak = max(peak, c.PeakRSS)
 		}
-		lat, thr, long, chat, st := by["latency"], by["throughput"], by["long-prompt"], by["long-chat"], by["streams"]
+		cell := func(name string) Cell { // a scenario not run (--scenario) prints as -
+			if c, ok := by[name]; ok {
+				return c
+			}
+			nan := math.NaN()
+			return Cell{P50: nan, P99: nan, PerSecond: nan, TTFTP50: nan, TTFTP90: nan, TTFTP99: nan, GapP99: nan, EventsPerS: nan}
+		}
+		lat, thr, long, chat, st := cell("latency"), cell("throughput"), cell("long-prompt"), cell("long-chat"), cell("streams")
 		if r.Proxy == "direct" {
 			direct = lat.P50
 		}
 		added := "-"
-		if !math.IsNaN(direct) && r.Proxy != "direct" {
+		if !math.IsNaN(direct) && !math.IsNaN(lat.P50) && r.Proxy != "direct" {
 			added = fmt.Sprintf("%+.2fms", (lat.P50-direct)*1000)
 		}
-		rows = append(rows, []string{r.Proxy, ms(lat.P50), ms(lat.P99), added, fmt.Sprintf("%.0f", thr.PerSecond), ms(thr.P99),
-			fmt.Sprintf("%.0f", long.PerSecond), ms(long.P50), ms(st.TTFTP50), ms(st.TTFTP99), ms(st.GapP99), fmt.Sprintf("%.0f", st.EventsPerS), fmt.Sprint(errs)})
+		rows = append(rows, []string{r.Proxy, ms(lat.P50), ms(lat.P99), added, num(thr.PerSecond), ms(thr.P99),
+			num(long.PerSecond), ms(long.P50), ms(st.TTFTP50), ms(st.TTFTP99), ms(st.GapP99), num(st.EventsPerS), fmt.Sprint(errs)})
 		rss := "-"
 		if peak > 0 {
 			rss = fmt.Sprintf("%.0fMB", float64(peak)/(1<<20))
 		}
-		rows2 = append(rows2, []string{r.Proxy, ms(chat.TTFTP50), ms(chat.TTFTP90), ms(chat.TTFTP99), fmt.Sprintf("%.0f", chat.PerSecond),
+		rows2 = append(rows2, []string{r.Proxy, ms(chat.TTFTP50), ms(chat.TTFTP90), ms(chat.TTFTP99), num(chat.PerSecond),
 			us(lat.CPUPerRequest), us(thr.CPUPerRequest), us(long.CPUPerRequest), us(chat.CPUPerRequest), us(st.CPUPerRequest), rss})
 	}
 	fmt.Fprintf(w, "\noverhead: one fast emulated vLLM backend on loopback, %gs a cell (220KB chat: 4 requests a client)\n", rep.Duration)
