@@ -87,7 +87,12 @@ func newHeldBody(pool *sizedPool, buf *[]byte) *heldBody {
 	return h
 }
 
-func (h *heldBody) hold() { h.refs.Add(1) }
+// hold adds a hold. A nil heldBody is a body not pooled.
+func (h *heldBody) hold() {
+	if h != nil {
+		h.refs.Add(1)
+	}
+}
 
 // release lets go of one hold. A nil heldBody is a body not pooled.
 func (h *heldBody) release() {
@@ -98,15 +103,18 @@ func (h *heldBody) release() {
 
 var errBodyClosed = errors.New("request body read after close")
 
-// heldReader reads an attempt's body from a held buffer. After Close,
-// which waits for a Read under way, it reads nothing more: net/http's
-// transport may close a request body from another goroutine than the one
-// reading it, and the buffer may be lent again once every reader closed.
+// heldReader reads an attempt's body, head then tail, from a held buffer.
+// After Close it reads nothing more: net/http's transport may close a
+// request body from another goroutine than the one reading it, and the
+// buffer may be lent again once every reader let go. Close never waits
+// for a write under way in WriteTo; the hold is let go when both have
+// ended, so no write ever sends from a buffer lent again.
 type heldReader struct {
-	mu     sync.Mutex
-	r      io.Reader
-	held   *heldBody
-	closed bool
+	mu         sync.Mutex
+	head, tail []byte // what is left to send
+	held       *heldBody
+	closed     bool
+	writing    bool // WriteTo is sending from the buffer, outside mu
 }
 
 func (b *heldReader) Read(p []byte) (int, error) {
@@ -115,7 +123,54 @@ func (b *heldReader) Read(p []byte) (int, error) {
 	if b.closed {
 		return 0, errBodyClosed
 	}
-	return b.r.Read(p)
+	if len(b.head) == 0 && len(b.tail) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, b.head)
+	b.head = b.head[n:]
+	m := copy(p[n:], b.tail)
+	b.tail = b.tail[m:]
+	return n + m, nil
+}
+
+// size is what is left to send.
+func (b *heldReader) size() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return int64(len(b.head) + len(b.tail))
+}
+
+// WriteTo hands w the body in at most two writes, head and tail, so that
+// a long prompt goes to the connection in one write call instead of
+// through io.Copy's 32 KB buffer (net/http's transport copies a request
+// body with io.Copy, which prefers a WriterTo).
+func (b *heldReader) WriteTo(w io.Writer) (int64, error) {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return 0, errBodyClosed
+	}
+	head, tail := b.head, b.tail
+	b.head, b.tail = nil, nil
+	b.writing = true
+	b.mu.Unlock()
+	var n int64
+	var err error
+	for _, part := range [2][]byte{head, tail} {
+		if len(part) == 0 || err != nil {
+			continue
+		}
+		var m int
+		m, err = w.Write(part)
+		n += int64(m)
+	}
+	b.mu.Lock()
+	b.writing = false
+	if b.closed {
+		b.held.release() // Close came during the write and left the hold to us
+	}
+	b.mu.Unlock()
+	return n, err
 }
 
 func (b *heldReader) Close() error {
@@ -123,7 +178,9 @@ func (b *heldReader) Close() error {
 	defer b.mu.Unlock()
 	if !b.closed {
 		b.closed = true
-		b.held.release()
+		if !b.writing {
+			b.held.release()
+		}
 	}
 	return nil
 }

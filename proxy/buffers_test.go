@@ -1,9 +1,15 @@
 package proxy
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 )
 
@@ -85,5 +91,118 @@ func TestSmallBodyIsSentFromACopy(t *testing.T) {
 	got, err := io.ReadAll(r)
 	if err != nil || string(got) != `{"model":"m","x":1}` {
 		t.Fatalf("read %q, %v", got, err)
+	}
+}
+
+// writerFunc is an io.Writer made of a function.
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// TestHeldBodyWriteTo: io.Copy sends a held body in two writes (head and
+// tail), not in 32 KB pieces, and a Close that comes while a write is
+// under way (the transport closes bodies from another goroutine) neither
+// waits for it nor lets the buffer go before the write has returned.
+func TestHeldBodyWriteTo(t *testing.T) {
+	var p sizedPool
+	text := `{"model":"m","prompt":"` + strings.Repeat("a", 200<<10) + `"}`
+	buf := p.get(len(text))
+	*buf = append(*buf, text...)
+	h := newHeldBody(&p, buf)
+	body := sendBody{head: *buf, tail: []byte(`,"x":1}`), held: h}
+	h.hold() // the test's own hold, so that refs count the reader's alone
+	defer h.release()
+
+	var writes []int
+	var got []byte
+	r := body.open()
+	if _, err := io.Copy(writerFunc(func(b []byte) (int, error) {
+		writes = append(writes, len(b))
+		got = append(got, b...)
+		return len(b), nil
+	}), r); err != nil {
+		t.Fatal(err)
+	}
+	if len(writes) != 2 || string(got) != text+`,"x":1}` {
+		t.Errorf("io.Copy wrote %v (%d bytes), want the head and the tail in two writes", writes, len(got))
+	}
+	r.Close()
+
+	h.release() // the handler is done: only the test's and the reader's holds are left
+	r = body.open()
+	entered, unblock, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = io.Copy(writerFunc(func(b []byte) (int, error) {
+			if len(b) > 100 {
+				close(entered)
+				<-unblock
+			}
+			return len(b), nil
+		}), r)
+	}()
+	<-entered
+	r.Close() // returns at once: the write is still under way
+	if n := h.refs.Load(); n != 2 {
+		t.Errorf("%d holds during the write after Close, want 2 (the test's and the writer's)", n)
+	}
+	close(unblock)
+	<-done
+	if n := h.refs.Load(); n != 1 {
+		t.Errorf("%d holds after the write ended, want 1 (the test's)", n)
+	}
+	if _, err := r.Read(make([]byte, 4)); !errors.Is(err, errBodyClosed) {
+		t.Errorf("Read after Close: %v, want errBodyClosed", err)
+	}
+}
+
+// countingConn counts the Write calls made on a connection.
+type countingConn struct {
+	net.Conn
+	writes *atomic.Int32
+}
+
+func (c countingConn) Write(p []byte) (int, error) {
+	c.writes.Add(1)
+	return c.Conn.Write(p)
+}
+
+// TestLongBodyGoesToTheBackendInOneWrite: through net/http's own
+// transport, a held 220 KB body reaches the connection in one write after
+// the headers (without bodyConn, io.Copy's 32 KB pieces made 8).
+func TestLongBodyGoesToTheBackendInOneWrite(t *testing.T) {
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, _ := io.Copy(io.Discard, r.Body)
+		fmt.Fprint(w, n)
+	}))
+	defer backend.Close()
+	var writes atomic.Int32
+	var d net.Dialer
+	tr := &http.Transport{DialContext: dialBodyConn(func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := d.DialContext(ctx, network, addr)
+		return countingConn{c, &writes}, err
+	})}
+	defer tr.CloseIdleConnections()
+
+	var p sizedPool
+	buf := p.get(220 << 10)
+	*buf = append(*buf, strings.Repeat("a", 220<<10)...)
+	body := sendBody{head: *buf, held: newHeldBody(&p, buf)}
+	for range 2 { // a new connection, then a reused one
+		writes.Store(0)
+		req, _ := http.NewRequest(http.MethodPost, backend.URL, nil)
+		req.Body, req.ContentLength = body.open(), body.size()
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if string(got) != fmt.Sprint(220<<10) {
+			t.Fatalf("backend read %s bytes", got)
+		}
+		if n := writes.Load(); n > 2 {
+			t.Errorf("%d writes for the headers and a 220 KB body, want 2", n)
+		}
 	}
 }

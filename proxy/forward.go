@@ -170,15 +170,8 @@ func (b sendBody) open() io.ReadCloser {
 	if b.size() <= inlineBody {
 		return io.NopCloser(bytes.NewReader(append(append(make([]byte, 0, b.size()), b.head...), b.tail...)))
 	}
-	var r io.Reader = bytes.NewReader(b.head)
-	if len(b.tail) > 0 {
-		r = io.MultiReader(r, bytes.NewReader(b.tail))
-	}
-	if b.held == nil {
-		return io.NopCloser(r)
-	}
 	b.held.hold()
-	return &heldReader{r: r, held: b.held}
+	return &heldReader{head: b.head, tail: b.tail, held: b.held}
 }
 
 // attemptRequest returns req aimed at backend be, with a fresh reader over

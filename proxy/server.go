@@ -74,7 +74,7 @@ func New(cfg Config, bal *balancer.Balancer, reg prometheus.Registerer, logger *
 	dialer := &net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second}
 	base := &http.Transport{
 		Proxy:                 nil, // backends are reached directly, never through HTTP_PROXY
-		DialContext:           dialer.DialContext,
+		DialContext:           dialBodyConn(dialer.DialContext),
 		MaxIdleConns:          0,
 		MaxIdleConnsPerHost:   cfg.MaxIdleConnsPerBackend,
 		IdleConnTimeout:       90 * time.Second,
