@@ -208,7 +208,9 @@ func Run(ctx context.Context, o Options) (Report, error) {
 			}
 			profiled := make(chan error, 1)
 			if admin != "" {
-				go func() { profiled <- saveProfile(ctx, admin, o.Duration, filepath.Join(o.ProfileDir, "llmlb-"+sc.Name+".pprof")) }()
+				go func() {
+					profiled <- saveProfile(ctx, admin, o.Duration, filepath.Join(o.ProfileDir, "llmlb-"+sc.Name+".pprof"))
+				}()
 			} else {
 				profiled <- nil
 			}
