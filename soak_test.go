@@ -138,10 +138,15 @@ backends:
 	peak := before
 	start := time.Now()
 	killAt, reviveAt := start.Add(dur/2), start.Add(dur/2+max(dur/10, 3*time.Second))
+	heapAt := start.Add(dur / 4) // streams up, nothing killed yet
 	tick := time.NewTicker(time.Second)
 	for now := range tick.C {
 		if m, err := measureErr(lb.Process.Pid, admin); err == nil {
 			peak = peak.max(m)
+		}
+		if path := os.Getenv("LLMLB_SOAK_HEAP"); path != "" && !heapAt.IsZero() && now.After(heapAt) {
+			heapAt = time.Time{}
+			saveHeapProfile(t, admin, path)
 		}
 		if killedAt.IsZero() && now.After(killAt) {
 			mu.Lock()
@@ -290,6 +295,26 @@ func measure(t *testing.T, pid int, admin string) procSample {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// saveHeapProfile writes llmlb's heap profile, from its admin pprof, to
+// path (LLMLB_SOAK_HEAP: where the memory per stream goes).
+func saveHeapProfile(t *testing.T, admin, path string) {
+	resp, err := http.Get(admin + "/debug/pprof/heap")
+	if err != nil {
+		t.Errorf("heap profile: %v", err)
+		return
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err == nil {
+		err = os.WriteFile(path, b, 0o644)
+	}
+	if err != nil {
+		t.Errorf("heap profile: %v", err)
+		return
+	}
+	t.Logf("heap profile in %s", path)
 }
 
 // measureErr reads the process's RSS and descriptors from /proc, and its

@@ -302,11 +302,14 @@ func (b *firstByteBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// bufferPool lends ReverseProxy its copy buffers.
+// bufferPool lends ReverseProxy its copy buffers. A stream holds its
+// buffer from its first byte to its last, so the size is paid by every
+// open stream: 16 KB, half io.Copy's 32 KB, holds dozens of events, and
+// a long JSON answer takes twice the reads of a buffer it hardly needed.
 type bufferPool struct{ p sync.Pool }
 
 func newBufferPool() *bufferPool {
-	return &bufferPool{p: sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}}
+	return &bufferPool{p: sync.Pool{New: func() any { b := make([]byte, 16<<10); return &b }}}
 }
 
 func (bp *bufferPool) Get() []byte  { return *(bp.p.Get().(*[]byte)) }

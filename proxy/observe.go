@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
-	"sync"
 	"time"
 
 	"github.com/llmlb/llmlb/internal/jsonscan"
@@ -61,7 +60,6 @@ type observer struct {
 	onGap func(time.Duration) // between token events; may be nil
 
 	u       Usage
-	chunk   *[]byte // read buffer, from chunkPool until Close
 	pending []byte  // SSE: bytes of an event not yet complete; JSON: the body so far
 	out     []byte  // SSE: complete events to hand to the client
 	over    bool    // JSON: the body outgrew maxJSONBody
@@ -94,6 +92,9 @@ func (o *observer) Read(p []byte) (int, error) {
 		}
 		return n, err
 	}
+	if len(p) == 0 {
+		return 0, nil
+	}
 	for len(o.out) == 0 {
 		if o.err != nil {
 			return 0, o.err
@@ -106,11 +107,11 @@ func (o *observer) Read(p []byte) (int, error) {
 			o.pending = o.pending[:0]
 			continue
 		}
-		if o.chunk == nil {
-			o.chunk = chunkPool.Get().(*[]byte)
-		}
-		n, err := o.src.Read(*o.chunk)
-		o.pending = append(o.pending, (*o.chunk)[:n]...)
+		// The caller's buffer is the read buffer: what is read goes to
+		// pending at once, and p is refilled from out below, so a stream
+		// holds no buffer of its own while it waits for its next token.
+		n, err := o.src.Read(p)
+		o.pending = append(o.pending, p[:n]...)
 		if err == io.EOF {
 			o.eof = true
 		} else if err != nil {
@@ -244,13 +245,6 @@ func (o *observer) dataLine(data []byte) bool {
 	return keep
 }
 
-// chunkPool lends observers their read buffers.
-var chunkPool = sync.Pool{New: func() any { b := make([]byte, 16<<10); return &b }}
-
 func (o *observer) Close() error {
-	if o.chunk != nil {
-		chunkPool.Put(o.chunk)
-		o.chunk = nil
-	}
 	return o.src.Close()
 }

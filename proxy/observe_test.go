@@ -196,3 +196,35 @@ func TestObserverKeepsDoneAfterStrippedUsage(t *testing.T) {
 		})
 	}
 }
+
+// TestObserverSmallReads: the observer reads the backend into the
+// caller's buffer, so a caller that reads a few bytes at a time (or asks
+// for none) gets the same stream, usage chunk stripped, as one that reads
+// it whole.
+func TestObserverSmallReads(t *testing.T) {
+	whole := readObserved(t, newObserver(io.NopCloser(strings.NewReader(vllmStream)), true, true, fakeClock(), nil))
+	for _, size := range []int{1, 5, 64} {
+		o := newObserver(io.NopCloser(strings.NewReader(vllmStream)), true, true, fakeClock(), nil)
+		var got []byte
+		p := make([]byte, size)
+		for {
+			if n, err := o.Read(p[:0]); n != 0 || err != nil {
+				t.Fatalf("empty read: %d, %v", n, err)
+			}
+			n, err := o.Read(p)
+			got = append(got, p[:n]...)
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		if string(got) != whole {
+			t.Errorf("%d-byte reads got\n%s\nwant\n%s", size, got, whole)
+		}
+		if u := o.Usage(); !u.Known || u.Completion != 2 {
+			t.Errorf("%d-byte reads: usage %+v", size, u)
+		}
+	}
+}
