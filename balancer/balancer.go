@@ -35,6 +35,10 @@ var ErrUnknownModel = errors.New("unknown model")
 // blocks each backend slot holds, and remember what was sent where.
 type PrefixIndex interface {
 	AppendHashes(dst []uint64, seed uint64, prompt []byte) []uint64
+	// HashShape is how AppendHashes cuts a prompt, for a prompt in parts
+	// ([PromptParts]): block size in bytes, most blocks, and whether a
+	// partial last block is hashed.
+	HashShape() (blockBytes, maxBlocks int, partial bool)
 	Match(hashes []uint64, dst []int32) int
 	Insert(slot int, hashes []uint64)
 	Resize(slot, blockTokens, numBlocks int)

@@ -25,8 +25,13 @@ type Request struct {
 	// Model is the model backends are asked for (after model routing).
 	Model string
 	// Prompt is the canonical prompt bytes (prefix package); nil for
-	// requests routed by model and load only.
+	// requests routed by model and load only, and when Parts holds them.
 	Prompt []byte
+	// Parts, when set, holds the canonical prompt in pieces instead of
+	// Prompt (prefix.Parts: a long prompt's text hashed where it lies in
+	// the request body, never copied). Only for a balancer whose
+	// [Balancer.PromptInParts] is true.
+	Parts PromptParts
 	// Seed seeds the prompt's block hashes: the model and cache_salt.
 	Seed uint64
 	// PromptTokens estimates the prompt's tokens.
@@ -45,6 +50,27 @@ type Request struct {
 	// so that concurrent picks see this request in the ledger at once and
 	// a burst does not all choose the backend that looked idlest.
 	Guard *Guard
+}
+
+// PromptParts is a canonical prompt in pieces (prefix.Parts): its length,
+// and its block hashes cut as [PrefixIndex.HashShape] says.
+type PromptParts interface {
+	Len() int
+	AppendHashes(dst []uint64, seed uint64, blockBytes, maxBlocks int, partial bool) []uint64
+}
+
+// hasPrompt reports whether the request carries a prompt to match.
+func (r *Request) hasPrompt() bool {
+	return len(r.Prompt) > 0 || r.Parts != nil && r.Parts.Len() > 0
+}
+
+// PromptInParts reports whether the policy reads a prompt only through
+// its block hashes, so that a request may carry it as [Request.Parts]:
+// true for the policies with a prefix index and no text tree, oracle or
+// hash ring, which read the prompt's bytes.
+func (b *Balancer) PromptInParts() bool {
+	_, ring := b.pol.picker.(*RingPicker)
+	return b.pol.index != nil && b.pol.tree == nil && b.pol.oracle == nil && !ring
 }
 
 // Decision is the outcome of [Balancer.Pick].
@@ -670,11 +696,16 @@ func loraState(be *Backend, model string) (LoRAState, string) {
 func (b *Balancer) hashPrompt(s *scratch, p *Pick) {
 	req := p.Req
 	s.matched = false
-	if len(req.Prompt) == 0 {
+	if !req.hasPrompt() {
 		return
 	}
 	if idx := b.pol.index; idx != nil {
-		s.hashes = idx.AppendHashes(s.hashes[:0], req.Seed, req.Prompt)
+		if req.Parts != nil {
+			bb, most, partial := idx.HashShape()
+			s.hashes = req.Parts.AppendHashes(s.hashes[:0], req.Seed, bb, most, partial)
+		} else {
+			s.hashes = idx.AppendHashes(s.hashes[:0], req.Seed, req.Prompt)
+		}
 		p.hashes = s.hashes
 		p.PromptBlocks = len(s.hashes)
 		if len(s.hashes) > 0 {
@@ -686,7 +717,12 @@ func (b *Balancer) hashPrompt(s *scratch, p *Pick) {
 		}
 	}
 	if p.Key == 0 {
-		p.Key = keyOf(req.Seed, req.Prompt)
+		if req.Parts != nil { // keyOf's hash: the first 256 bytes, or all of a shorter prompt
+			s.hashes = req.Parts.AppendHashes(s.hashes[:0], req.Seed, 256, 1, true)
+			p.Key, s.hashes = s.hashes[0], s.hashes[:0]
+		} else {
+			p.Key = keyOf(req.Seed, req.Prompt)
+		}
 	}
 }
 
@@ -694,7 +730,7 @@ func (b *Balancer) hashPrompt(s *scratch, p *Pick) {
 // match (or, for the presets that know them, the engines' true caches).
 func (b *Balancer) applyMatch(s *scratch, p *Pick) {
 	req := p.Req
-	if len(req.Prompt) == 0 {
+	if !req.hasPrompt() {
 		return
 	}
 	blockTokens := 16

@@ -40,7 +40,7 @@ const (
 // mean the same), with a record separator after each list. An empty or
 // ill-typed prompt is a [*FormatError].
 func AppendCompletion(dst []byte, prompt json.RawMessage) ([]byte, error) {
-	return appendCompletion(dst, prompt, false)
+	return appendCompletion(dst, prompt, false, nil)
 }
 
 // AppendValidCompletion is [AppendCompletion] for a prompt already known
@@ -49,10 +49,12 @@ func AppendCompletion(dst []byte, prompt json.RawMessage) ([]byte, error) {
 // without reading a long prompt's text again to check it. On other input
 // it does not panic, but its result is unspecified.
 func AppendValidCompletion(dst []byte, prompt json.RawMessage) ([]byte, error) {
-	return appendCompletion(dst, prompt, true)
+	return appendCompletion(dst, prompt, true, nil)
 }
 
-func appendCompletion(dst []byte, prompt json.RawMessage, valid bool) ([]byte, error) {
+// appendCompletion is AppendCompletion; with refs, a long plain text is
+// referenced there instead of copied (see [Parts]).
+func appendCompletion(dst []byte, prompt json.RawMessage, valid bool, refs *refList) ([]byte, error) {
 	prompt = bytes.TrimSpace(prompt)
 	if len(prompt) == 0 || string(prompt) == "null" {
 		return dst, formatErr("prompt", "You must provide a prompt.")
@@ -63,7 +65,7 @@ func appendCompletion(dst []byte, prompt json.RawMessage, valid bool) ([]byte, e
 			if len(p) == 0 {
 				return dst, formatErr("prompt", "prompt must not be empty.")
 			}
-			return append(dst, p...), nil
+			return appendText(dst, p, refs), nil
 		}
 		var s string
 		if err := json.Unmarshal(prompt, &s); err != nil {
@@ -165,7 +167,7 @@ type contentPart struct {
 // depends on key order or whitespace in the request. A message list that is
 // not a non-empty list of objects with roles is a [*FormatError].
 func AppendChat(dst []byte, messages, tools json.RawMessage) ([]byte, error) {
-	return appendChat(dst, messages, tools, false)
+	return appendChat(dst, messages, tools, false, nil)
 }
 
 // AppendValidChat is [AppendChat] for messages and tools already known to
@@ -173,10 +175,12 @@ func AppendChat(dst []byte, messages, tools json.RawMessage) ([]byte, error) {
 // AppendCompletion: on a long prompt, most of AppendChat's time goes to
 // checking again what the request parser has checked.
 func AppendValidChat(dst []byte, messages, tools json.RawMessage) ([]byte, error) {
-	return appendChat(dst, messages, tools, true)
+	return appendChat(dst, messages, tools, true, nil)
 }
 
-func appendChat(dst []byte, messages, tools json.RawMessage, valid bool) ([]byte, error) {
+// appendChat is AppendChat; with refs, long plain texts are referenced
+// there instead of copied (see [Parts]).
+func appendChat(dst []byte, messages, tools json.RawMessage, valid bool, refs *refList) ([]byte, error) {
 	messages = bytes.TrimSpace(messages)
 	if len(messages) == 0 || string(messages) == "null" {
 		return dst, formatErr("messages", "You must provide messages.")
@@ -215,7 +219,7 @@ func appendChat(dst []byte, messages, tools json.RawMessage, valid bool) ([]byte
 		dst = appendField(dst, m.Name)
 		dst = appendField(dst, m.ToolCallID)
 		var err error
-		if dst, err = appendContent(dst, m.Content, valid); err != nil {
+		if dst, err = appendContent(dst, m.Content, valid, refs); err != nil {
 			return dst, err
 		}
 		dst = appendField(dst, m.ReasoningContent)
@@ -299,6 +303,16 @@ func appendField[S ~string | ~[]byte](dst []byte, s S) []byte {
 	return append(dst, unitSep)
 }
 
+// appendText appends text, or, with refs and a text of at least
+// refs.min bytes, a reference to it where it lies.
+func appendText(dst, text []byte, refs *refList) []byte {
+	if refs == nil || len(text) < refs.min {
+		return append(dst, text...)
+	}
+	refs.refs = append(refs.refs, Ref{At: len(dst), Text: text})
+	return dst
+}
+
 // plainString is jsonscan.PlainString, or ValidPlainString for a string
 // known to be valid.
 func plainString(raw []byte, valid bool) ([]byte, bool) {
@@ -310,14 +324,15 @@ func plainString(raw []byte, valid bool) ([]byte, bool) {
 
 // appendContent writes a message's content: a string, null, or a list of
 // parts.
-func appendContent(dst []byte, raw json.RawMessage, valid bool) ([]byte, error) {
+func appendContent(dst []byte, raw json.RawMessage, valid bool, refs *refList) ([]byte, error) {
 	raw = bytes.TrimSpace(raw)
 	switch {
 	case len(raw) == 0 || string(raw) == "null":
 		return append(dst, 'n', unitSep), nil
 	case raw[0] == '"':
 		if p, ok := plainString(raw, valid); ok {
-			return appendField(append(dst, 's'), p), nil
+			dst = binary.AppendUvarint(append(dst, 's'), uint64(len(p)))
+			return append(appendText(dst, p, refs), unitSep), nil
 		}
 		var s string
 		if err := json.Unmarshal(raw, &s); err != nil {

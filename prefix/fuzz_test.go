@@ -125,3 +125,39 @@ func TestScanMessagesTakesPlainChat(t *testing.T) {
 		t.Fatal("a plain chat request left to encoding/json")
 	}
 }
+
+// FuzzParts: a prompt in parts is the same canonical bytes as the one
+// canonicaliser writes whole, whatever texts are referenced (every one of
+// at least min bytes), and its block hashes are the index's hashes of
+// those bytes, partial last block or not, at every block size and cap.
+func FuzzParts(f *testing.F) {
+	f.Add([]byte(`[{"role":"system","content":"You are a careful assistant."},{"role":"user","content":"hello there, how are you today?"}]`), []byte(`"a completion prompt of some length"`), 1, 8, 100, true)
+	f.Add([]byte(`[{"role":"user","content":[{"type":"text","text":"x"}]},{"role":"assistant","content":"y\\nz"}]`), []byte(`[[1,2],[3]]`), 0, 3, 2, false)
+	f.Fuzz(func(t *testing.T, msgs, prompt []byte, min, block, max int, partial bool) {
+		min, block, max = abs(min)%64, 1+abs(block)%64, abs(max)%200
+		if !json.Valid(msgs) || !utf8.Valid(msgs) || !json.Valid(prompt) || !utf8.Valid(prompt) {
+			return
+		}
+		var p Parts
+		check := func(name string, whole []byte, werr, perr error) {
+			if !reflect.DeepEqual(werr, perr) {
+				t.Fatalf("%s: error %v in parts, %v whole", name, perr, werr)
+			}
+			if werr != nil {
+				return
+			}
+			if got := p.AppendTo(nil); !slices.Equal(got, whole) || p.Len() != len(whole) {
+				t.Fatalf("%s: parts %q (len %d), whole %q", name, got, p.Len(), whole)
+			}
+			x := NewIndex(Config{BlockBytes: block, MaxBlocks: max, Partial: partial})
+			bb, mx, pa := x.HashShape()
+			if got, want := p.AppendHashes(nil, 7, bb, mx, pa), x.AppendHashes(nil, 7, whole); !slices.Equal(got, want) {
+				t.Fatalf("%s: %d hashes in parts, %d whole (block %d, max %d, partial %v)", name, len(got), len(want), bb, mx, pa)
+			}
+		}
+		whole, werr := AppendValidChat(nil, msgs, nil)
+		check("chat", whole, werr, p.setChat(msgs, nil, min))
+		whole, werr = AppendValidCompletion(nil, prompt)
+		check("completion", whole, werr, p.setCompletion(prompt, min))
+	})
+}

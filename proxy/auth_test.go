@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/llmlb/llmlb/balancer"
+	"github.com/llmlb/llmlb/prefix"
 	"github.com/llmlb/llmlb/sim"
 )
 
@@ -324,7 +325,7 @@ func TestPriorityComesFromKey(t *testing.T) {
 	five, minusOne := 5, -1
 	bal := newBal(t, "least-request", balancer.ModelRoute{Name: "chat", Targets: []balancer.ModelTarget{{Model: testModel, Weight: 1}}, Priority: 2})
 	s := New(DefaultConfig(), bal, prometheus.NewRegistry(), nil)
-	req := &Request{Kind: KindCompletion, Model: "chat", Canonical: []byte("hi")}
+	req := &Request{Kind: KindCompletion, Model: "chat", Canonical: prefix.Parts{Glue: []byte("hi")}}
 	tests := []struct {
 		name   string
 		tenant *tenant

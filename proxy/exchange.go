@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb/balancer"
+	"github.com/llmlb/llmlb/prefix"
 )
 
 // exchange is one client request from its arrival to its last byte: the one
@@ -180,10 +181,10 @@ func (s *Server) dropCanonical(ex *exchange) {
 	if ex.req != nil { // nil when the body did not parse
 		ex.promptTokens = ex.req.PromptTokens()
 		if s.logPrompts && s.logger.Enabled(ex.client, slog.LevelDebug) {
-			c := ex.req.Canonical
+			c := ex.req.Canonical.AppendTo(nil)
 			ex.prompt = string(c[:min(len(c), maxLoggedPrompt)])
 		}
-		ex.req.Canonical = nil
+		ex.req.Canonical = prefix.Parts{}
 	}
 	s.buffers.put(ex.canon)
 	ex.canon = nil

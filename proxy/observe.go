@@ -60,9 +60,9 @@ type observer struct {
 	onGap func(time.Duration) // between token events; may be nil
 
 	u       Usage
-	pending []byte  // SSE: bytes of an event not yet complete; JSON: the body so far
-	out     []byte  // SSE: complete events to hand to the client
-	over    bool    // JSON: the body outgrew maxJSONBody
+	pending []byte // SSE: bytes of an event not yet complete; JSON: the body so far
+	out     []byte // SSE: complete events to hand to the client
+	over    bool   // JSON: the body outgrew maxJSONBody
 	eof     bool
 	err     error // from src, after EOF-less end
 }

@@ -42,9 +42,10 @@ type Request struct {
 	Messages json.RawMessage
 	Body     []byte
 	// Canonical is the prompt's canonical bytes (package prefix), for
-	// completions and chat; nil for other routes, and in the proxy once
-	// the pick has read it (its buffer is lent to the next request).
-	Canonical []byte
+	// completions and chat, with long texts left in Body (prefix.Parts);
+	// empty for other routes, and in the proxy once the pick has read it
+	// (its buffer is lent to the next request).
+	Canonical prefix.Parts
 	// MaxTokens is max_completion_tokens or max_tokens; 0 if neither.
 	MaxTokens int
 	// CacheSalt is vLLM's cache_salt, which separates prefix caches.
@@ -53,7 +54,7 @@ type Request struct {
 
 // PromptTokens estimates the prompt's tokens from its canonical bytes, at
 // about 4 bytes a token.
-func (r *Request) PromptTokens() int { return (len(r.Canonical) + 3) / 4 }
+func (r *Request) PromptTokens() int { return (r.Canonical.Len() + 3) / 4 }
 
 // wireRequest holds the only fields routed on, each found by its exact
 // key: OpenAI-compatible servers (pydantic models) match keys with case, so
@@ -115,8 +116,8 @@ func ParseRequest(k Kind, body []byte) (*Request, error) {
 	return parseRequest(k, body, nil)
 }
 
-// parseRequest is ParseRequest writing the canonical prompt into canon's
-// spare capacity.
+// parseRequest is ParseRequest writing the canonical prompt's glue into
+// canon's spare capacity.
 func parseRequest(k Kind, body, canon []byte) (*Request, error) {
 	trimmed := bytes.TrimLeft(body, " \t\r\n")
 	if len(trimmed) == 0 {
@@ -193,11 +194,12 @@ func parseRequest(k Kind, body, canon []byte) (*Request, error) {
 	// The body is valid UTF-8 and valid JSON (jsonscan or encoding/json
 	// took it whole), so the prompt's text need not be checked again.
 	var err error
+	r.Canonical.Glue = canon
 	switch k {
 	case KindCompletion:
-		r.Canonical, err = prefix.AppendValidCompletion(canon, w.Prompt)
+		err = r.Canonical.SetValidCompletion(w.Prompt)
 	case KindChat:
-		r.Canonical, err = prefix.AppendValidChat(canon, w.Messages, w.Tools)
+		err = r.Canonical.SetValidChat(w.Messages, w.Tools)
 	}
 	var fe *prefix.FormatError
 	if errors.As(err, &fe) {

@@ -343,11 +343,18 @@ func (s *Server) balancerRequest(r *http.Request, req *Request, t *tenant) (*bal
 	}
 	breq := &balancer.Request{
 		Model:        target,
-		Prompt:       req.Canonical,
 		Seed:         prefix.Seed(target, req.CacheSalt),
 		PromptTokens: req.PromptTokens(),
 		MaxTokens:    req.MaxTokens,
 		Priority:     prio,
+	}
+	switch c := &req.Canonical; {
+	case len(c.Refs) == 0:
+		breq.Prompt = c.Glue
+	case s.bal.PromptInParts(): // hashed where it lies
+		breq.Parts = c
+	default: // a policy that reads the prompt's bytes
+		breq.Prompt = c.AppendTo(nil)
 	}
 	if bcfg.Session.Header != "" {
 		breq.Session = r.Header.Get(bcfg.Session.Header)
@@ -396,8 +403,8 @@ func (s *Server) readRequest(ex *exchange, r *http.Request, k Kind) (*Request, e
 		canon = *ex.canon
 	}
 	req, err := parseRequest(k, body, canon)
-	if ex.canon != nil && req != nil && cap(req.Canonical) > cap(*ex.canon) {
-		*ex.canon = req.Canonical // grown: the larger buffer goes back
+	if ex.canon != nil && req != nil && cap(req.Canonical.Glue) > cap(*ex.canon) {
+		*ex.canon = req.Canonical.Glue // grown: the larger buffer goes back
 	}
 	if err != nil {
 		var he *HTTPError

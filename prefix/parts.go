@@ -1,0 +1,146 @@
+package prefix
+
+import (
+	"encoding/json"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// minRef is the shortest text a [Parts] refers to instead of copying: a
+// long prompt's text is hashed where it lies in the request body, one
+// read of it fewer; a short one costs less to copy than to keep apart.
+const minRef = 4 << 10
+
+// Ref is a text of a canonical prompt left where it lies (in the request
+// body), to be read at At, an offset into the glue.
+type Ref struct {
+	At   int
+	Text []byte
+}
+
+// Parts is a canonical prompt in pieces: the bytes the canonicaliser wrote
+// (Glue) with long plain texts referenced where they lie instead of
+// copied into it (Refs, in order). Its bytes, [Parts.AppendTo], are
+// exactly those of [AppendValidChat] or [AppendValidCompletion]; its block
+// hashes, [Parts.AppendHashes], those of [AppendHashes] over them. A
+// Parts refers to the request body it was made from and is valid as long
+// as that body is.
+type Parts struct {
+	Glue []byte
+	Refs []Ref
+}
+
+// refList collects the texts of at least min bytes a canonicaliser
+// refers to instead of copying.
+type refList struct {
+	refs []Ref
+	min  int
+}
+
+// SetValidChat makes p the canonical bytes of a chat request known to be
+// valid JSON in valid UTF-8 (see [AppendValidChat]), writing the glue
+// into the spare capacity of p.Glue[:0].
+func (p *Parts) SetValidChat(messages, tools json.RawMessage) error {
+	return p.setChat(messages, tools, minRef)
+}
+
+func (p *Parts) setChat(messages, tools json.RawMessage, min int) error {
+	refs := refList{refs: p.Refs[:0], min: min}
+	var err error
+	p.Glue, err = appendChat(p.Glue[:0], messages, tools, true, &refs)
+	p.Refs = refs.refs
+	return err
+}
+
+// SetValidCompletion is [Parts.SetValidChat] for a completion's prompt
+// (see [AppendValidCompletion]).
+func (p *Parts) SetValidCompletion(prompt json.RawMessage) error {
+	return p.setCompletion(prompt, minRef)
+}
+
+func (p *Parts) setCompletion(prompt json.RawMessage, min int) error {
+	refs := refList{refs: p.Refs[:0], min: min}
+	var err error
+	p.Glue, err = appendCompletion(p.Glue[:0], prompt, true, &refs)
+	p.Refs = refs.refs
+	return err
+}
+
+// Len returns the length of the canonical bytes.
+func (p *Parts) Len() int {
+	n := len(p.Glue)
+	for _, r := range p.Refs {
+		n += len(r.Text)
+	}
+	return n
+}
+
+// each calls f with the canonical bytes in order, in pieces.
+func (p *Parts) each(f func([]byte) bool) {
+	at := 0
+	for _, r := range p.Refs {
+		if !f(p.Glue[at:r.At]) || !f(r.Text) {
+			return
+		}
+		at = r.At
+	}
+	f(p.Glue[at:])
+}
+
+// AppendTo appends the canonical bytes to dst.
+func (p *Parts) AppendTo(dst []byte) []byte {
+	p.each(func(b []byte) bool { dst = append(dst, b...); return true })
+	return dst
+}
+
+// AppendHashes appends the chained hashes of the canonical bytes' first
+// max full blocks of blockBytes bytes, as [AppendHashes] does over
+// [Parts.AppendTo]'s bytes, and with partial a last block of what is left
+// when fewer than max were full, as [Index.AppendHashes] does; a block
+// inside one piece is hashed where it lies, one across pieces from a copy.
+func (p *Parts) AppendHashes(dst []uint64, seed uint64, blockBytes, max int, partial bool) []uint64 {
+	if blockBytes <= 0 || max <= 0 {
+		return dst
+	}
+	var d xxhash.Digest
+	h := seed
+	n := 0
+	emit := func(block []byte) {
+		d.ResetWithSeed(h)
+		_, _ = d.Write(block)
+		h = d.Sum64()
+		dst = append(dst, h)
+		n++
+	}
+	var carry []byte // a block begun in one piece, ended in a later one
+	p.each(func(b []byte) bool {
+		for len(b) > 0 && n < max {
+			if len(carry) == 0 && len(b) >= blockBytes {
+				emit(b[:blockBytes])
+				b = b[blockBytes:]
+				continue
+			}
+			if carry == nil {
+				carry = make([]byte, 0, blockBytes)
+			}
+			k := min(blockBytes-len(carry), len(b))
+			carry, b = append(carry, b[:k]...), b[k:]
+			if len(carry) == blockBytes {
+				emit(carry)
+				carry = carry[:0]
+			}
+		}
+		return n < max
+	})
+	if partial && n < max && len(carry) > 0 {
+		emit(carry)
+	}
+	return dst
+}
+
+// HashShape returns how [Index.AppendHashes] cuts a prompt: the block
+// size, the most blocks, and whether a partial last block is hashed; with
+// it, [Parts.AppendHashes] gives the index's hashes of a prompt in parts.
+func (x *Index) HashShape() (blockBytes, maxBlocks int, partial bool) {
+	return x.BlockBytes(), x.cfg.MaxBlocks, x.cfg.Partial
+}
