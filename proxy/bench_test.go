@@ -127,3 +127,36 @@ func BenchmarkAuthenticate(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkObserver reads a backend's answer through the observer as the
+// proxy does: a 50-token stream whose every chunk carries "usage": null
+// (vLLM with include_usage), then its usage chunk, stripped; and a JSON
+// completion with its usage.
+func BenchmarkObserver(b *testing.B) {
+	var stream strings.Builder
+	for range 50 {
+		stream.WriteString(`data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":" tok","logprobs":null,"finish_reason":null}],"usage":null}` + "\n\n")
+	}
+	stream.WriteString(`data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":12,"total_tokens":62,"completion_tokens":50,"prompt_tokens_details":{"cached_tokens":8}}}` + "\n\ndata: [DONE]\n\n")
+	body := `{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":" ok","logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":12,"total_tokens":13,"completion_tokens":1,"prompt_tokens_details":null}}`
+	buf := make([]byte, 16<<10)
+	for _, tc := range []struct {
+		name, in string
+		sse      bool
+	}{{"stream-50-events", stream.String(), true}, {"json", body, false}} {
+		b.Run(tc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				o := newObserver(io.NopCloser(strings.NewReader(tc.in)), tc.sse, tc.sse, time.Now, nil)
+				for {
+					if _, err := o.Read(buf); err != nil {
+						break
+					}
+				}
+				if !o.Usage().Known {
+					b.Fatal("usage not read")
+				}
+			}
+		})
+	}
+}

@@ -120,24 +120,32 @@ func (o *observer) Read(p []byte) (int, error) {
 		o.split()
 	}
 	n := copy(p, o.out)
-	o.out = o.out[n:]
+	if n == len(o.out) {
+		o.out = o.out[:0] // all handed over: the buffer is reused from its start
+	} else {
+		o.out = o.out[n:]
+	}
 	return n, nil
 }
 
 // split moves every complete event of pending to out.
 func (o *observer) split() {
+	rest := o.pending
 	for {
-		end := eventEnd(o.pending)
+		end := eventEnd(rest)
 		if end < 0 {
-			if len(o.pending) > maxEvent { // not SSE as we know it: pass it on
-				o.out = append(o.out, o.pending...)
-				o.pending = o.pending[:0]
-			}
-			return
+			break
 		}
-		o.event(o.pending[:end])
-		o.pending = o.pending[end:]
+		o.event(rest[:end])
+		rest = rest[end:]
 	}
+	if len(rest) > maxEvent { // not SSE as we know it: pass it on
+		o.out = append(o.out, rest...)
+		rest = nil
+	}
+	// What is left of an event moves to the buffer's start (it is short),
+	// so that the next read appends to the same buffer.
+	o.pending = append(o.pending[:0], rest...)
 }
 
 // eventEnd returns the length of the first complete event of b, blank line
@@ -175,8 +183,14 @@ func bodyUsage(body []byte) *wireUsage {
 		return b.Usage
 	}
 	var u *wireUsage
-	if raw == nil || json.Unmarshal(raw, &u) != nil {
+	if raw == nil {
 		return nil
+	}
+	if !scanUsage(raw, &u) {
+		u = nil
+		if json.Unmarshal(raw, &u) != nil {
+			return nil
+		}
 	}
 	return u
 }
@@ -218,17 +232,22 @@ func (o *observer) dataLine(data []byte) bool {
 	switch {
 	case len(data) == 0, bytes.Equal(data, []byte("[DONE]")):
 	case bytes.Contains(data, []byte(`"usage"`)):
-		var c struct {
-			Choices []json.RawMessage `json:"choices"`
-			Usage   *wireUsage        `json:"usage"`
-		}
-		if json.Unmarshal(data, &c) == nil {
-			if c.Usage != nil {
-				o.u.set(c.Usage)
+		choices, usage, ok := scanChunk(data)
+		if !ok {
+			var c struct {
+				Choices []json.RawMessage `json:"choices"`
+				Usage   *wireUsage        `json:"usage"`
 			}
-			token = len(c.Choices) > 0
-			keep = !(o.strip && len(c.Choices) == 0 && c.Usage != nil)
+			if json.Unmarshal(data, &c) != nil {
+				break
+			}
+			choices, usage = len(c.Choices), c.Usage
 		}
+		if usage != nil {
+			o.u.set(usage)
+		}
+		token = choices > 0
+		keep = !(o.strip && choices == 0 && usage != nil)
 	case bytes.HasPrefix(data, []byte("{")) && !bytes.HasPrefix(data, []byte(`{"error"`)):
 		token = true
 	}

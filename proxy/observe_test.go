@@ -2,7 +2,9 @@ package proxy
 
 import (
 	"bytes"
+	"encoding/json"
 	"io"
+	"reflect"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -227,4 +229,38 @@ func TestObserverSmallReads(t *testing.T) {
 			t.Errorf("%d-byte reads: usage %+v", size, u)
 		}
 	}
+}
+
+// FuzzScanChunk: where the fast readers of a stream chunk and of a usage
+// object answer, they answer what encoding/json does.
+func FuzzScanChunk(f *testing.F) {
+	f.Add([]byte(`{"id":"c","choices":[{"index":0,"delta":{"content":"x"}}],"usage":null}`))
+	f.Add([]byte(`{"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":8}}}`))
+	f.Add([]byte(`{"usage":{"prompt_tokens":1},"usage":{"completion_tokens":2},"Choices":null}`))
+	f.Add([]byte(`{"usage":{"prompt_tokens":1e3,"prompt_tokens_details":null}}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		choices, u, ok := scanChunk(data)
+		if ok {
+			var c struct {
+				Choices []json.RawMessage `json:"choices"`
+				Usage   *wireUsage        `json:"usage"`
+			}
+			if err := json.Unmarshal(data, &c); err != nil {
+				t.Fatalf("scanChunk took %q, encoding/json: %v", data, err)
+			}
+			if choices != len(c.Choices) || !reflect.DeepEqual(u, c.Usage) {
+				t.Fatalf("scanChunk(%q) = %d, %+v; encoding/json %d, %+v", data, choices, u, len(c.Choices), c.Usage)
+			}
+		}
+		var su *wireUsage
+		if scanUsage(data, &su) {
+			var ju *wireUsage
+			if err := json.Unmarshal(data, &ju); err != nil {
+				t.Fatalf("scanUsage took %q, encoding/json: %v", data, err)
+			}
+			if !reflect.DeepEqual(su, ju) {
+				t.Fatalf("scanUsage(%q) = %+v, encoding/json %+v", data, su, ju)
+			}
+		}
+	})
 }
