@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/llmlb/llmlb/prefix"
 )
 
 // BenchmarkPick measures one pick on a warm snapshot of n ready backends
@@ -18,12 +20,16 @@ func BenchmarkPick(b *testing.B) {
 	type promptCase struct {
 		name   string
 		prompt []byte
+		parts  PromptParts
 	}
 	for _, pol := range []string{"ttft", "epp", "least-request"} {
 		for _, n := range []int{8, 64, 512} {
-			prompts := []promptCase{{"", nil}, {"/prompt", prompt}}
+			prompts := []promptCase{{"", nil, nil}, {"/prompt", prompt, nil}}
 			if pol == "ttft" && n == 64 {
-				prompts = append(prompts, promptCase{"/prompt-32k", long})
+				// The proxy's form of a long prompt: its text where it lies
+				// in the request body (prefix.Parts), hashed in the pick.
+				parts := &prefix.Parts{Refs: []prefix.Ref{{At: 0, Text: long}}}
+				prompts = append(prompts, promptCase{"/prompt-32k", long, nil}, promptCase{"/prompt-32k-parts", nil, parts})
 			}
 			for _, pr := range prompts {
 				b.Run(fmt.Sprintf("%s/%d%s", pol, n, pr.name), func(b *testing.B) {
@@ -35,7 +41,10 @@ func BenchmarkPick(b *testing.B) {
 					}
 					bal.Update(specs...)
 					dst := make([]*Backend, 0, 8)
-					req := &Request{Model: "m", Prompt: pr.prompt, PromptTokens: len(pr.prompt) / 4}
+					req := &Request{Model: "m", Prompt: pr.prompt, Parts: pr.parts, PromptTokens: len(pr.prompt) / 4}
+					if pr.parts != nil {
+						req.PromptTokens = pr.parts.Len() / 4
+					}
 					b.ReportAllocs()
 					for b.Loop() {
 						d, err := bal.Pick(req, dst)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"unicode/utf8"
 )
@@ -133,8 +134,13 @@ func TestScanMessagesTakesPlainChat(t *testing.T) {
 func FuzzParts(f *testing.F) {
 	f.Add([]byte(`[{"role":"system","content":"You are a careful assistant."},{"role":"user","content":"hello there, how are you today?"}]`), []byte(`"a completion prompt of some length"`), 1, 8, 100, true)
 	f.Add([]byte(`[{"role":"user","content":[{"type":"text","text":"x"}]},{"role":"assistant","content":"y\\nz"}]`), []byte(`[[1,2],[3]]`), 0, 3, 2, false)
+	long := strings.Repeat("a long text ", 400)
+	f.Add([]byte(`[{"role":"system","content":"`+long+`"},{"role":"user","content":"`+long+`"}]`), []byte(`"`+long+`"`), 5, 27, 100, true)
 	f.Fuzz(func(t *testing.T, msgs, prompt []byte, min, block, max int, partial bool) {
 		min, block, max = abs(min)%64, 1+abs(block)%64, abs(max)%200
+		if block%7 == 0 { // past the 1 KB a block across pieces is copied into on the stack
+			block *= 40
+		}
 		if !json.Valid(msgs) || !utf8.Valid(msgs) || !json.Valid(prompt) || !utf8.Valid(prompt) {
 			return
 		}

@@ -112,16 +112,17 @@ func (p *Parts) AppendHashes(dst []uint64, seed uint64, blockBytes, max int, par
 		dst = append(dst, h)
 		n++
 	}
-	var carry []byte // a block begun in one piece, ended in a later one
+	// carry is a block begun in one piece and ended in a later one; it
+	// lives on the stack for the block sizes engines use (the pick makes
+	// no allocation).
+	var stack [1024]byte
+	carry := stack[:0]
 	p.each(func(b []byte) bool {
 		for len(b) > 0 && n < max {
 			if len(carry) == 0 && len(b) >= blockBytes {
 				emit(b[:blockBytes])
 				b = b[blockBytes:]
 				continue
-			}
-			if carry == nil {
-				carry = make([]byte, 0, blockBytes)
 			}
 			k := min(blockBytes-len(carry), len(b))
 			carry, b = append(carry, b[:k]...), b[k:]
