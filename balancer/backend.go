@@ -200,8 +200,13 @@ type Ledger struct {
 	health health // passive health: ejection and the outlier averages
 
 	amu      sync.Mutex
-	adapters map[string]int // guarded by amu; LoRA adapters in flight
+	adapters map[string]adapterLoad // guarded by amu; LoRA adapters in flight
 }
+
+// adapterLoad is one LoRA adapter's requests in flight on a backend: those
+// sent, and of them those started, whose first byte came, so that the
+// server runs the adapter now; the others may still wait for a slot.
+type adapterLoad struct{ sent, started int }
 
 // mark is a ledger's monotonic counts at one moment.
 type mark struct {
@@ -234,7 +239,14 @@ func (l *Ledger) Pending() (requests, tokens int64) {
 func (l *Ledger) AdapterInFlight(name string) bool {
 	l.amu.Lock()
 	defer l.amu.Unlock()
-	return l.adapters[name] > 0
+	return l.adapters[name].sent > 0
+}
+
+// adapterLoad returns the adapter's requests in flight on the backend.
+func (l *Ledger) adapterLoad(name string) adapterLoad {
+	l.amu.Lock()
+	defer l.amu.Unlock()
+	return l.adapters[name]
 }
 
 // adaptersInFlight appends the adapters in flight to dst.
@@ -242,26 +254,31 @@ func (l *Ledger) adaptersInFlight(dst []string) []string {
 	l.amu.Lock()
 	defer l.amu.Unlock()
 	for a, n := range l.adapters {
-		if n > 0 {
+		if n.sent > 0 {
 			dst = append(dst, a)
 		}
 	}
 	return dst
 }
 
-func (l *Ledger) addAdapter(name string, d int) {
+// addAdapter adds sent and started to the adapter's requests in flight.
+func (l *Ledger) addAdapter(name string, sent, started int) {
 	if name == "" {
 		return
 	}
 	l.amu.Lock()
 	defer l.amu.Unlock()
 	if l.adapters == nil {
-		l.adapters = make(map[string]int)
+		l.adapters = make(map[string]adapterLoad)
 	}
-	l.adapters[name] += d
-	if l.adapters[name] <= 0 {
+	a := l.adapters[name]
+	a.sent += sent
+	a.started += started
+	if a.sent <= 0 {
 		delete(l.adapters, name)
+		return
 	}
+	l.adapters[name] = a
 }
 
 // TTFB returns the backend's smoothed time to first byte, or 0 before the

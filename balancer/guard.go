@@ -21,6 +21,13 @@ type Work struct {
 	// backend's estimate with them.
 	AheadTokens float64
 	QueuedAhead float64
+	// SlotWait is set when the request's adapter was not known to run on
+	// the backend at the pick (every slot held by other adapters, requests
+	// already waiting for one, or only our own requests that have not
+	// started): its first byte may include a wait for a LoRA slot, which
+	// says nothing of the backend's prefill, so it does not teach the
+	// learned estimate.
+	SlotWait bool
 }
 
 // Guard accounts one request in the in-flight ledger. The proxy makes one
@@ -63,7 +70,7 @@ func (g *Guard) Attach(be *Backend, w Work, now time.Time) {
 	l.pending.Add(1)
 	l.pendingTokens.Add(int64(w.UncachedTokens))
 	l.openTokens.Add(int64(w.UncachedTokens + w.DecodeTokens))
-	l.addAdapter(w.Adapter, 1)
+	l.addAdapter(w.Adapter, 1, 0)
 	g.backend, g.work, g.attached, g.first = be, w, now, false
 }
 
@@ -100,7 +107,8 @@ func (g *Guard) FirstByte(now time.Time) time.Duration {
 	l.prefilled.Add(1)
 	l.pending.Add(-1)
 	l.pendingTokens.Add(-int64(g.work.UncachedTokens))
-	if g.cfg != nil {
+	l.addAdapter(g.work.Adapter, 0, 1)
+	if g.cfg != nil && !g.work.SlotWait {
 		l.est.observe(g.work.AheadTokens+float64(g.work.UncachedTokens), g.work.QueuedAhead, d.Seconds(),
 			1/g.cfg.PrefillRate, g.cfg.BaseLatency.Seconds())
 	}
@@ -137,7 +145,11 @@ func (g *Guard) releaseLocked() bool {
 		l.pendingTokens.Add(-int64(g.work.UncachedTokens))
 	}
 	l.openTokens.Add(-int64(g.work.UncachedTokens + g.work.DecodeTokens))
-	l.addAdapter(g.work.Adapter, -1)
+	started := 0
+	if g.first {
+		started = -1
+	}
+	l.addAdapter(g.work.Adapter, -1, started)
 	l.finished.Add(1)
 	l.inFlight.Add(-1)
 	g.backend = nil

@@ -167,7 +167,8 @@ type Candidate struct {
 	MissCost float64 `json:"miss_cost_seconds"`
 	Cost     float64 `json:"cost_seconds"`
 
-	adapter string // the request's adapter on this backend, or ""
+	adapter  string // the request's adapter on this backend, or ""
+	slotWait bool   // the adapter may wait for a slot here (Work.SlotWait)
 }
 
 // Pick is one pick in progress, as scorers and pickers see it. Cands are
@@ -637,7 +638,7 @@ func (b *Balancer) candidate(be *Backend, req *Request) Candidate {
 		}
 		c.KVUsage = Known(min(max(kv, 0), 1))
 	}
-	c.LoRA, c.adapter = loraState(be, req.Model)
+	c.LoRA, c.adapter, c.slotWait = loraState(be, req.Model)
 	// Only a queue the server reports saturates it: our own pending
 	// requests alone may all be prefilling on a server with room.
 	sat := b.cfg.Saturation
@@ -653,8 +654,10 @@ func (b *Balancer) candidate(be *Backend, req *Request) Candidate {
 }
 
 // loraState says how ready be is to run model if model is one of its
-// adapters.
-func loraState(be *Backend, model string) (LoRAState, string) {
+// adapters, and whether a request for it may wait for an adapter slot
+// there: no slot free, requests waiting for one, or running only by our
+// own requests none of which has started.
+func loraState(be *Backend, model string) (state LoRAState, adapter string, slotWait bool) {
 	isAdapter := false
 	for _, a := range be.Adapters {
 		if a.Name == model {
@@ -663,20 +666,19 @@ func loraState(be *Backend, model string) (LoRAState, string) {
 		}
 	}
 	if !isAdapter {
-		return LoRANone, ""
+		return LoRANone, "", false
 	}
-	if be.Ledger.AdapterInFlight(model) {
-		return LoRARunning, model
-	}
+	ours := be.Ledger.adapterLoad(model)
 	info := be.Metrics.LoRA
-	if info == nil {
-		return LoRAUnknown, model
-	}
-	if slices.Contains(info.Running, model) {
-		return LoRARunning, model
-	}
-	if slices.Contains(info.Waiting, model) {
-		return LoRAWaiting, model
+	switch {
+	case ours.started > 0, info != nil && slices.Contains(info.Running, model):
+		return LoRARunning, model, false
+	case ours.sent > 0:
+		return LoRARunning, model, info != nil
+	case info == nil:
+		return LoRAUnknown, model, false
+	case slices.Contains(info.Waiting, model):
+		return LoRAWaiting, model, true
 	}
 	used := len(info.Running)
 	for _, a := range be.Ledger.adaptersInFlight(nil) {
@@ -685,9 +687,9 @@ func loraState(be *Backend, model string) (LoRAState, string) {
 		}
 	}
 	if info.Max <= 0 || used < info.Max {
-		return LoRAFree, model
+		return LoRAFree, model, false
 	}
-	return LoRAFull, model
+	return LoRAFull, model, true
 }
 
 // hashPrompt is the stage before any lock: it hashes the prompt into
@@ -761,7 +763,7 @@ func (b *Balancer) work(req *Request, c *Candidate) Work {
 	if decode <= 0 {
 		decode = b.cfg.TTFT.DefaultMaxTokens
 	}
-	return Work{UncachedTokens: c.UncachedTokens, DecodeTokens: decode, Adapter: c.adapter, AheadTokens: c.AheadTokens, QueuedAhead: c.Queued}
+	return Work{UncachedTokens: c.UncachedTokens, DecodeTokens: decode, Adapter: c.adapter, AheadTokens: c.AheadTokens, QueuedAhead: c.Queued, SlotWait: c.slotWait}
 }
 
 // keyOf hashes the start of a prompt too short for one block.

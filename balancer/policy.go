@@ -66,7 +66,10 @@ func reasonFor(p *Pick, i int) string {
 // queued requests at the mean prompt size), uncached is the prompt less the
 // blocks the prefix index says the backend holds, rate, base and wait are
 // learned per backend from measured times to first byte
-// ([Ledger.Estimate]); a backend with too few samples borrows the mean of
+// ([Ledger.Estimate]), leaving out those that may include a wait for a
+// LoRA slot ([Work.SlotWait]): a rare adapter's seconds behind popular ones
+// say nothing of prefill, and taught the 4-server lora run's estimates a
+// slow server (TTFT p90 205 -> 113 ms at x1); a backend with too few samples borrows the mean of
 // the candidates that have enough on the same engine, and the config's
 // values only while none has. kv is a penalty rising from KVSoft to
 // KVPenalty at a full cache plus KVPenalty again when the request would

@@ -403,6 +403,51 @@ func TestLoRAAffinity(t *testing.T) {
 	}
 }
 
+// A first byte that may include a wait for a LoRA slot does not teach
+// the backend's prefill estimate: on the emulated 4-server fleet, rare
+// adapters waited seconds for a slot behind popular ones, and those times
+// taught the estimate a slow server.
+func TestSlotWaitDoesNotTeachTheEstimate(t *testing.T) {
+	b := newBal(t, "ttft")
+	b.Update(loraSpec("a", &LoRAInfo{Max: 1, Running: []string{"other"}}))
+	be := backend(t, b, "a")
+	req := &Request{Model: "sql", Prompt: []byte("hello"), PromptTokens: 2}
+	send := func() *Guard {
+		t.Helper()
+		g := b.NewGuard()
+		req.Guard = g
+		if _, err := b.Pick(req, nil); err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	// Every slot held by another adapter.
+	g := send()
+	g.FirstByte(time.Now().Add(5 * time.Second))
+	g.Release()
+	if n := be.Ledger.Estimate().Samples; n != 0 {
+		t.Errorf("first byte after waiting for a full server's slot: %d samples, want 0", n)
+	}
+	// Running only by our own request, which has not started.
+	first := send()
+	defer first.Release()
+	g = send()
+	g.FirstByte(time.Now().Add(5 * time.Second))
+	g.Release()
+	if n := be.Ledger.Estimate().Samples; n != 0 {
+		t.Errorf("first byte behind our own unstarted request: %d samples, want 0", n)
+	}
+	// Once one of ours has started (its own wait taught nothing), the
+	// adapter runs there.
+	first.FirstByte(time.Now().Add(5 * time.Second))
+	g = send()
+	g.FirstByte(time.Now().Add(50 * time.Millisecond))
+	g.Release()
+	if n := be.Ledger.Estimate().Samples; n != 1 {
+		t.Errorf("first byte with the adapter running: %d samples, want 1", n)
+	}
+}
+
 func TestSaturatedBackendsAreSkipped(t *testing.T) {
 	b := newBal(t, "ttft")
 	b.Update(ready("busy", 20, 4, 0.5), ready("kvfull", 0, 4, 0.97), ready("ok", 3, 4, 0.5))
