@@ -43,7 +43,8 @@ type Options struct {
 	Scenarios []string
 	// ProfileDir, if set, gets llmlb's CPU profile of each scenario,
 	// taken from its admin listener's pprof while the load runs, as
-	// llmlb-<scenario>.pprof (`go tool pprof` reads it).
+	// llmlb-<scenario>.pprof (`go tool pprof` reads it). Profiling costs
+	// llmlb CPU of its own: compare CPU figures of runs without it.
 	ProfileDir string
 	// Progress, if set, gets a line as each cell finishes.
 	Progress io.Writer
@@ -206,18 +207,19 @@ func Run(ctx context.Context, o Options) (Report, error) {
 				resetPeaks(pid)
 				before, _ = usageOf(pid)
 			}
-			profiled := make(chan error, 1)
+			var profiled chan error // the profile taken while the load runs
 			if admin != "" {
+				profiled = make(chan error, 1)
 				go func() {
 					profiled <- saveProfile(ctx, admin, o.Duration, filepath.Join(o.ProfileDir, "llmlb-"+sc.Name+".pprof"))
 				}()
-			} else {
-				profiled <- nil
 			}
 			res := Load{URL: url + path, Body: sc.Body, Bodies: sc.Bodies, Stream: sc.Stream, Clients: sc.Clients, Duration: o.Duration, PerClient: sc.PerClient}.Run(ctx)
-			if err := <-profiled; err != nil {
-				stop()
-				return rep, fmt.Errorf("overhead: profile of %s: %w", sc.Name, err)
+			if profiled != nil {
+				if err := <-profiled; err != nil {
+					stop()
+					return rep, fmt.Errorf("overhead: profile of %s: %w", sc.Name, err)
+				}
 			}
 			cell := Cell{Scenario: sc.Name, Clients: sc.Clients, Requests: res.Requests, Errors: res.Errors, FirstError: res.FirstErr,
 				PerSecond: float64(res.Requests) / res.Elapsed.Seconds(), P50: bench.Quantile(res.Latency, .5), P99: bench.Quantile(res.Latency, .99)}

@@ -127,6 +127,19 @@ func TestScanMessagesTakesPlainChat(t *testing.T) {
 	}
 }
 
+// chainHashes is the index's hashes by their definition: AppendHashes'
+// full blocks, then with partial what is left as one more link.
+func chainHashes(seed uint64, data []byte, block, max int, partial bool) []uint64 {
+	hs := AppendHashes(nil, seed, data, block, max)
+	if rest := data[min(len(data), len(hs)*block):]; partial && len(hs) < max && len(rest) > 0 {
+		if len(hs) > 0 {
+			seed = hs[len(hs)-1]
+		}
+		hs = AppendHashes(hs, seed, rest, len(rest), 1)
+	}
+	return hs
+}
+
 // FuzzParts: a prompt in parts is the same canonical bytes as the one
 // canonicaliser writes whole, whatever texts are referenced (every one of
 // at least min bytes), and its block hashes are the index's hashes of
@@ -159,6 +172,9 @@ func FuzzParts(f *testing.F) {
 			bb, mx, pa := x.HashShape()
 			if got, want := p.AppendHashes(nil, 7, bb, mx, pa), x.AppendHashes(nil, 7, whole); !slices.Equal(got, want) {
 				t.Fatalf("%s: %d hashes in parts, %d whole (block %d, max %d, partial %v)", name, len(got), len(want), bb, mx, pa)
+			}
+			if got, want := x.AppendHashes(nil, 7, whole), chainHashes(7, whole, bb, mx, pa); !slices.Equal(got, want) {
+				t.Fatalf("%s: index %d hashes, the chain %d (block %d, max %d, partial %v)", name, len(got), len(want), bb, mx, pa)
 			}
 		}
 		whole, werr := AppendValidChat(nil, msgs, nil)

@@ -257,20 +257,12 @@ func (x *Index) BlockBytes() int { return int(x.blockBytes.Load()) }
 func (x *Index) BlockTokens() int { return x.BlockBytes() / bytesPerToken }
 
 // AppendHashes appends the chained hashes of prompt's blocks at the
-// index's block size, at most MaxBlocks of them.
+// index's block size, at most MaxBlocks of them, and with Partial a last
+// block of what is left (see [Parts.AppendHashes]).
 func (x *Index) AppendHashes(dst []uint64, seed uint64, prompt []byte) []uint64 {
-	bb := x.BlockBytes()
-	n := len(dst)
-	dst = AppendHashes(dst, seed, prompt, bb, x.cfg.MaxBlocks)
-	full := len(dst) - n
-	if x.cfg.Partial && full < x.cfg.MaxBlocks && len(prompt) > full*bb {
-		prev := seed
-		if full > 0 {
-			prev = dst[len(dst)-1]
-		}
-		dst = AppendHashes(dst, prev, prompt[full*bb:], len(prompt)-full*bb, 1)
-	}
-	return dst
+	bb, most, partial := x.HashShape()
+	p := Parts{Glue: prompt}
+	return p.AppendHashes(dst, seed, bb, most, partial)
 }
 
 // Match sets dst[slot] to the number of leading blocks of hashes that slot

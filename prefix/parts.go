@@ -1,10 +1,6 @@
 package prefix
 
-import (
-	"encoding/json"
-
-	"github.com/cespare/xxhash/v2"
-)
+import "encoding/json"
 
 // minRef is the shortest text a [Parts] refers to instead of copying: a
 // long prompt's text is hashed where it lies in the request body, one
@@ -96,20 +92,18 @@ func (p *Parts) AppendTo(dst []byte) []byte {
 // AppendHashes appends the chained hashes of the canonical bytes' first
 // max full blocks of blockBytes bytes, as [AppendHashes] does over
 // [Parts.AppendTo]'s bytes, and with partial a last block of what is left
-// when fewer than max were full, as [Index.AppendHashes] does; a block
-// inside one piece is hashed where it lies, one across pieces from a copy.
+// when fewer than max were full (hashed as one more link of the chain); a
+// block inside one piece is hashed where it lies, one across pieces from a
+// copy. [Index.AppendHashes] is this over a prompt in one piece.
 func (p *Parts) AppendHashes(dst []uint64, seed uint64, blockBytes, max int, partial bool) []uint64 {
 	if blockBytes <= 0 || max <= 0 {
 		return dst
 	}
-	var d xxhash.Digest
 	h := seed
 	n := 0
-	emit := func(block []byte) {
-		d.ResetWithSeed(h)
-		_, _ = d.Write(block)
-		h = d.Sum64()
-		dst = append(dst, h)
+	emit := func(block []byte) { // one link of AppendHashes' chain
+		dst = AppendHashes(dst, h, block, len(block), 1)
+		h = dst[len(dst)-1]
 		n++
 	}
 	// carry is a block begun in one piece and ended in a later one; it
@@ -118,18 +112,23 @@ func (p *Parts) AppendHashes(dst []uint64, seed uint64, blockBytes, max int, par
 	var stack [1024]byte
 	carry := stack[:0]
 	p.each(func(b []byte) bool {
-		for len(b) > 0 && n < max {
-			if len(carry) == 0 && len(b) >= blockBytes {
-				emit(b[:blockBytes])
-				b = b[blockBytes:]
-				continue
-			}
+		if len(carry) > 0 { // end the block the pieces before began
 			k := min(blockBytes-len(carry), len(b))
 			carry, b = append(carry, b[:k]...), b[k:]
-			if len(carry) == blockBytes {
-				emit(carry)
-				carry = carry[:0]
+			if len(carry) < blockBytes {
+				return true
 			}
+			emit(carry)
+			carry = carry[:0]
+		}
+		m := len(dst)
+		dst = AppendHashes(dst, h, b, blockBytes, max-n) // the piece's whole blocks, where they lie
+		if k := len(dst) - m; k > 0 {
+			n += k
+			h = dst[len(dst)-1]
+		}
+		if n < max { // less than a block is left: it begins the next one
+			carry = append(carry, b[(len(dst)-m)*blockBytes:]...)
 		}
 		return n < max
 	})
