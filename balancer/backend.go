@@ -194,6 +194,10 @@ type Ledger struct {
 	pending       atomic.Int64 // requests without a first byte yet
 	pendingTokens atomic.Int64 // their uncached prompt tokens
 	openTokens    atomic.Int64 // KV tokens of requests in flight: uncached prompt plus decode
+	// drainAt is when the prefill of our pending requests should be done
+	// (Unix nanoseconds; 0 never set): each attach extends it by the
+	// request's estimated prefill time ([Work.PrefillSeconds]).
+	drainAt atomic.Int64
 
 	est estimator
 
@@ -231,6 +235,41 @@ func (l *Ledger) Failures() int64 { return l.failures.Load() }
 // and their uncached prompt tokens.
 func (l *Ledger) Pending() (requests, tokens int64) {
 	return l.pending.Load(), l.pendingTokens.Load()
+}
+
+// aheadTokens estimates the prefill tokens of our pending requests still
+// to be done at now: those the drain time says are left, at the backend's
+// learned rate, and all of them for a backend with no learned rate.
+// Requests sent earlier have been prefilling since, so counting each
+// whole made a holder that had just taken a request look as slow as
+// prefilling the prompt elsewhere.
+func (l *Ledger) aheadTokens(now time.Time) float64 {
+	pendingTok := float64(l.pendingTokens.Load())
+	at := l.drainAt.Load()
+	est := l.est.load()
+	if at == 0 || est.Samples < minSamples || est.Rate <= 0 {
+		return pendingTok
+	}
+	left := time.Duration(at - now.UnixNano()).Seconds()
+	if left <= 0 {
+		// Overdue: the server is slower than learned; count it all.
+		return pendingTok
+	}
+	return min(pendingTok, left*est.Rate)
+}
+
+// extendDrain adds a request's prefill time to the drain time.
+func (l *Ledger) extendDrain(d float64, now time.Time) {
+	if d <= 0 {
+		return
+	}
+	for {
+		old := l.drainAt.Load()
+		next := max(old, now.UnixNano()) + int64(d*1e9)
+		if l.drainAt.CompareAndSwap(old, next) {
+			return
+		}
+	}
 }
 
 // AdapterInFlight reports whether a request for the LoRA adapter is in

@@ -125,3 +125,45 @@ func TestIndependentBalancersAgreeOnNewPrompts(t *testing.T) {
 		t.Errorf("independent balancers agreed on %d of 200 new prompts, want at least 190", agree)
 	}
 }
+
+// A holder prefilling a request it took a while ago has only what is left
+// of that prefill ahead of a new request of the group, not the whole: a
+// prefix-group member must not miss on an idle server for it (four
+// servers at a quarter of shared-prefix's rate sent 68 of 3,000 requests
+// past their holder this way).
+func TestHolderPartlyThroughAPrefillKeepsItsGroup(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	b := newBal(t, "ttft", func(_ *Config, d *Deps) { d.Now = func() time.Time { return now } })
+	b.Update(busy("holder", 0, 3, 0.05), busy("x", 0, 3, 0.05), busy("y", 0, 3, 0.05), busy("z", 0, 3, 0.05))
+	for _, id := range []string{"holder", "x", "y", "z"} {
+		for i := range 50 { // every server has learned 30,000 tokens/s
+			work := float64(1000 + 300*(i%20))
+			backend(t, b, id).Ledger.est.observe(work, 0, 0.02+work/30000, 1/b.cfg.TTFT.PrefillRate, 0.02)
+		}
+	}
+	system := strings.Repeat("g", 4*6000)
+	b.pol.index.Insert(backend(t, b, "holder").slot, b.pol.index.AppendHashes(nil, 0, []byte(system)))
+	// The holder took another group's 7,200-token prompt, due 240 ms
+	// later, as the pick's Work says.
+	other := distinct(1, 7200)
+	other.Guard = b.NewGuard()
+	d, err := b.Pick(other, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(other.Guard.Release)
+	other.Guard.Attach(backend(t, b, "holder"), Work{UncachedTokens: 7200, PrefillSeconds: d.Work[0].PrefillSeconds}, now)
+	req := func() *Request {
+		p := fmt.Appendf([]byte(system), " user question %s", strings.Repeat("u", 4800))
+		return &Request{Model: "m", Prompt: p, PromptTokens: len(p) / 4, MaxTokens: 200}
+	}
+	now = now.Add(150 * time.Millisecond)
+	if ex := b.Explain(req()); ex.Chosen[0] != "holder" {
+		t.Errorf("150 ms into the holder's 240 ms prefill, the group went to %s (%s): %+v", ex.Chosen[0], ex.Reason, ex.Backends)
+	}
+	// Overdue: a server slower than learned still has all of it ahead.
+	now = now.Add(time.Second)
+	if a := backend(t, b, "holder").Ledger.aheadTokens(now); a != 7200 {
+		t.Errorf("a prefill overdue by 0.9 s counts %v tokens ahead, want all 7200", a)
+	}
+}

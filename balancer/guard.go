@@ -21,6 +21,9 @@ type Work struct {
 	// backend's estimate with them.
 	AheadTokens float64
 	QueuedAhead float64
+	// PrefillSeconds is the estimated prefill time of UncachedTokens on
+	// the backend; it extends the backend's drain time ([Ledger]).
+	PrefillSeconds float64
 	// SlotWait is set when the request's adapter was not known to run on
 	// the backend at the pick (every slot held by other adapters, requests
 	// already waiting for one, or only our own requests that have not
@@ -70,6 +73,7 @@ func (g *Guard) Attach(be *Backend, w Work, now time.Time) {
 	l.pending.Add(1)
 	l.pendingTokens.Add(int64(w.UncachedTokens))
 	l.openTokens.Add(int64(w.UncachedTokens + w.DecodeTokens))
+	l.extendDrain(w.PrefillSeconds, now)
 	l.addAdapter(w.Adapter, 1, 0)
 	g.backend, g.work, g.attached, g.first = be, w, now, false
 }

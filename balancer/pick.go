@@ -649,7 +649,7 @@ func (b *Balancer) candidate(be *Backend, req *Request) Candidate {
 	if pending > 0 {
 		mean = float64(pendingTok) / float64(pending)
 	}
-	c.AheadTokens = float64(pendingTok) + max(0, c.Queued-float64(pending))*mean
+	c.AheadTokens = l.aheadTokens(b.now()) + max(0, c.Queued-float64(pending))*mean
 	return c
 }
 
@@ -763,7 +763,12 @@ func (b *Balancer) work(req *Request, c *Candidate) Work {
 	if decode <= 0 {
 		decode = b.cfg.TTFT.DefaultMaxTokens
 	}
-	return Work{UncachedTokens: c.UncachedTokens, DecodeTokens: decode, Adapter: c.adapter, AheadTokens: c.AheadTokens, QueuedAhead: c.Queued, SlotWait: c.slotWait}
+	inv := 1 / b.cfg.TTFT.PrefillRate
+	if est := c.Backend.Ledger.est.load(); est.Samples >= minSamples && est.Rate > 0 {
+		inv = 1 / est.Rate
+	}
+	return Work{UncachedTokens: c.UncachedTokens, DecodeTokens: decode, Adapter: c.adapter, AheadTokens: c.AheadTokens, QueuedAhead: c.Queued, SlotWait: c.slotWait,
+		PrefillSeconds: float64(c.UncachedTokens) * inv}
 }
 
 // keyOf hashes the start of a prompt too short for one block.
