@@ -76,6 +76,12 @@ type TTFTConfig struct {
 	// loads still place a new prompt on the same backend, and new prompts
 	// spread evenly. (default 0.5)
 	ColdTieTolerance float64 `mapstructure:"cold_tie_tolerance"`
+	// ColdRoom is the share of the most KV tokens free among a cold
+	// request's tied candidates (at the last scrape) that a candidate
+	// needs to be chosen: new prompts go where the cache has room, and
+	// the rendezvous hash chooses among those. 0 leaves it to the hash
+	// alone. (default 0.5)
+	ColdRoom float64 `mapstructure:"cold_room"`
 	// MissWeight scales what a candidate's uncached tokens cost the
 	// requests that share its GPU (TTFTScorer): 1 counts each such request
 	// once, 0 scores each request by its own first token time alone.
@@ -208,6 +214,7 @@ func DefaultConfig() Config {
 			LoRASlotWait:     500 * time.Millisecond,
 			TieTolerance:     0.05,
 			ColdTieTolerance: 0.5,
+			ColdRoom:         0.5,
 			MissWeight:       1,
 			DefaultMaxTokens: 256,
 			DecodeCost:       50 * time.Microsecond,
@@ -255,6 +262,9 @@ func (c Config) Validate() error {
 	}
 	if t.TieTolerance < 0 || t.TieTolerance >= 1 {
 		bad("ttft.tie_tolerance", "must be in [0, 1), got %g", t.TieTolerance)
+	}
+	if t.ColdRoom < 0 || t.ColdRoom > 1 {
+		bad("ttft.cold_room", "must be in [0, 1], got %g", t.ColdRoom)
 	}
 	if t.ColdTieTolerance < 0 || t.ColdTieTolerance >= 1 {
 		bad("ttft.cold_tie_tolerance", "must be in [0, 1), got %g", t.ColdTieTolerance)

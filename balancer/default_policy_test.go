@@ -167,3 +167,45 @@ func TestHolderPartlyThroughAPrefillKeepsItsGroup(t *testing.T) {
 		t.Errorf("a prefill overdue by 0.9 s counts %v tokens ahead, want all 7200", a)
 	}
 }
+
+// A prompt one backend holds is not copied to another for a slightly
+// faster first token: the copy stays in both caches while the prompt's
+// requests keep coming to either (8 servers at shared-prefix x4: a third
+// of the prefixes copied, KV full where they landed, 47-105 preemptions).
+func TestHolderSlightlySlowerKeepsItsPrompt(t *testing.T) {
+	b := newBal(t, "ttft")
+	b.Update(busy("holder", 0, 70, 0.3), busy("x", 0, 10, 0.3))
+	system := strings.Repeat("g", 4*3000)
+	b.pol.index.Insert(backend(t, b, "holder").slot, b.pol.index.AppendHashes(nil, 0, []byte(system)))
+	p := fmt.Appendf([]byte(system), " user question %s", strings.Repeat("u", 2000))
+	req := &Request{Model: "m", Prompt: p, PromptTokens: len(p) / 4, MaxTokens: 200}
+	ex := b.Explain(req)
+	cost := map[string]float64{}
+	for _, be := range ex.Backends {
+		cost[be.ID] = be.Cost
+	}
+	if r := cost["holder"] / cost["x"]; r < 1.1 || r > 1.4 {
+		t.Fatalf("the holder's cost is %.2fx x's; the test wants it 10-40%% dearer: %+v", r, ex.Backends)
+	}
+	if ex.Chosen[0] != "holder" {
+		t.Errorf("the prompt was copied to %s (%s) for a first token %.0f%% faster: %+v", ex.Chosen[0], ex.Reason, 100*(1-cost["x"]/cost["holder"]), ex.Backends)
+	}
+}
+
+// New prompts go where the cache has room: a backend with a third of the
+// others' KV cache takes none of 100 distinct new prompts while the
+// others' costs tie with it (four servers with an A100 beside three
+// H100s).
+func TestNewPromptsGoWhereTheCacheHasRoom(t *testing.T) {
+	b := newBal(t, "ttft")
+	small := busy("small", 0, 0, 0)
+	small.Metrics.NumBlocks = Known(2000)
+	b.Update(busy("a", 0, 0, 0), busy("b", 0, 0, 0), busy("c", 0, 0, 0), small)
+	count := map[string]int{}
+	for i := range 100 {
+		count[b.Explain(distinct(i, 2000)).Chosen[0]]++
+	}
+	if count["small"] > 0 || len(count) != 3 {
+		t.Errorf("100 new prompts went %v, want all to a, b and c", count)
+	}
+}

@@ -212,20 +212,25 @@ func (s *TTFTScorer) estimate(p *Pick, c *Candidate, pr prior) {
 //
 // Both margins are about where a prompt lives, not only this request's
 // first token: the index sends a prompt's later requests to whoever holds
-// it, so a placement lasts. A cold tie goes to the candidate with the most
-// KV cache tokens free, then to the rendezvous hash: new prompts fill the fleet
-// by room, not by a hash that leaves one server 25 prompts and its
-// neighbour 20, nor by a first token time that a start-up backlog of cold
-// prefills distorts. And a warm request's candidates that hold less of
-// the prompt than the best holder must beat it by the Cold margin too: a
-// copy of a prompt another server holds stays in both caches while its
-// requests keep coming to either, so it is made only when the holder is
-// clearly slower, not for one request's few hundred milliseconds (8 servers,
-// shared-prefix at x4: copies made while the fleet filled took a third of
-// the prefixes twice, KV use rose to 0.99 where requests landed, and the
-// engines preempted 47-105 requests; TTFT p90 4.28/2.49/1.43 s at seeds
-// 1-3, 1.13/0.84/0.60 s without).
-type TiePicker struct{ Tolerance, Cold float64 }
+// it, so a placement lasts. A cold tie goes to the highest rendezvous
+// hash among the tied candidates with room, those whose KV tokens free at
+// the last scrape are at least Room of the most any tied candidate has:
+// new prompts fill the fleet by room, not by a hash that leaves one
+// server 25 prompts and its neighbour 20, nor by a first token time that
+// a start-up backlog of cold prefills distorts; and since the test is
+// coarse and the scrape is what every replica reads, replicas still agree
+// (taking the most free instead split them: 8 replicas kept 0.55 of one
+// replica's shared-prefix hit rate, 0.78 with the threshold). A warm
+// request's candidates that hold less of the prompt than the best holder
+// must beat it by the Cold margin too: a copy of a prompt another server
+// holds stays in both caches while its requests keep coming to either,
+// so it is made only when the holder is clearly slower, not for one
+// request's few hundred milliseconds (8 servers, shared-prefix at x4:
+// copies made while the fleet filled took a third of the prefixes twice,
+// KV use rose to 0.99 where requests landed, and the engines preempted
+// 47-105 requests; TTFT p90 4.28/2.49/1.43 s at seeds 1-3, 1.04/0.78 s
+// at seeds 1-2 with both rules).
+type TiePicker struct{ Tolerance, Cold, Room float64 }
 
 var _ Picker = (*TiePicker)(nil)
 
@@ -256,25 +261,40 @@ func (t *TiePicker) Choose(p *Pick, total []float64) (int, string) {
 		tol = max(tol, t.Cold)
 	}
 	floor := adj(best) / (1 + tol)
-	pick, top, held, room := best, uint64(0), -1, -1.0
+	// A cold prompt goes to a tied candidate with room (unknown counts
+	// as room).
+	room := -1.0
+	if isCold {
+		for i := range total {
+			if adj(i) >= floor {
+				room = max(room, freeKV(&p.Cands[i]))
+			}
+		}
+	}
+	pick, top, held := best, uint64(0), -1
 	for i := range total {
 		if adj(i) < floor {
 			continue
 		}
 		c := &p.Cands[i]
-		m, h := c.MatchedTokens, mix(p.Key^c.Backend.idHash)
-		// KV tokens free at the last scrape, which replicas share (our
-		// own requests since would set them apart); unknown ties,
-		// leaving the hash to decide.
-		free := 0.0
-		if bm := &c.Backend.Metrics; isCold && bm.KVUsage.Known && bm.BlockSize.Known && bm.NumBlocks.Known {
-			free = (1 - bm.KVUsage.V) * bm.BlockSize.V * bm.NumBlocks.V
+		if f := freeKV(c); isCold && f >= 0 && f < t.Room*room {
+			continue
 		}
-		if m > held || (m == held && (free > room || free == room && h >= top)) {
-			pick, top, held, room = i, h, m, free
+		m, h := c.MatchedTokens, mix(p.Key^c.Backend.idHash)
+		if m > held || (m == held && h >= top) {
+			pick, top, held = i, h, m
 		}
 	}
 	return pick, reasonFor(p, pick)
+}
+
+// freeKV is c's KV tokens free at the last scrape, or -1 when unknown.
+func freeKV(c *Candidate) float64 {
+	bm := &c.Backend.Metrics
+	if !bm.KVUsage.Known || !bm.BlockSize.Known || !bm.NumBlocks.Known {
+		return -1
+	}
+	return (1 - bm.KVUsage.V) * bm.BlockSize.V * bm.NumBlocks.V
 }
 
 // mix is the splitmix64 finaliser: a cheap, well-spread 64-bit hash.
