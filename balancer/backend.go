@@ -237,17 +237,23 @@ func (l *Ledger) Pending() (requests, tokens int64) {
 	return l.pending.Load(), l.pendingTokens.Load()
 }
 
-// aheadTokens estimates the prefill tokens of our pending requests still
-// to be done at now: those the drain time says are left, at the backend's
+// aheadTokens estimates how many of the pending prefill tokens of our
+// requests are still to be done at now: those the drain time says are left, at the backend's
 // learned rate, and all of them for a backend with no learned rate.
 // Requests sent earlier have been prefilling since, so counting each
 // whole made a holder that had just taken a request look as slow as
 // prefilling the prompt elsewhere.
-func (l *Ledger) aheadTokens(now time.Time) float64 {
-	pendingTok := float64(l.pendingTokens.Load())
+func (l *Ledger) aheadTokens(pending int64, now time.Time) float64 {
+	pendingTok := float64(pending)
+	if pending <= 0 {
+		return 0
+	}
 	at := l.drainAt.Load()
+	if at == 0 {
+		return pendingTok
+	}
 	est := l.est.load()
-	if at == 0 || est.Samples < minSamples || est.Rate <= 0 {
+	if est.Samples < minSamples || est.Rate <= 0 {
 		return pendingTok
 	}
 	left := time.Duration(at - now.UnixNano()).Seconds()

@@ -163,7 +163,7 @@ func TestHolderPartlyThroughAPrefillKeepsItsGroup(t *testing.T) {
 	}
 	// Overdue: a server slower than learned still has all of it ahead.
 	now = now.Add(time.Second)
-	if a := backend(t, b, "holder").Ledger.aheadTokens(now); a != 7200 {
+	if a := backend(t, b, "holder").Ledger.aheadTokens(7200, now); a != 7200 {
 		t.Errorf("a prefill overdue by 0.9 s counts %v tokens ahead, want all 7200", a)
 	}
 }

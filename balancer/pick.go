@@ -399,7 +399,7 @@ func (b *Balancer) choose(s *scratch, p *Pick, dst []*Backend, ex *Explanation) 
 // snapshot order, as p.Cands, and the tier they came from (fresh, stale or
 // unknown) with the reason that tier gives.
 func (b *Balancer) filter(s *scratch, p *Pick, ex *Explanation) (tier, reason string, err error) {
-	req, snap := p.Req, p.snap
+	req, snap, now := p.Req, p.snap, b.now()
 	cands := s.cands[:0]
 	s.stale = s.stale[:0]
 	known, unknownModels := false, false
@@ -423,7 +423,7 @@ func (b *Balancer) filter(s *scratch, p *Pick, ex *Explanation) (tier, reason st
 		}
 		switch {
 		case be.State == StateReady && !be.Stale:
-			cands = append(cands, b.candidate(be, req))
+			cands = append(cands, b.candidate(be, req, now))
 		case be.State == StateReady:
 			s.stale = append(s.stale, i)
 		case be.State == StateUnknown:
@@ -435,7 +435,7 @@ func (b *Balancer) filter(s *scratch, p *Pick, ex *Explanation) (tier, reason st
 	tier = "fresh"
 	if len(cands) == 0 && len(s.stale) > 0 {
 		for _, i := range s.stale {
-			c := b.candidate(snap.Backends[i], req)
+			c := b.candidate(snap.Backends[i], req, now)
 			c.Saturated = false // stale values do not say it is full
 			cands = append(cands, c)
 		}
@@ -447,7 +447,7 @@ func (b *Balancer) filter(s *scratch, p *Pick, ex *Explanation) (tier, reason st
 	}
 	if len(cands) == 0 {
 		for _, i := range unknownIdx {
-			cands = append(cands, b.candidate(snap.Backends[i], req))
+			cands = append(cands, b.candidate(snap.Backends[i], req, now))
 		}
 		reason, tier = "fallback", "unknown"
 	} else {
@@ -612,7 +612,7 @@ func grow[T any](s []T, n int) []T {
 }
 
 // candidate reads be's scraped values and ledger into a Candidate.
-func (b *Balancer) candidate(be *Backend, req *Request) Candidate {
+func (b *Balancer) candidate(be *Backend, req *Request, now time.Time) Candidate {
 	l, m, mk := be.Ledger, &be.Metrics, be.mark
 	inFlight := l.InFlight()
 	pending, pendingTok := l.Pending()
@@ -649,7 +649,7 @@ func (b *Balancer) candidate(be *Backend, req *Request) Candidate {
 	if pending > 0 {
 		mean = float64(pendingTok) / float64(pending)
 	}
-	c.AheadTokens = l.aheadTokens(b.now()) + max(0, c.Queued-float64(pending))*mean
+	c.AheadTokens = l.aheadTokens(pendingTok, now) + max(0, c.Queued-float64(pending))*mean
 	return c
 }
 
