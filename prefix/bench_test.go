@@ -111,6 +111,70 @@ func BenchmarkIndexInsert(b *testing.B) {
 	}
 }
 
+// BenchmarkIndexChat is issue 19's 220 KB chat workload at the index, one
+// Match (the pick) and one Insert (the request sent) a request: a client's
+// first request inserts a 512-block prompt no backend holds into a full
+// LRU (each block evicts one), and its next three requests match and
+// re-insert the same blocks (each block is re-touched). "in-turn" runs a client's
+// four requests back to back; "interleaved" has the requests of four
+// clients alternate on a backend, as 150 concurrent clients do, so each
+// re-inserted run sits, contiguous, below the runs inserted since.
+func BenchmarkIndexChat(b *testing.B) {
+	const n = 8
+	b.Run(fmt.Sprintf("in-turn/backends-%d", n), func(b *testing.B) {
+		x, c := fullIndex(n)
+		hs := make([]uint64, benchBlocks)
+		dst := make([]int32, n)
+		s := 0
+		b.ReportAllocs()
+		for b.Loop() {
+			for i := range hs {
+				c++
+				hs[i] = mix(c)
+			}
+			for range 4 {
+				clear(dst)
+				x.Match(hs, dst)
+				x.Insert(s, hs)
+			}
+			s = (s + 1) % n
+		}
+	})
+	b.Run(fmt.Sprintf("interleaved/backends-%d", n), func(b *testing.B) {
+		x, c := fullIndex(n)
+		// prompts[s][k] is the prompt of the client on slot s that
+		// made its first request k turns ago.
+		var prompts [n][4][]uint64
+		for s := range prompts {
+			for k := range prompts[s] {
+				prompts[s][k] = make([]uint64, benchBlocks)
+				for i := range prompts[s][k] {
+					c++
+					prompts[s][k][i] = mix(c)
+				}
+				x.Insert(s, prompts[s][k])
+			}
+		}
+		dst := make([]int32, n)
+		s := 0
+		b.ReportAllocs()
+		for b.Loop() {
+			p := &prompts[s]
+			p[0], p[1], p[2], p[3] = p[3], p[0], p[1], p[2]
+			for i := range p[0] {
+				c++
+				p[0][i] = mix(c)
+			}
+			for _, hs := range p {
+				clear(dst)
+				x.Match(hs, dst)
+				x.Insert(s, hs)
+			}
+			s = (s + 1) % n
+		}
+	})
+}
+
 // BenchmarkIndexMatch looks up a 512-block prompt in the same full index:
 // "new" is a prompt no backend holds (the walk stops at the first block),
 // "held" one that one backend holds whole after a 64-block system prompt
