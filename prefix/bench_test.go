@@ -76,6 +76,16 @@ func fullIndex(n int) (*Index, uint64) {
 	return x, c
 }
 
+// newBlocks fills hs with blocks no backend holds, counting on from c,
+// and returns where it stopped.
+func newBlocks(hs []uint64, c uint64) uint64 {
+	for i := range hs {
+		c++
+		hs[i] = mix(c)
+	}
+	return c
+}
+
 // BenchmarkIndexInsert inserts a 512-block prompt into one backend of an
 // index whose every backend's LRU is full: "new" is a prompt no backend
 // holds (each block evicts one), "held" one the backend already holds
@@ -88,10 +98,7 @@ func BenchmarkIndexInsert(b *testing.B) {
 			s := 0
 			b.ReportAllocs()
 			for b.Loop() {
-				for i := range hs {
-					c++
-					hs[i] = mix(c)
-				}
+				c = newBlocks(hs, c)
 				x.Insert(s, hs)
 				s = (s + 1) % n
 			}
@@ -128,10 +135,7 @@ func BenchmarkIndexChat(b *testing.B) {
 		s := 0
 		b.ReportAllocs()
 		for b.Loop() {
-			for i := range hs {
-				c++
-				hs[i] = mix(c)
-			}
+			c = newBlocks(hs, c)
 			for range 4 {
 				clear(dst)
 				x.Match(hs, dst)
@@ -148,10 +152,7 @@ func BenchmarkIndexChat(b *testing.B) {
 		for s := range prompts {
 			for k := range prompts[s] {
 				prompts[s][k] = make([]uint64, benchBlocks)
-				for i := range prompts[s][k] {
-					c++
-					prompts[s][k][i] = mix(c)
-				}
+				c = newBlocks(prompts[s][k], c)
 				x.Insert(s, prompts[s][k])
 			}
 		}
@@ -161,10 +162,7 @@ func BenchmarkIndexChat(b *testing.B) {
 		for b.Loop() {
 			p := &prompts[s]
 			p[0], p[1], p[2], p[3] = p[3], p[0], p[1], p[2]
-			for i := range p[0] {
-				c++
-				p[0][i] = mix(c)
-			}
+			c = newBlocks(p[0], c)
 			for _, hs := range p {
 				clear(dst)
 				x.Match(hs, dst)
