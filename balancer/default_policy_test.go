@@ -163,8 +163,31 @@ func TestHolderPartlyThroughAPrefillKeepsItsGroup(t *testing.T) {
 	}
 	// Overdue: a server slower than learned still has all of it ahead.
 	now = now.Add(time.Second)
-	if a := backend(t, b, "holder").Ledger.aheadTokens(7200, now); a != 7200 {
+	if a := backend(t, b, "holder").Ledger.aheadTokens(1, 7200, now); a != 7200 {
 		t.Errorf("a prefill overdue by 0.9 s counts %v tokens ahead, want all 7200", a)
+	}
+}
+
+// Of many requests pending on a backend at most one is part prefilled:
+// however early the drain time says they will be done, the others count
+// whole (an overloaded server discounted for all of them looked emptier
+// than it was: mooncake-conversation at x3, 2,003 -> 1,678 tokens/s).
+func TestManyPendingCountWholeButOne(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	var l Ledger
+	for i := range 50 {
+		work := float64(1000 + 300*(i%20))
+		l.est.observe(work, 0, 0.02+work/30000, 1e-4, 0.02)
+	}
+	for range 10 {
+		l.extendDrain(0.001, now) // a drain time far too early
+	}
+	now = now.Add(time.Millisecond)
+	if a := l.aheadTokens(10, 10000, now); a < 9000 {
+		t.Errorf("10 pending requests of 1,000 tokens count %v tokens ahead, want at least 9,000", a)
+	}
+	if a := l.aheadTokens(1, 1000, now); a >= 1000 {
+		t.Errorf("one pending request its drain time says is part done counts %v tokens ahead, want less than 1,000", a)
 	}
 }
 

@@ -649,7 +649,7 @@ func (b *Balancer) candidate(be *Backend, req *Request, now time.Time) Candidate
 	if pending > 0 {
 		mean = float64(pendingTok) / float64(pending)
 	}
-	c.AheadTokens = l.aheadTokens(pendingTok, now) + max(0, c.Queued-float64(pending))*mean
+	c.AheadTokens = l.aheadTokens(pending, pendingTok, now) + max(0, c.Queued-float64(pending))*mean
 	return c
 }
 
