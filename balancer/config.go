@@ -74,7 +74,9 @@ type TTFTConfig struct {
 	// within this fraction of the best, the rendezvous hash of the prompt's
 	// first block chooses, so that replicas that see slightly different
 	// loads still place a new prompt on the same backend, and new prompts
-	// spread evenly. (default 0.5)
+	// spread evenly. It is also the margin by which a backend holding less
+	// of a prompt than another must be cheaper to take it: a copy fills a
+	// second cache while the prompt's requests keep coming. (default 0.5)
 	ColdTieTolerance float64 `mapstructure:"cold_tie_tolerance"`
 	// ColdRoom is the share of the most KV tokens free among a cold
 	// request's tied candidates (at the last scrape) that a candidate
