@@ -43,16 +43,23 @@ func TestSizedPoolReadAll(t *testing.T) {
 	}
 }
 
+// heldSend puts text in a buffer from p, held by the handler, and returns
+// the hold and a body that sends the buffer followed by a rewritten tail,
+// `,"x":1}`.
+func heldSend(p *sizedPool, text string) (*heldBody, sendBody) {
+	buf := p.get(len(text))
+	*buf = append(*buf, text...)
+	h := newHeldBody(p, buf)
+	return h, sendBody{head: *buf, tail: []byte(`,"x":1}`), held: h}
+}
+
 // TestHeldBodyWaitsForEveryReader: the buffer goes back only when the
 // handler and every attempt's reader have let go, and a closed reader
 // reads nothing more.
 func TestHeldBodyWaitsForEveryReader(t *testing.T) {
 	var p sizedPool
 	text := `{"model":"m","prompt":"` + strings.Repeat("a", inlineBody) + `"}`
-	buf := p.get(len(text))
-	*buf = append(*buf, text...)
-	h := newHeldBody(&p, buf)
-	body := sendBody{head: *buf, tail: []byte(`,"x":1}`), held: h}
+	h, body := heldSend(&p, text)
 	r1, r2 := body.open(), body.open()
 	h.release() // the handler is done
 	got, err := io.ReadAll(r1)
@@ -106,10 +113,7 @@ func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 func TestHeldBodyWriteTo(t *testing.T) {
 	var p sizedPool
 	text := `{"model":"m","prompt":"` + strings.Repeat("a", 200<<10) + `"}`
-	buf := p.get(len(text))
-	*buf = append(*buf, text...)
-	h := newHeldBody(&p, buf)
-	body := sendBody{head: *buf, tail: []byte(`,"x":1}`), held: h}
+	h, body := heldSend(&p, text)
 	h.hold() // the test's own hold, so that refs count the reader's alone
 	defer h.release()
 
