@@ -82,7 +82,7 @@ const EntryBytes = 115
 // simplelru per slot and a separate reverse map took about seven map
 // operations and a node allocation a block, 28% of the proxy's CPU on
 // 220 KB prompts.) A re-sent prompt's blocks, which sit together in the
-// LRU, are found by following its links instead (see [slotLRU.touchRun]).
+// LRU, are found by following its links instead (see [slotLRU.moveRun]).
 //
 // All methods are safe for concurrent use. Lookups share a read lock;
 // inserts, resizes and evictions take the write lock.
@@ -167,8 +167,13 @@ func (r *record) removeAt(i int32) {
 }
 
 // node is one block in a slot's LRU: its record and its neighbours, as
-// indexes into the slot's nodes; -1 is none.
-type node struct{ rec, prev, next int32 }
+// indexes into the slot's nodes, -1 for none; and the slot's insert
+// generation that last placed it, which tells a block repeated within one
+// [Index.Insert] from one held before it.
+type node struct {
+	rec, prev, next int32
+	gen             uint32
+}
 
 // slotLRU is one slot's LRU of blocks, most recent at head. Nodes are
 // reused in place: a full LRU's tail becomes the new head, and nodes
@@ -177,11 +182,12 @@ type node struct{ rec, prev, next int32 }
 type slotLRU struct {
 	used       bool // false: not in use, made at FallbackEntries on first insert
 	nodes      []node
-	head, tail int32 // -1 when empty
-	free       int32 // first free node, -1 when none
-	n          int   // blocks held
-	size       int   // capacity in blocks
-	engBlock   int   // the engine block size reported (tokens), 0 unknown
+	head, tail int32  // -1 when empty
+	free       int32  // first free node, -1 when none
+	n          int    // blocks held
+	size       int    // capacity in blocks
+	gen        uint32 // Inserts so far, wrapping past 0 to 1
+	engBlock   int    // the engine block size reported (tokens), 0 unknown
 }
 
 func (l *slotLRU) unlink(i int32) {
@@ -198,56 +204,67 @@ func (l *slotLRU) unlink(i int32) {
 	}
 }
 
-func (l *slotLRU) pushFront(i int32) {
-	nd := &l.nodes[i]
-	nd.prev, nd.next = -1, l.head
-	if l.head >= 0 {
-		l.nodes[l.head].prev = i
-	} else {
-		l.tail = i
-	}
-	l.head = i
+// placeAfter links node i, not in the list, after node at, or at the head
+// when at is -1.
+func (l *slotLRU) placeAfter(i, at int32) {
+	l.linkAfter(i, i, at)
 }
 
-// touchRun marks hashes[i], which l holds at node first, most recently
-// used, and with it each following block of hashes that l holds right
-// above the one before, and returns the index of the first block of
-// hashes it did not touch.
+// linkAfter links the chain first..last (linked among themselves by next
+// and prev, and not in the list) after node at, or at the head when at is
+// -1.
+func (l *slotLRU) linkAfter(first, last, at int32) {
+	var below int32
+	if at < 0 {
+		below, l.head = l.head, first
+	} else {
+		below, l.nodes[at].next = l.nodes[at].next, first
+	}
+	l.nodes[first].prev, l.nodes[last].next = at, below
+	if below >= 0 {
+		l.nodes[below].prev = last
+	} else {
+		l.tail = last
+	}
+}
+
+// moveRun places hashes[i], which l holds at node first, right after node
+// at (at the head when at is -1), and with it each following block of
+// hashes that l holds right below the one before; it returns the index of
+// the first block of hashes it did not move and the run's last node.
 //
-// Touching blocks one by one, in order, leaves a run that sits
-// contiguously in the list, oldest first, at the head in the same order;
-// so the run is moved as one piece, and its blocks are found by following
-// prev links and comparing record hashes instead of by table lookups. A
-// re-sent prompt is such a run (its blocks were inserted or last touched
-// together), and its table lookups were most of the cost of re-inserting
-// it: issue 19, the 220 KB chats' three requests after the first. A node
-// in the list holds a record in use, and only one record is in use per
-// hash, so a matching hash proves l holds that block there.
-func (l *slotLRU) touchRun(recs []record, first int32, hashes []uint64, i int) int {
+// [Index.Insert] leaves a prompt's blocks contiguous in the list, first
+// block nearest the head, so a re-sent prompt is such a run: it is found
+// by following next links and comparing record hashes instead of by table
+// lookups, and moved as one piece (issue 19: the lookups were most of the
+// cost of re-inserting the 220 KB chats' prompts). A node in the list
+// holds a record in use, and only one record is in use per hash, so a
+// matching hash proves l holds that block there. The caller has checked
+// that first was not placed by this Insert; nodes below it were not either,
+// since everything this Insert placed sits above.
+func (l *slotLRU) moveRun(recs []record, first int32, hashes []uint64, i int, at int32) (int, int32) {
 	last := first
+	l.nodes[first].gen = l.gen
 	for i++; i < len(hashes); i++ {
-		p := l.nodes[last].prev
-		if p < 0 || recs[l.nodes[p].rec].hash != hashes[i] {
+		n := l.nodes[last].next
+		if n < 0 || recs[l.nodes[n].rec].hash != hashes[i] {
 			break
 		}
-		last = p
+		last = n
+		l.nodes[n].gen = l.gen
 	}
-	if last == l.head {
-		return i
+	if l.nodes[first].prev == at {
+		return i, last // already in place
 	}
-	// Cut the run [last, first] out and put it back at the head.
-	above, below := l.nodes[last].prev, l.nodes[first].next
-	l.nodes[above].next = below
+	above, below := l.nodes[first].prev, l.nodes[last].next
+	l.nodes[above].next = below // above exists: first is below at
 	if below >= 0 {
 		l.nodes[below].prev = above
 	} else {
 		l.tail = above
 	}
-	l.nodes[last].prev = -1
-	l.nodes[first].next = l.head
-	l.nodes[l.head].prev = first
-	l.head = last
-	return i
+	l.linkAfter(first, last, at)
+	return i, last
 }
 
 // alloc returns a node off the free list, or a new one.
@@ -349,9 +366,15 @@ func extend(dst []int32, hs []holder, i int) bool {
 }
 
 // Insert records that slot now holds every block of hashes, as the engine
-// will once it has prefilled them, and marks them most recently used, in
-// order, so the last block ends most recent. A full LRU evicts its least
-// recently used block for each block it gains.
+// will once it has prefilled them, and marks them most recently used in
+// reverse order: the first block ends most recent and the last block is
+// evicted first. That is vLLM's order: a finished request's blocks go to
+// its free queue last block first "so that the tail blocks are freed
+// first" (vllm/v1/core/single_type_kv_cache_manager.py, free), so a prompt
+// squeezed by later ones keeps its head, which a prefix match needs, and
+// loses the tail no other prompt shares. A full LRU evicts its least
+// recently used block for each block it gains; a prompt longer than the
+// slot keeps its first blocks.
 func (x *Index) Insert(slot int, hashes []uint64) {
 	if slot < 0 || len(hashes) == 0 {
 		return
@@ -360,19 +383,33 @@ func (x *Index) Insert(slot int, hashes []uint64) {
 	defer x.mu.Unlock()
 	l := x.slotLocked(slot)
 	s := int32(slot)
+	if l.gen++; l.gen == 0 {
+		for i := range l.nodes {
+			l.nodes[i].gen = 0
+		}
+		l.gen = 1
+	}
+	at := int32(-1) // the last node placed; the blocks placed so far sit from the head to it
 	for i := 0; i < len(hashes); {
 		h := hashes[i]
 		id, known := x.blocks.get(h)
 		if known {
 			r := &x.recs[id]
-			if j := r.find(s); j >= 0 { // held: refresh recency
-				i = l.touchRun(x.recs, r.at(j).node, hashes, i)
+			if j := r.find(s); j >= 0 {
+				if nd := r.at(j).node; l.nodes[nd].gen != l.gen {
+					i, at = l.moveRun(x.recs, nd, hashes, i, at)
+				} else {
+					i++ // a block repeated in hashes, placed already
+				}
 				continue
 			}
 		}
 		i++
 		var nd int32
 		if l.n >= l.size {
+			if l.tail == at {
+				return // every block held is one placed here: keep the head
+			}
 			// Reuse the least recently used node. Its block is not h,
 			// which s does not hold, so id stays valid.
 			nd = l.tail
@@ -387,8 +424,9 @@ func (x *Index) Insert(slot int, hashes []uint64) {
 			id = x.newRecordLocked(h)
 		}
 		x.recs[id].add(holder{s, nd})
-		l.nodes[nd].rec = id
-		l.pushFront(nd)
+		l.nodes[nd].rec, l.nodes[nd].gen = id, l.gen
+		l.placeAfter(nd, at)
+		at = nd
 	}
 }
 

@@ -42,16 +42,21 @@ func (m *modelIndex) insert(s int, hs []uint64) {
 	if len(hs) == 0 {
 		return
 	}
+	// hs's distinct blocks, first block most recent, then the blocks held
+	// before that hs does not name, as many as fit.
 	l := m.slot(s)
+	var order []uint64
 	for _, h := range hs {
-		if i := slices.Index(l.order, h); i >= 0 {
-			l.order = slices.Delete(l.order, i, i+1)
-		}
-		l.order = slices.Insert(l.order, 0, h)
-		if len(l.order) > l.size {
-			l.order = l.order[:l.size]
+		if !slices.Contains(order, h) {
+			order = append(order, h)
 		}
 	}
+	for _, h := range l.order {
+		if !slices.Contains(order, h) {
+			order = append(order, h)
+		}
+	}
+	l.order = order[:min(len(order), l.size)]
 }
 
 // match returns each slot's run of leading blocks held.
@@ -359,5 +364,26 @@ func TestBlockTableMatchesMap(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestIndexInsertGenerationWraps: a slot's insert generation, which tells
+// a block repeated within one Insert from one held before it, wraps after
+// 2^32 inserts without mistaking an old node for one placed by this call.
+func TestIndexInsertGenerationWraps(t *testing.T) {
+	cfg := Config{BlockBytes: 64, FallbackEntries: 8}
+	x, m := NewIndex(cfg), newModel(cfg)
+	for _, hs := range [][]uint64{{1, 2, 3}, {4}} {
+		x.Insert(0, hs)
+		m.insert(0, hs)
+	}
+	x.slots[0].gen = ^uint32(0) // the next Insert wraps; blocks 1-3 were placed at generation 1
+	for _, hs := range [][]uint64{{2, 5, 2}, {3, 1}} {
+		x.Insert(0, hs)
+		m.insert(0, hs)
+	}
+	checkInternals(t, x, m)
+	if got := x.slots[0].gen; got != 2 {
+		t.Errorf("generation after wrapping = %d, want 2", got)
 	}
 }

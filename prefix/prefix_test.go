@@ -197,11 +197,20 @@ func TestIndexMatchStopsAtFirstMiss(t *testing.T) {
 func TestIndexEvictsLeastRecentlyUsed(t *testing.T) {
 	x := NewIndex(Config{BlockBytes: 64, FallbackEntries: 3})
 	x.Insert(0, []uint64{1, 2, 3})
-	x.Insert(0, []uint64{1}) // 1 is now the most recent
-	x.Insert(0, []uint64{4}) // evicts 2
+	x.Insert(0, []uint64{4}) // evicts 3: a prompt loses its tail first, as in vLLM
 	dst := make([]int32, 1)
+	if got := x.Match([]uint64{1, 2, 3}, dst); got != 2 {
+		t.Errorf("after eviction Match(1,2,3) = %d, want 2 (the head kept)", got)
+	}
+	x.Insert(0, []uint64{1}) // 1 is now the most recent: 1 4 2
+	x.Insert(0, []uint64{5}) // evicts 2
+	clear(dst)
 	if got := x.Match([]uint64{1, 2}, dst); got != 1 {
 		t.Errorf("after eviction Match(1,2) = %d, want 1", got)
+	}
+	clear(dst)
+	if got := x.Match([]uint64{4}, dst); got != 1 {
+		t.Errorf("Match(4) = %d, want 1: 4 was used after 2", got)
 	}
 	if n, _ := x.Stats(); n != 3 {
 		t.Errorf("entries = %d, want 3", n)
