@@ -84,6 +84,14 @@ type TTFTConfig struct {
 	// the rendezvous hash chooses among those. 0 leaves it to the hash
 	// alone. (default 0.5)
 	ColdRoom float64 `mapstructure:"cold_room"`
+	// ColdBacklog bounds the work a backend may have queued, as a share
+	// of the cold prompt's first token time on the fastest idle backend,
+	// for it to take the prompt by rendezvous hash among the backends as
+	// fast as the fastest (see [TiePicker]). Replicas then place a new
+	// prompt alike as long as the loads they see are under the bound,
+	// however much they differ below it. 0 turns it off: the tie window
+	// alone decides. (default 1)
+	ColdBacklog float64 `mapstructure:"cold_backlog"`
 	// MissWeight scales what a candidate's uncached tokens cost the
 	// requests that share its GPU (TTFTScorer): 1 counts each such request
 	// once, 0 scores each request by its own first token time alone.
@@ -217,6 +225,7 @@ func DefaultConfig() Config {
 			TieTolerance:     0.05,
 			ColdTieTolerance: 0.5,
 			ColdRoom:         0.5,
+			ColdBacklog:      1,
 			MissWeight:       1,
 			DefaultMaxTokens: 256,
 			DecodeCost:       50 * time.Microsecond,
@@ -264,6 +273,9 @@ func (c Config) Validate() error {
 	}
 	if t.TieTolerance < 0 || t.TieTolerance >= 1 {
 		bad("ttft.tie_tolerance", "must be in [0, 1), got %g", t.TieTolerance)
+	}
+	if t.ColdBacklog < 0 {
+		bad("ttft.cold_backlog", "must not be negative, got %g", t.ColdBacklog)
 	}
 	if t.ColdRoom < 0 || t.ColdRoom > 1 {
 		bad("ttft.cold_room", "must be in [0, 1], got %g", t.ColdRoom)

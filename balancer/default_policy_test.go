@@ -126,6 +126,44 @@ func TestIndependentBalancersAgreeOnNewPrompts(t *testing.T) {
 	}
 }
 
+// Two balancers that share nothing and have learned different prefill
+// rates for the same identical servers, as replicas do from their own few
+// samples (one replica's estimates of eight identical idle servers for one
+// prompt ranged 0.17-0.45 s), place new prompts on the same servers.
+func TestReplicasWithNoisyEstimatesAgreeOnNewPrompts(t *testing.T) {
+	r1, r2 := newBal(t, "ttft"), newBal(t, "ttft")
+	specs := []Spec{busy("a", 0, 0, 0), busy("b", 0, 0, 0), busy("c", 0, 0, 0), busy("d", 0, 0, 0)}
+	r1.Update(specs...)
+	r2.Update(specs...)
+	// Each replica's learned rate for each server, in tokens a second.
+	rates := map[*Balancer][]float64{r1: {30000, 18000, 24000, 14000}, r2: {15000, 29000, 17000, 26000}}
+	for r, rs := range rates {
+		for i, id := range []string{"a", "b", "c", "d"} {
+			for j := range 50 {
+				work := float64(1000 + 200*(j%20))
+				backend(t, r, id).Ledger.est.observe(work, 0, 0.02+work/rs[i], 1/r.cfg.TTFT.PrefillRate, 0.02)
+			}
+		}
+	}
+	agree, count := 0, map[string]int{}
+	for i := range 200 {
+		req := distinct(5000+i, 7000)
+		c1 := r1.Explain(req).Chosen[0]
+		if c1 == r2.Explain(req).Chosen[0] {
+			agree++
+		}
+		count[c1]++
+	}
+	if agree < 190 {
+		t.Errorf("replicas with different learned rates agreed on %d of 200 new prompts, want at least 190 (%v)", agree, count)
+	}
+	for id, n := range count {
+		if n > 75 {
+			t.Errorf("%s took %d of 200 new prompts on four identical idle servers, over 1.5x its share (%v)", id, n, count)
+		}
+	}
+}
+
 // A holder prefilling a request it took a while ago has only what is left
 // of that prefill ahead of a new request of the group, not the whole: a
 // prefix-group member must not miss on an idle server for it (four

@@ -165,7 +165,10 @@ type Candidate struct {
 	// requests that share the backend; Cost is TTFT plus MissCost, what
 	// the ttft policy minimises ([TTFTScorer]).
 	MissCost float64 `json:"miss_cost_seconds"`
-	Cost     float64 `json:"cost_seconds"`
+	// Backlog is the part of TTFT spent behind other work: the prefill
+	// queued ahead (AheadTokens) and the queue wait.
+	Backlog float64 `json:"backlog_seconds"`
+	Cost    float64 `json:"cost_seconds"`
 
 	adapter  string // the request's adapter on this backend, or ""
 	slotWait bool   // the adapter may wait for a slot here (Work.SlotWait)

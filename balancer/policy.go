@@ -165,6 +165,7 @@ func (s *TTFTScorer) estimate(p *Pick, c *Candidate, pr prior) {
 	}
 	c.Prefill = base + (c.AheadTokens+float64(c.UncachedTokens))*inv
 	c.QueueWait = c.Queued * est.QueueWait
+	c.Backlog = c.AheadTokens*inv + c.QueueWait
 	c.KVPenalty = 0
 	rho := 0.0
 	if c.KVUsage.Known {
@@ -230,7 +231,17 @@ func (s *TTFTScorer) estimate(p *Pick, c *Candidate, pr prior) {
 // KV use rose to 0.99 where requests landed, and the engines preempted
 // 47-105 requests; TTFT p90 4.28/2.49/1.43 s at seeds 1-3, 1.13/0.78/
 // 0.66 s with both rules, against 0.65/0.72/0.84 s for llm-d-load).
-type TiePicker struct{ Tolerance, Cold, Room float64 }
+//
+// Before all that, a cold prompt goes by bounded-load rendezvous when it
+// can ([TiePicker.placeCold]): replicas agree on a placement only if the
+// candidates they choose among agree, and a tie window on first token
+// estimates does not hold still: each replica learns every backend's
+// prefill rate from its own few samples, and one replica's estimates of
+// eight identical idle servers for one prompt ranged 0.17-0.45 s, so a
+// 50% window held a different set for each replica and each minute (8
+// replicas, shared-prefix: 1,109 first meetings of a replica with a group
+// chose 2.6 servers a group).
+type TiePicker struct{ Tolerance, Cold, Room, Backlog float64 }
 
 var _ Picker = (*TiePicker)(nil)
 
@@ -241,6 +252,11 @@ func (t *TiePicker) Choose(p *Pick, total []float64) (int, string) {
 		most = max(most, p.Cands[i].MatchedTokens)
 	}
 	isCold := most == 0
+	if isCold && t.Backlog > 0 {
+		if i := t.placeCold(p); i >= 0 {
+			return i, reasonFor(p, i)
+		}
+	}
 	// A copy of what another candidate holds must beat it by the Cold
 	// margin: its score counts for 1/(1+Cold) of what it is.
 	copyDiscount := 1 / (1 + t.Cold)
@@ -286,6 +302,100 @@ func (t *TiePicker) Choose(p *Pick, total []float64) (int, string) {
 		}
 	}
 	return pick, reasonFor(p, pick)
+}
+
+// maxClasses is how many hardware classes [TiePicker.placeCold] tells
+// apart; candidates of further classes count as their own.
+const maxClasses = 8
+
+// placeCold returns the candidate a cold prompt goes to by bounded-load
+// rendezvous, or -1 when none qualifies: the highest rendezvous hash of
+// the prompt's first block among the candidates that
+//
+//   - are as fast as the fastest, within Cold, by their hardware class's
+//     time plus their own penalties (a full cache, the adapter not
+//     loaded, a busy batch's decode slowdown): a class is the backends of
+//     one engine and one KV size, taken as the same GPU and model, and its
+//     time the mean of its members' estimates of the prompt's base and
+//     prefill, which is steady where each member's own estimate is not;
+//   - have a backlog of at most Backlog times that fastest time:
+//     replicas whose loads differ below the bound still agree;
+//   - have room, as in the tie rule: KV tokens free at the last scrape at
+//     least Room of the most any of them has.
+//
+// A backend that is slow but reports the same engine and KV size as fast
+// ones shares their class; its backlog, which its slowness grows, is what
+// keeps new prompts off it.
+func (t *TiePicker) placeCold(p *Pick) int {
+	var key [maxClasses]struct {
+		engine string
+		blocks float64
+	}
+	var sum, n [maxClasses]float64
+	classes := 0
+	classOf := func(c *Candidate) int {
+		e, b := c.Backend.Engine, -1.0
+		if m := &c.Backend.Metrics; m.NumBlocks.Known {
+			b = m.NumBlocks.V
+		}
+		for k := range classes {
+			if key[k].engine == e && key[k].blocks == b {
+				return k
+			}
+		}
+		if classes == maxClasses {
+			return -1
+		}
+		key[classes].engine, key[classes].blocks = e, b
+		classes++
+		return classes - 1
+	}
+	// own is what the candidate's own state adds to its class's time.
+	own := func(c *Candidate) float64 { return c.LoRAPenalty + c.KVPenalty }
+	for i := range p.Cands {
+		c := &p.Cands[i]
+		if k := classOf(c); k >= 0 {
+			sum[k] += c.TTFT - c.Backlog - own(c)
+			n[k]++
+		}
+	}
+	speed := func(c *Candidate) float64 {
+		if k := classOf(c); k >= 0 {
+			return sum[k]/n[k] + own(c)
+		}
+		return c.TTFT - c.Backlog
+	}
+	fastest := math.Inf(1)
+	for i := range p.Cands {
+		fastest = min(fastest, speed(&p.Cands[i]))
+	}
+	ok := func(c *Candidate) bool {
+		return speed(c) <= (1+t.Cold)*fastest && c.Backlog <= t.Backlog*fastest
+	}
+	room, qualified := -1.0, 0
+	for i := range p.Cands {
+		if c := &p.Cands[i]; ok(c) {
+			room = max(room, freeKV(c))
+			qualified++
+		}
+	}
+	if qualified < 2 {
+		return -1 // no choice to agree on: one backend is not a spread
+	}
+	pick, top := -1, uint64(0)
+	for i := range p.Cands {
+		c := &p.Cands[i]
+		if !ok(c) {
+			continue
+		}
+		if f := freeKV(c); f >= 0 && f < t.Room*room {
+			continue
+		}
+		if h := mix(p.Key ^ c.Backend.idHash); pick < 0 || h > top {
+			pick, top = i, h
+		}
+	}
+	return pick
 }
 
 // freeKV is c's KV tokens free at the last scrape, or -1 when unknown.
