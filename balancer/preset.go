@@ -57,6 +57,9 @@ type IndexSpec struct {
 	// the server reports KV blocks (the endpoint picker's autoTune),
 	// whatever the block sizes.
 	EntriesPerEngineBlock bool
+	// HeadFirst: a prompt's blocks are marked used in order, so its first
+	// block is evicted first (the endpoint picker's indexer).
+	HeadFirst bool
 	// Entries is the LRU size per server until the server reports its KV
 	// blocks.
 	Entries int
@@ -66,11 +69,12 @@ type IndexSpec struct {
 // blocks at 4 bytes a token, the trailing partial block hashed, and an LRU
 // per server of as many entries as the server has KV blocks
 // (llm-d/llm-d-router pkg/epp/.../approximateprefix types.go:115 and
-// plugin.go:303-313 at ebab6879).
+// plugin.go:303-313 at ebab6879), which adds a prompt's blocks to it in
+// order (indexer.go Add).
 func eppIndex(maxTokens int) *IndexSpec {
 	const blockTokens = 64
 	return &IndexSpec{BlockBytes: blockTokens * 4, MaxBlocks: maxTokens / blockTokens, Partial: true,
-		EntriesPerEngineBlock: true, Entries: 31250}
+		EntriesPerEngineBlock: true, Entries: 31250, HeadFirst: true}
 }
 
 // presets are every policy name, the default first.
@@ -163,7 +167,7 @@ var presets = []Preset{
 		// README at d070ea60): the endpoint picker's prefix scorer of
 		// the time (64-byte blocks, at most 256, 31,250 entries a server)
 		// with the queue and KV scorers, each weight 1.
-		Name: "llm-d-2025-approximate", Index: &IndexSpec{BlockBytes: 64, MaxBlocks: 256, Entries: 31250}, ScrapeInterval: 50 * time.Millisecond,
+		Name: "llm-d-2025-approximate", Index: &IndexSpec{BlockBytes: 64, MaxBlocks: 256, Entries: 31250, HeadFirst: true}, ScrapeInterval: 50 * time.Millisecond,
 		Scenario: "llm-d-kv-cache-wins",
 		Follows:  "llm-d/llm-d-kv-cache-manager benchmarking/73-capacity/README.md at d070ea60: estimated-scheduling, prefix 1, kv 1, queue 1",
 		build: func(b *Balancer, cfg Config, d Deps) *policy {

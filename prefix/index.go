@@ -3,6 +3,7 @@ package prefix
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -32,6 +33,13 @@ type Config struct {
 	// reports KV blocks, whatever the block sizes (the endpoint picker's
 	// autoTune); set by its presets, not by config.
 	EntriesPerEngineBlock bool `mapstructure:"-"`
+	// HeadFirst marks a prompt's blocks most recently used in order, so
+	// its last block ends most recent and its first is evicted first: the
+	// endpoint picker's indexer adds them so (llm-d/llm-d-router
+	// pkg/epp/framework/plugins/requestcontrol/dataproducer/approximateprefix/indexer.go
+	// Add at ebab6879); set by its presets, not by config. Without it,
+	// tail first, as vLLM evicts (see [Index.Insert]).
+	HeadFirst bool `mapstructure:"-"`
 }
 
 // DefaultConfig returns the prefix defaults.
@@ -97,6 +105,7 @@ type Index struct {
 	slots    []slotLRU  // guarded by mu; by slot
 	entries  int        // guarded by mu; sum of the slots' lengths
 	resets   int64      // guarded by mu; times the block size changed
+	reversed []uint64   // guarded by mu; Insert's hashes last first, for HeadFirst
 }
 
 // holder is one slot holding a block, and where the block's node sits in
@@ -374,13 +383,21 @@ func extend(dst []int32, hs []holder, i int) bool {
 // squeezed by later ones keeps its head, which a prefix match needs, and
 // loses the tail no other prompt shares. A full LRU evicts its least
 // recently used block for each block it gains; a prompt longer than the
-// slot keeps its first blocks.
+// slot keeps its first blocks. With Config.HeadFirst the order is the
+// endpoint picker's, the reverse: a prompt's last block ends most recent.
 func (x *Index) Insert(slot int, hashes []uint64) {
 	if slot < 0 || len(hashes) == 0 {
 		return
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	if x.cfg.HeadFirst {
+		// Placing the blocks last first leaves the order of marking each
+		// most recent in turn, first to last.
+		x.reversed = append(x.reversed[:0], hashes...)
+		slices.Reverse(x.reversed)
+		hashes = x.reversed
+	}
 	l := x.slotLocked(slot)
 	s := int32(slot)
 	if l.gen++; l.gen == 0 {

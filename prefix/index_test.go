@@ -42,9 +42,22 @@ func (m *modelIndex) insert(s int, hs []uint64) {
 	if len(hs) == 0 {
 		return
 	}
+	l := m.slot(s)
+	if m.cfg.HeadFirst {
+		// Each block in turn marked most recent: the last ends first.
+		for _, h := range hs {
+			if i := slices.Index(l.order, h); i >= 0 {
+				l.order = slices.Delete(l.order, i, i+1)
+			}
+			l.order = slices.Insert(l.order, 0, h)
+			if len(l.order) > l.size {
+				l.order = l.order[:l.size]
+			}
+		}
+		return
+	}
 	// hs's distinct blocks, first block most recent, then the blocks held
 	// before that hs does not name, as many as fit.
-	l := m.slot(s)
 	var order []uint64
 	for _, h := range hs {
 		if !slices.Contains(order, h) {
@@ -251,6 +264,7 @@ var modelConfigs = []Config{
 	{BlockBytes: 64, FallbackEntries: 6},
 	{FallbackEntries: 6},
 	{BlockBytes: 64, FallbackEntries: 6, EntriesPerEngineBlock: true},
+	{BlockBytes: 64, FallbackEntries: 6, EntriesPerEngineBlock: true, HeadFirst: true},
 }
 
 func TestIndexMatchesModel(t *testing.T) {

@@ -15,7 +15,7 @@ func IndexConfig(pr balancer.Preset, own prefix.Config) prefix.Config {
 		return own
 	}
 	return prefix.Config{BlockBytes: s.BlockBytes, MaxBlocks: s.MaxBlocks, FallbackEntries: s.Entries,
-		Partial: s.Partial, EntriesPerEngineBlock: s.EntriesPerEngineBlock}
+		Partial: s.Partial, EntriesPerEngineBlock: s.EntriesPerEngineBlock, HeadFirst: s.HeadFirst}
 }
 
 // Balancer builds a balancer running cfg's policy. deps supplies the
