@@ -252,7 +252,7 @@ func (t *TiePicker) Choose(p *Pick, total []float64) (int, string) {
 		most = max(most, p.Cands[i].MatchedTokens)
 	}
 	isCold := most == 0
-	if isCold && t.Backlog > 0 {
+	if isCold && t.Backlog > 0 && p.Req.hasPrompt() {
 		if i := t.placeCold(p); i >= 0 {
 			return i, reasonFor(p, i)
 		}
@@ -327,55 +327,45 @@ const maxClasses = 8
 // ones shares their class; its backlog, which its slowness grows, is what
 // keeps new prompts off it.
 func (t *TiePicker) placeCold(p *Pick) int {
-	var key [maxClasses]struct {
-		engine string
-		blocks float64
-	}
-	var sum, n [maxClasses]float64
-	classes := 0
-	classOf := func(c *Candidate) int {
-		e, b := c.Backend.Engine, -1.0
-		if m := &c.Backend.Metrics; m.NumBlocks.Known {
-			b = m.NumBlocks.V
-		}
-		for k := range classes {
-			if key[k].engine == e && key[k].blocks == b {
-				return k
-			}
-		}
-		if classes == maxClasses {
-			return -1
-		}
-		key[classes].engine, key[classes].blocks = e, b
-		classes++
-		return classes - 1
-	}
+	var hw hwClasses
+	var cls [64]int8 // the first candidates' classes, found once
 	// own is what the candidate's own state adds to its class's time.
 	own := func(c *Candidate) float64 { return c.LoRAPenalty + c.KVPenalty }
 	for i := range p.Cands {
 		c := &p.Cands[i]
-		if k := classOf(c); k >= 0 {
-			sum[k] += c.TTFT - c.Backlog - own(c)
-			n[k]++
+		k := hw.of(c)
+		if i < len(cls) {
+			cls[i] = int8(k)
+		}
+		if k >= 0 {
+			hw.sum[k] += c.TTFT - c.Backlog - own(c)
+			hw.n[k]++
 		}
 	}
-	speed := func(c *Candidate) float64 {
-		if k := classOf(c); k >= 0 {
-			return sum[k]/n[k] + own(c)
+	speed := func(i int) float64 {
+		c := &p.Cands[i]
+		k := -1
+		if i < len(cls) {
+			k = int(cls[i])
+		} else {
+			k = hw.of(c)
 		}
-		return c.TTFT - c.Backlog
+		if k < 0 {
+			return c.TTFT - c.Backlog
+		}
+		return hw.sum[k]/hw.n[k] + own(c)
 	}
 	fastest := math.Inf(1)
 	for i := range p.Cands {
-		fastest = min(fastest, speed(&p.Cands[i]))
+		fastest = min(fastest, speed(i))
 	}
-	ok := func(c *Candidate) bool {
-		return speed(c) <= (1+t.Cold)*fastest && c.Backlog <= t.Backlog*fastest
+	ok := func(i int) bool {
+		return speed(i) <= (1+t.Cold)*fastest && p.Cands[i].Backlog <= t.Backlog*fastest
 	}
 	room, qualified := -1.0, 0
 	for i := range p.Cands {
-		if c := &p.Cands[i]; ok(c) {
-			room = max(room, freeKV(c))
+		if ok(i) {
+			room = max(room, freeKV(&p.Cands[i]))
 			qualified++
 		}
 	}
@@ -385,7 +375,7 @@ func (t *TiePicker) placeCold(p *Pick) int {
 	pick, top := -1, uint64(0)
 	for i := range p.Cands {
 		c := &p.Cands[i]
-		if !ok(c) {
+		if !ok(i) {
 			continue
 		}
 		if f := freeKV(c); f >= 0 && f < t.Room*room {
@@ -396,6 +386,36 @@ func (t *TiePicker) placeCold(p *Pick) int {
 		}
 	}
 	return pick
+}
+
+// hwClasses tells apart up to maxClasses hardware classes, the backends
+// of one engine and one reported KV size, and sums a value per class.
+type hwClasses struct {
+	key [maxClasses]struct {
+		engine string
+		blocks float64 // -1 when not reported
+	}
+	sum, n [maxClasses]float64
+	k      int // classes seen
+}
+
+// of returns c's class, entering it if new, or -1 past maxClasses.
+func (h *hwClasses) of(c *Candidate) int {
+	e, b := c.Backend.Engine, -1.0
+	if m := &c.Backend.Metrics; m.NumBlocks.Known {
+		b = m.NumBlocks.V
+	}
+	for k := range h.k {
+		if h.key[k].engine == e && h.key[k].blocks == b {
+			return k
+		}
+	}
+	if h.k == maxClasses {
+		return -1
+	}
+	h.key[h.k].engine, h.key[h.k].blocks = e, b
+	h.k++
+	return h.k - 1
 }
 
 // freeKV is c's KV tokens free at the last scrape, or -1 when unknown.
