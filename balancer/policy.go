@@ -237,10 +237,10 @@ func (s *TTFTScorer) estimate(p *Pick, c *Candidate, pr prior) {
 // candidates they choose among agree, and a tie window on first token
 // estimates does not hold still: each replica learns every backend's
 // prefill rate from its own few samples, and one replica's estimates of
-// eight identical idle servers for one prompt ranged 0.17-0.45 s, so a
-// 50% window held a different set for each replica and each minute (8
-// replicas, shared-prefix: 1,109 first meetings of a replica with a group
-// chose 2.6 servers a group).
+// six identical idle H100 servers for one prompt ranged 0.21-0.45 s in
+// one pick, so a 50% window held a different set for each replica and
+// each minute (8 replicas, shared-prefix: 1,109 first meetings of a
+// replica with a group chose 2.6 servers a group).
 type TiePicker struct{ Tolerance, Cold, Room, Backlog float64 }
 
 var _ Picker = (*TiePicker)(nil)
