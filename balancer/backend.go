@@ -259,7 +259,7 @@ func (l *Ledger) aheadTokens(requests, tokens int64, now time.Time) float64 {
 		return all
 	}
 	est := l.est.load()
-	if est.Samples < minSamples || est.Rate <= 0 {
+	if !est.learned() {
 		return all
 	}
 	left := time.Duration(at - now.UnixNano()).Seconds()
@@ -387,6 +387,10 @@ type Estimate struct {
 	QueueWait float64 `json:"queue_wait_seconds"`
 	Samples   int64   `json:"samples"`
 }
+
+// learned reports whether e has enough samples and a prefill rate to
+// stand for its backend; until then the fleet's or the config's is used.
+func (e Estimate) learned() bool { return e.Samples >= minSamples && e.Rate > 0 }
 
 // Estimate returns the backend's learned first-token model; zero fields
 // are not learned yet.

@@ -767,7 +767,7 @@ func (b *Balancer) work(req *Request, c *Candidate) Work {
 		decode = b.cfg.TTFT.DefaultMaxTokens
 	}
 	inv := 1 / b.cfg.TTFT.PrefillRate
-	if est := c.Backend.Ledger.est.load(); est.Samples >= minSamples && est.Rate > 0 {
+	if est := c.Backend.Ledger.est.load(); est.learned() {
 		inv = 1 / est.Rate
 	}
 	return Work{UncachedTokens: c.UncachedTokens, DecodeTokens: decode, Adapter: c.adapter, AheadTokens: c.AheadTokens, QueuedAhead: c.Queued, SlotWait: c.slotWait,

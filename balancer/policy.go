@@ -143,7 +143,7 @@ func (s *TTFTScorer) prior(p *Pick, engine string) prior {
 		if be.Engine != engine {
 			continue
 		}
-		if est := be.Ledger.est.load(); est.Samples >= minSamples && est.Rate > 0 {
+		if est := be.Ledger.est.load(); est.learned() {
 			pr.inv += 1 / est.Rate
 			pr.base += est.Base
 			n++
@@ -160,7 +160,7 @@ func (s *TTFTScorer) prior(p *Pick, engine string) prior {
 func (s *TTFTScorer) estimate(p *Pick, c *Candidate, pr prior) {
 	est := c.Backend.Ledger.est.load()
 	inv, base := pr.inv, pr.base
-	if est.Samples >= minSamples && est.Rate > 0 {
+	if est.learned() {
 		inv, base = 1/est.Rate, est.Base
 	}
 	c.Prefill = base + (c.AheadTokens+float64(c.UncachedTokens))*inv
