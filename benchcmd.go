@@ -240,8 +240,8 @@ func compact(names []string) []string {
 // cmdOverhead measures what llmlb adds to a request against a direct
 // connection, HAProxy and nginx, in front of one fast emulated backend.
 func cmdOverhead(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("overhead", "llmlb overhead [--proxy direct,llmlb,haproxy,nginx] [--duration D] [--scale F] [--scenario S,...] [--json FILE] [--cpuprofile DIR] [--require] [--quiet] [--llmlb PATH]", stderr)
-	proxies := fs.String("proxy", "direct,llmlb,haproxy,nginx", "comma-separated rows: direct, llmlb (this executable), haproxy, nginx (from PATH or /usr/sbin)")
+	fs := newFlagSet("overhead", "llmlb overhead [--proxy direct,llmlb,go,haproxy,nginx] [--duration D] [--scale F] [--scenario S,...] [--json FILE] [--cpuprofile DIR] [--require] [--quiet] [--llmlb PATH]", stderr)
+	proxies := fs.String("proxy", "direct,llmlb,go,haproxy,nginx", "comma-separated rows: direct, llmlb (this executable), go (Go's httputil.ReverseProxy alone, run by this executable), haproxy, nginx (from PATH or /usr/sbin)")
 	duration := fs.Duration("duration", 5*time.Second, "how long each scenario runs against each proxy")
 	scale := fs.Float64("scale", 1, "share of the clients of the concurrent scenarios (64 requests, 8 long prompts, 150 long chats, 256 streams)")
 	require := fs.Bool("require", false, "fail when a proxy is not installed instead of skipping its row")
@@ -250,8 +250,12 @@ func cmdOverhead(ctx context.Context, args []string, getenv func(string) string,
 	self := fs.String("llmlb", "", "llmlb executable to measure (default: this one)")
 	scenarios := fs.String("scenario", "", "comma-separated scenarios to run: latency, throughput, long-prompt, long-chat, streams (default: all)")
 	profDir := fs.String("cpuprofile", "", "write llmlb's CPU profile of each scenario, from its admin pprof, to DIR/llmlb-<scenario>.pprof")
+	goProxy := fs.String("go-proxy", "", "instead of measuring, serve as the go row's process: Go's httputil.ReverseProxy alone in front of this backend URL, until interrupted")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *goProxy != "" {
+		return overhead.ServeGoProxy(ctx, *goProxy, stdout)
 	}
 	if *duration <= 0 || *scale <= 0 {
 		return fmt.Errorf("overhead: --duration and --scale must be positive")

@@ -888,8 +888,9 @@ func TestMain(m *testing.M) {
 }
 
 // TestOverheadCommand runs a short `llmlb overhead`: every scenario
-// through a direct connection and through llmlb (this binary, run as
-// `llmlb serve`) answers without errors; HAProxy and nginx rows run too
+// through a direct connection, through llmlb (this binary, run as
+// `llmlb serve`) and through Go's bare reverse proxy (this binary, run as
+// `llmlb overhead --go-proxy`) answers without errors; HAProxy and nginx rows run too
 // where they are installed, and must (LLMLB_REQUIRE_PROXIES=1, as CI
 // sets) where the test is told they are.
 func TestOverheadCommand(t *testing.T) {
@@ -928,13 +929,13 @@ func TestOverheadCommand(t *testing.T) {
 			}
 		}
 	}
-	if !ran["direct"] || !ran["llmlb"] {
+	if !ran["direct"] || !ran["llmlb"] || !ran["go"] {
 		t.Errorf("rows run: %v", ran)
 	}
 	if os.Getenv("LLMLB_REQUIRE_PROXIES") == "1" && (!ran["haproxy"] || !ran["nginx"]) {
 		t.Errorf("LLMLB_REQUIRE_PROXIES=1 but rows run: %v", ran)
 	}
-	for _, want := range []string{"proxy", "added p50", "streams ttft p50", "direct", "llmlb"} {
+	for _, want := range []string{"proxy", "added p50", "streams ttft p50", "direct", "llmlb", "go "} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("table lacks %q", want)
 		}

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -28,7 +29,7 @@ type Options struct {
 	// LLMLB is the llmlb executable to run as a proxy (`serve`); "" skips
 	// it.
 	LLMLB string
-	// Proxies are the rows: "direct", "llmlb", "haproxy", "nginx".
+	// Proxies are the rows: "direct", "llmlb", "go", "haproxy", "nginx".
 	Proxies []string
 	// Duration is how long each scenario runs against each proxy.
 	Duration time.Duration
@@ -160,7 +161,7 @@ func Run(ctx context.Context, o Options) (Report, error) {
 		o.Scale = 1
 	}
 	if len(o.Proxies) == 0 {
-		o.Proxies = []string{"direct", "llmlb", "haproxy", "nginx"}
+		o.Proxies = []string{"direct", "llmlb", "go", "haproxy", "nginx"}
 	}
 	rep := Report{Duration: o.Duration.Seconds()}
 	dir, err := os.MkdirTemp("", "llmlb-overhead-")
@@ -355,6 +356,11 @@ func startProxy(ctx context.Context, name, llmlb, backend, dir, admin string) (u
 			return "", "", 0, nil, err
 		}
 		return startProcess(ctx, llmlb, []string{"serve", "--config", path}, "", "llmlb")
+	case "go":
+		if llmlb == "" {
+			return "", "", 0, nil, errMissing{"go"}
+		}
+		return startProcess(ctx, llmlb, []string{"overhead", "--go-proxy", backend}, "", "go")
 	case "haproxy":
 		bin, err := findBinary("haproxy")
 		if err != nil {
@@ -438,7 +444,7 @@ http {
 		}
 		return startProcess(ctx, bin, []string{"-p", ndir, "-c", path, "-e", filepath.Join(ndir, "error.log"), "-g", "daemon off;"}, fmt.Sprintf("127.0.0.1:%d", port), "nginx")
 	}
-	return "", "", 0, nil, fmt.Errorf("unknown proxy %q (have direct, llmlb, haproxy, nginx)", name)
+	return "", "", 0, nil, fmt.Errorf("unknown proxy %q (have direct, llmlb, go, haproxy, nginx)", name)
 }
 
 // findBinary looks for a proxy in PATH, then in /usr/sbin, where Debian
@@ -539,6 +545,8 @@ func versionOf(bin, name string) string {
 	switch name {
 	case "haproxy", "nginx":
 		args = []string{"-v"}
+	case "go":
+		return "httputil.ReverseProxy, " + runtime.Version()
 	default:
 		return "this build"
 	}
