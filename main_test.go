@@ -942,6 +942,18 @@ func TestOverheadCommand(t *testing.T) {
 	}
 }
 
+// TestOverheadGoProxyBadURL: the go row's mode refuses a backend that is
+// not an http(s) URL, saying which, instead of serving a proxy to nowhere.
+func TestOverheadGoProxyBadURL(t *testing.T) {
+	for _, u := range []string{"localhost:8000", "ftp://x", "http://"} {
+		var out, errb strings.Builder
+		err := run(context.Background(), []string{"overhead", "--go-proxy", u}, nil, &out, &errb)
+		if err == nil || !strings.Contains(err.Error(), "is not an http(s) URL") || !strings.Contains(err.Error(), u) {
+			t.Errorf("%s: %v", u, err)
+		}
+	}
+}
+
 // TestBenchSweepAndScenarioCommands runs `llmlb bench --sweep`,
 // `--replicas` and `--scenario` small and checks what they print and write.
 func TestBenchSweepAndScenarioCommands(t *testing.T) {
