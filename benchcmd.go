@@ -238,7 +238,9 @@ func compact(names []string) []string {
 }
 
 // cmdOverhead measures what llmlb adds to a request against a direct
-// connection, HAProxy and nginx, in front of one fast emulated backend.
+// connection, Go's reverse proxy alone, HAProxy and nginx, in front of one
+// fast emulated backend; with --go-proxy it is instead the go row's
+// process.
 func cmdOverhead(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("overhead", "llmlb overhead [--proxy direct,llmlb,go,haproxy,nginx] [--duration D] [--scale F] [--scenario S,...] [--json FILE] [--cpuprofile DIR] [--require] [--quiet] [--llmlb PATH]", stderr)
 	proxies := fs.String("proxy", "direct,llmlb,go,haproxy,nginx", "comma-separated rows: direct, llmlb (this executable), go (Go's httputil.ReverseProxy alone, run by this executable), haproxy, nginx (from PATH or /usr/sbin)")

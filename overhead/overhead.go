@@ -14,7 +14,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -546,7 +545,7 @@ func versionOf(bin, name string) string {
 	case "haproxy", "nginx":
 		args = []string{"-v"}
 	case "go":
-		return "httputil.ReverseProxy, " + runtime.Version()
+		return "httputil.ReverseProxy" // built into the llmlb executable that runs it
 	default:
 		return "this build"
 	}
