@@ -111,7 +111,27 @@ func TestBurstDoesNotHerd(t *testing.T) {
 // the prefix they are equal holders and share the load about evenly (25/25
 // is a right answer, so the test does not ask which of the two got more);
 // what it asks is that the prefix stays on those two.
+//
+// It runs in real time against emulated servers, and on a busy machine
+// (a race run beside the bench package's) the first requests' measured
+// times can leave the holder's queue short of paying for a copy: all 50
+// stayed on one backend in 1 of 4 runs beside two busy loops. So it gets
+// three tries, each on fresh servers and a fresh balancer, and fails when
+// none shows the behaviour.
 func TestSharedPrefixStaysThenSpills(t *testing.T) {
+	var why []string
+	for try := range 3 {
+		problem := sharedPrefixStaysThenSpills(t)
+		if problem == "" {
+			return
+		}
+		t.Logf("try %d: %s", try+1, problem)
+		why = append(why, problem)
+	}
+	t.Errorf("no try stayed then spilled: %v", why)
+}
+
+func sharedPrefixStaysThenSpills(t *testing.T) string {
 	urls := simBackends(t, 4, sim.SteadyConfig{Speed: 4, MaxRunning: 2, DecodeTokensPerSecond: 30})
 	cfg := testConfig(urls)
 	inst := startTest(t, cfg, 4)
@@ -130,11 +150,12 @@ func TestSharedPrefixStaysThenSpills(t *testing.T) {
 	slices.Reverse(counts)
 	t.Logf("50 shared-prefix requests: %v", got)
 	if len(counts) < 2 || counts[0] == 50 {
-		t.Errorf("no spill: %v", got)
+		return fmt.Sprintf("no spill: %v", got)
 	}
-	if len(counts) >= 2 && counts[0]+counts[1] < 45 {
-		t.Errorf("top two backends got %d of 50: the prefix was spread, not kept", counts[0]+counts[1])
+	if counts[0]+counts[1] < 45 {
+		return fmt.Sprintf("top two backends got %d of 50: the prefix was spread, not kept: %v", counts[0]+counts[1], got)
 	}
+	return ""
 }
 
 // TestModelAliasRewritesBothWays: a public name routed to the served model
