@@ -18,7 +18,7 @@ import (
 // virtual time and prints one table per workload; with --target it replays
 // them in real time over HTTP against a running balancer instead.
 func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("bench", "llmlb bench [--workload W,...] [--policy P,...] [--backends N] [--slow N] [--rate X] [--scale F] [--seed S] [--clients N] [--engine E] [--sweep [--rates F,...]] [--replicas R] [--scenario NAME] [--json FILE] [--plot FILE.png] [--quiet] [--target URL [--model M] [--label L]]", stderr)
+	fs := newFlagSet("bench", "llmlb bench [--workload W,...] [--policy P,...] [--backends N] [--slow N] [--rate X] [--scale F] [--seed S] [--clients N] [--engine E] [--sweep [--rates F,...] [--seeds N]] [--replicas R] [--scenario NAME] [--json FILE] [--plot FILE.png] [--quiet] [--target URL [--model M] [--label L]]", stderr)
 	workloads := fs.String("workload", strings.Join(bench.WorkloadNames(), ","), "comma-separated workloads")
 	policies := fs.String("policy", strings.Join(bench.DefaultPolicies(), ","), "comma-separated policies; default is llmlb's default; ttft-true-cache and llm-d-precise know every cache")
 	backends := fs.Int("backends", 8, "emulated servers; with --target, the backends behind it (for imbalance; default: those that answered)")
@@ -36,6 +36,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	label := fs.String("label", "target", "with --target: the name of the result's row")
 	sweep := fs.Bool("sweep", false, "run each workload at a ladder of arrival rates (x0.25 to x4 its default, x2 for the Mooncake traces) and print TTFT p90 and output tok/s per policy at each, the default's worst ratio to each peer, and with --plot one PNG per workload")
 	rates := fs.String("rates", "", "with --sweep: comma-separated arrival-rate factors instead of the default ladder")
+	seeds := fs.Int("seeds", 1, "with --sweep: run every point at N seeds (--seed, --seed+1, ...) and print the medians, the seeds' own ratios where the default's worst is, and at how many seeds it is more than 3% worse than each policy")
 	replicas := fs.Int("replicas", 1, "independent balancers in front of the cluster, each arrival to one at random; above 1 also prints the table against one replica")
 	perturb := fs.String("perturb", "", "scale the emulated engines' costs without telling the balancer: prefill=F (prefill per token and attention), request=F (per-request intake), tokens=F (the prompt tokens the balancer is told, as another tokenizer counts them), comma-separated")
 	scenario := fs.String("scenario", "", "replay a published experiment and print its published figures beside ours: llm-d-kv-cache-wins or sglang-v04-shared-prefix")
@@ -93,7 +94,14 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if !*quiet {
 		opts.Progress = stderr
 	}
-	fmt.Fprintf(stdout, "llmlb bench: %d servers (%s), seed %d, virtual time", *backends, strings.Join(compact(bench.Presets(*backends, *slow)), " "), *seed)
+	if *seeds < 1 || *seeds > 1 && !*sweep {
+		return fmt.Errorf("bench: --seeds %d: give a count of at least 1, with --sweep", *seeds)
+	}
+	seedText := fmt.Sprintf("seed %d", *seed)
+	if *seeds > 1 {
+		seedText = fmt.Sprintf("seeds %d-%d", *seed, *seed+uint64(*seeds)-1)
+	}
+	fmt.Fprintf(stdout, "llmlb bench: %d servers (%s), %s, virtual time", *backends, strings.Join(compact(bench.Presets(*backends, *slow)), " "), seedText)
 	if p := pert.String(); p != "" {
 		fmt.Fprintf(stdout, ", engines perturbed (%s) without telling the balancer", p)
 	}
@@ -110,7 +118,11 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			}
 		}
 		opts.Replicas = *replicas
-		curves, err := bench.Sweep(ctx, opts, ladder)
+		var list []uint64
+		for k := range *seeds {
+			list = append(list, *seed+uint64(k))
+		}
+		curves, err := bench.SweepSeeds(ctx, opts, ladder, list)
 		if err != nil {
 			return err
 		}

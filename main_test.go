@@ -977,6 +977,10 @@ func TestBenchSweepAndScenarioCommands(t *testing.T) {
 			[]string{"replicas: 3 independent balancers", "hit rate 3"}},
 		{"scenario", []string{"--scenario", "sglang-v04-shared-prefix", "--scale", "0.05", "--json", dir + "/e.json"},
 			[]string{"cache-aware router (v0.4)", "158596", "best first: published"}},
+		{"seeds", []string{"--sweep", "--seeds", "2", "--rates", "2", "--workload", "burst", "--policy", "default,epp", "--backends", "3", "--scale", "0.05", "--json", dir + "/m.json"},
+			[]string{"seeds 1-2", "summary over 2 seeds", "seeds worse", " of 2"}},
+		{"bad seeds", []string{"--sweep", "--seeds", "0"}, []string{"--seeds 0: give a count of at least 1, with --sweep"}},
+		{"seeds without sweep", []string{"--seeds", "3"}, []string{"--seeds 3: give a count of at least 1, with --sweep"}},
 		{"bad rates", []string{"--sweep", "--rates", "0.5,fast"}, []string{`"fast" is not a positive factor`}},
 		{"bad scenario", []string{"--scenario", "nope"}, []string{`unknown scenario "nope"`}},
 	} {
@@ -997,9 +1001,12 @@ func TestBenchSweepAndScenarioCommands(t *testing.T) {
 	if _, err := os.Stat(dir + "/s-burst.png"); err != nil {
 		t.Error(err)
 	}
-	for _, f := range []string{"s.json", "e.json"} {
+	for _, f := range []string{"s.json", "e.json", "m.json"} {
 		if b, err := os.ReadFile(dir + "/" + f); err != nil || !json.Valid(b) {
 			t.Errorf("%s: %v, valid JSON %v", f, err, json.Valid(b))
 		}
+	}
+	if b, _ := os.ReadFile(dir + "/m.json"); !strings.Contains(string(b), `"ttft_p90_by_seed"`) {
+		t.Errorf("m.json lacks each seed's figures:\n%s", b)
 	}
 }

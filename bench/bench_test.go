@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -120,7 +121,7 @@ func TestClosedLoop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a, b := Summarize(many), Summarize(again); a != b {
+	if a, b := Summarize(many), Summarize(again); !reflect.DeepEqual(a, b) {
 		t.Errorf("same seed, different closed-loop runs:\n%+v\n%+v", a, b)
 	}
 	if a, b := Summarize(one).Throughput, Summarize(many).Throughput; !(b > 4*a) {

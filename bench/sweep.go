@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strings"
 
 	"gonum.org/v1/plot"
@@ -75,8 +76,103 @@ func Sweep(ctx context.Context, o Options, ladder []float64) ([]Curve, error) {
 	return curves, nil
 }
 
+// SweepSeeds runs Sweep once for each seed (the workloads' arrivals and
+// prompts, the scrape jitter and the policies' randomness all follow it)
+// and merges the runs with MergeSeeds. One seed is one draw of a chaotic
+// system: near saturation a policy's TTFT p90 moves by 2x from one seed to
+// the next, so a loss on one seed says little until the others agree.
+func SweepSeeds(ctx context.Context, o Options, ladder []float64, seeds []uint64) ([]Curve, error) {
+	runs := make([][]Curve, 0, len(seeds))
+	for _, seed := range seeds {
+		o.Params.Seed = seed
+		curves, err := Sweep(ctx, o, ladder)
+		if err != nil {
+			return nil, err
+		}
+		runs = append(runs, curves)
+	}
+	return MergeSeeds(runs), nil
+}
+
+// MergeSeeds merges sweeps of the same workloads, ladders and policies at
+// different seeds: each row holds the median over the seeds of every
+// figure, and in TTFTP90s and Throughputs the seeds' own values, in the
+// order of runs. One run is returned as it is.
+func MergeSeeds(runs [][]Curve) []Curve {
+	if len(runs) <= 1 {
+		if len(runs) == 0 {
+			return nil
+		}
+		return runs[0]
+	}
+	out := make([]Curve, len(runs[0]))
+	for ci, c := range runs[0] {
+		out[ci] = Curve{Name: c.Name, Tables: make([]Table, len(c.Tables))}
+		for ti, t := range c.Tables {
+			mt := t
+			mt.ttfts = nil
+			mt.Results = make([]Row, len(t.Results))
+			for ri, r := range t.Results {
+				rows := make([]Row, len(runs))
+				for k := range runs {
+					rows[k] = runs[k][ci].Tables[ti].Results[ri]
+				}
+				mt.Results[ri] = medianRow(r.Policy, rows)
+			}
+			out[ci].Tables[ti] = mt
+		}
+	}
+	return out
+}
+
+// medianRow is the row of rows' medians, figure by figure.
+func medianRow(policy string, rows []Row) Row {
+	pick := func(f func(Row) float64) float64 {
+		vs := make([]float64, 0, len(rows))
+		for _, r := range rows {
+			vs = append(vs, f(r))
+		}
+		return median(vs)
+	}
+	m := Row{Policy: policy,
+		TTFTP50:    pick(func(r Row) float64 { return r.TTFTP50 }),
+		TTFTP90:    pick(func(r Row) float64 { return r.TTFTP90 }),
+		TTFTP99:    pick(func(r Row) float64 { return r.TTFTP99 }),
+		E2EP50:     pick(func(r Row) float64 { return r.E2EP50 }),
+		E2EP99:     pick(func(r Row) float64 { return r.E2EP99 }),
+		Throughput: pick(func(r Row) float64 { return r.Throughput }),
+		HitRate:    pick(func(r Row) float64 { return r.HitRate }),
+		Imbalance:  pick(func(r Row) float64 { return r.Imbalance }),
+		Refused:    int(math.Round(pick(func(r Row) float64 { return float64(r.Refused) }))),
+		Failed:     int(math.Round(pick(func(r Row) float64 { return float64(r.Failed) }))),
+		Saturated:  pick(func(r Row) float64 { return r.Saturated }),
+	}
+	for _, r := range rows {
+		m.TTFTP90s = append(m.TTFTP90s, r.TTFTP90)
+		m.Throughputs = append(m.Throughputs, r.Throughput)
+	}
+	return m
+}
+
+// median of vs, NaN (a time no request had) ignored; NaN when all are.
+func median(vs []float64) float64 {
+	vs = slices.DeleteFunc(slices.Clone(vs), math.IsNaN)
+	if len(vs) == 0 {
+		return math.NaN()
+	}
+	slices.Sort(vs)
+	if n := len(vs); n%2 == 1 {
+		return vs[n/2]
+	} else {
+		return (vs[n/2-1] + vs[n/2]) / 2
+	}
+}
+
 // WriteSweep prints each workload's TTFT p90 and output tokens/s per
 // policy at every rate, then the default's worst ratio to each peer over
+// the ladder. Merged over seeds (MergeSeeds), the figures are medians, and
+// the summary adds the range of the seeds' own ratios where the worst is
+// and the seeds at which the default is worse by more than 3% anywhere on
 // the ladder.
 func WriteSweep(w io.Writer, curves []Curve) {
 	for _, c := range curves {
@@ -99,27 +195,83 @@ func WriteSweep(w io.Writer, curves []Curve) {
 		}
 		writeAligned(w, rows)
 	}
-	fmt.Fprintf(w, "\nsummary: the default's worst ratio to each policy over the ladder (TTFT p90 default/peer, above 1 is worse; output tok/s default/peer, below 1 is worse)\n")
-	rows := [][]string{{"workload", "policy", "worst TTFT p90 ratio", "at", "worst tok/s ratio", "at"}}
+	seeds := 0
+	if len(curves) > 0 && len(curves[0].Tables) > 0 && len(curves[0].Tables[0].Results) > 0 {
+		seeds = len(curves[0].Tables[0].Results[0].TTFTP90s)
+	}
+	if seeds > 1 {
+		fmt.Fprintf(w, "\nsummary over %d seeds: the default's worst ratio of medians to each policy over the ladder (TTFT p90 default/peer, above 1 is worse; output tok/s default/peer, below 1 is worse), the seeds' own ratios at that rate, and how many seeds the default is worse than the policy by more than 3%% at some rate\n", seeds)
+	} else {
+		fmt.Fprintf(w, "\nsummary: the default's worst ratio to each policy over the ladder (TTFT p90 default/peer, above 1 is worse; output tok/s default/peer, below 1 is worse)\n")
+	}
+	head := []string{"workload", "policy", "worst TTFT p90 ratio", "at", "worst tok/s ratio", "at"}
+	if seeds > 1 {
+		head = []string{"workload", "policy", "worst TTFT p90 ratio", "seeds", "at", "worst tok/s ratio", "seeds", "at", "seeds worse"}
+	}
+	rows := [][]string{head}
 	for _, c := range curves {
 		for pi, r := range c.Tables[0].Results {
 			if pi == 0 {
 				continue
 			}
-			worstT, worstR, atT, atR := math.Inf(-1), math.Inf(1), 0.0, 0.0
-			for _, t := range c.Tables {
+			worstT, worstR, atT, atR := math.Inf(-1), math.Inf(1), 0, 0
+			worse := make([]bool, seeds)
+			for ti, t := range c.Tables {
 				d, p := t.Results[0], t.Results[pi]
 				if v := d.TTFTP90 / p.TTFTP90; v > worstT {
-					worstT, atT = v, t.Rate
+					worstT, atT = v, ti
 				}
 				if v := d.Throughput / p.Throughput; v < worstR {
-					worstR, atR = v, t.Rate
+					worstR, atR = v, ti
+				}
+				for k := range worse {
+					dt, pt := d.TTFTP90s[k], p.TTFTP90s[k]
+					// No first token at all (NaN) is worse than any.
+					if dt/pt > 1.03 || math.IsNaN(dt) && !math.IsNaN(pt) || d.Throughputs[k]/p.Throughputs[k] < 0.97 {
+						worse[k] = true
+					}
 				}
 			}
-			rows = append(rows, []string{c.Name, r.Policy, fmt.Sprintf("%.2f", worstT), fmt.Sprintf("x%g", atT), fmt.Sprintf("%.2f", worstR), fmt.Sprintf("x%g", atR)})
+			row := []string{c.Name, r.Policy, fmt.Sprintf("%.2f", worstT)}
+			if seeds > 1 {
+				row = append(row, seedRatios(c.Tables[atT], pi, func(r Row) []float64 { return r.TTFTP90s }))
+			}
+			row = append(row, fmt.Sprintf("x%g", c.Tables[atT].Rate), fmt.Sprintf("%.2f", worstR))
+			if seeds > 1 {
+				row = append(row, seedRatios(c.Tables[atR], pi, func(r Row) []float64 { return r.Throughputs }))
+			}
+			row = append(row, fmt.Sprintf("x%g", c.Tables[atR].Rate))
+			if seeds > 1 {
+				n := 0
+				for _, b := range worse {
+					if b {
+						n++
+					}
+				}
+				row = append(row, fmt.Sprintf("%d of %d", n, seeds))
+			}
+			rows = append(rows, row)
 		}
 	}
 	writeAligned(w, rows)
+}
+
+// seedRatios is the range of the default's ratio to row pi's policy over
+// the seeds, "lo-hi", in table t.
+func seedRatios(t Table, pi int, of func(Row) []float64) string {
+	d, p := of(t.Results[0]), of(t.Results[pi])
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for k := range d {
+		v := d[k] / p[k]
+		if math.IsNaN(v) {
+			continue
+		}
+		lo, hi = min(lo, v), max(hi, v)
+	}
+	if lo > hi {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f-%.2f", lo, hi)
 }
 
 // PlotSweep draws one PNG per workload, prefix + "-" + workload + ".png":

@@ -1,0 +1,43 @@
+package bench
+
+import (
+	"math"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// TestMergeSeedsTakesMedians: three seeds' sweeps merge into one whose
+// rows hold each figure's median (a time no request had ignored) and
+// each seed's own TTFT p90 and throughput; the summary counts the seeds
+// at which the default is more than 3% worse.
+func TestMergeSeedsTakesMedians(t *testing.T) {
+	run := func(dp90, dtok, pp90, ptok float64) []Curve {
+		return []Curve{{Name: "w", Tables: []Table{{Name: "w", Rate: 1, Results: []Row{
+			{Policy: "default", TTFTP90: dp90, Throughput: dtok, Refused: int(dtok)},
+			{Policy: "peer", TTFTP90: pp90, Throughput: ptok},
+		}}}}}
+	}
+	merged := MergeSeeds([][]Curve{
+		run(1.0, 100, 0.5, 100), // 2x worse
+		run(0.4, 110, 0.5, 100), // better
+		run(math.NaN(), 90, 0.6, 100),
+	})
+	d, p := merged[0].Tables[0].Results[0], merged[0].Tables[0].Results[1]
+	if d.TTFTP90 != 0.7 || d.Throughput != 100 || d.Refused != 100 || p.TTFTP90 != 0.5 || p.Throughput != 100 {
+		t.Errorf("medians: default %+v, peer %+v", d, p)
+	}
+	if len(d.TTFTP90s) != 3 || d.TTFTP90s[0] != 1 || !math.IsNaN(d.TTFTP90s[2]) || !slices.Equal(d.Throughputs, []float64{100, 110, 90}) {
+		t.Errorf("by seed: %v %v", d.TTFTP90s, d.Throughputs)
+	}
+	var out strings.Builder
+	WriteSweep(&out, merged)
+	for _, want := range []string{"summary over 3 seeds", "1.40", "0.80-2.00", "2 of 3"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("sweep lacks %q:\n%s", want, out.String())
+		}
+	}
+	if one := [][]Curve{run(1, 1, 1, 1)}; len(MergeSeeds(one)) != 1 || MergeSeeds(one)[0].Tables[0].Results[0].TTFTP90s != nil {
+		t.Error("one run is not returned as it is")
+	}
+}
