@@ -131,28 +131,22 @@ func (r Row) MarshalJSON() ([]byte, error) {
 		}
 		return v
 	}
-	type row struct {
-		Policy     string    `json:"policy"`
-		TTFTP50    any       `json:"ttft_p50"`
-		TTFTP90    any       `json:"ttft_p90"`
-		TTFTP99    any       `json:"ttft_p99"`
-		E2EP50     any       `json:"e2e_p50"`
-		E2EP99     any       `json:"e2e_p99"`
-		Throughput float64   `json:"output_tokens_per_s"`
-		HitRate    float64   `json:"hit_rate"`
-		Imbalance  float64   `json:"imbalance"`
-		Refused    int       `json:"refused"`
-		Failed     int       `json:"failed"`
-		Saturated  float64   `json:"saturated_output_tokens_per_s,omitempty"`
-		TTFTP90s   []any     `json:"ttft_p90_by_seed,omitempty"`
-		Through    []float64 `json:"output_tokens_per_s_by_seed,omitempty"`
-	}
 	var p90s []any
 	for _, v := range r.TTFTP90s {
 		p90s = append(p90s, num(v))
 	}
-	return json.Marshal(row{r.Policy, num(r.TTFTP50), num(r.TTFTP90), num(r.TTFTP99), num(r.E2EP50), num(r.E2EP99),
-		r.Throughput, r.HitRate, r.Imbalance, r.Refused, r.Failed, r.Saturated, p90s, r.Throughputs})
+	// The times are written in place of the embedded row's own fields of
+	// the same names (the shallower field wins).
+	type plain Row
+	return json.Marshal(struct {
+		plain
+		TTFTP50  any   `json:"ttft_p50"`
+		TTFTP90  any   `json:"ttft_p90"`
+		TTFTP99  any   `json:"ttft_p99"`
+		E2EP50   any   `json:"e2e_p50"`
+		E2EP99   any   `json:"e2e_p99"`
+		TTFTP90s []any `json:"ttft_p90_by_seed,omitempty"`
+	}{plain(r), num(r.TTFTP50), num(r.TTFTP90), num(r.TTFTP99), num(r.E2EP50), num(r.E2EP99), p90s})
 }
 
 // WriteJSON writes the report as the --json file.

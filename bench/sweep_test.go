@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"encoding/json"
 	"math"
 	"slices"
 	"strings"
@@ -29,6 +30,12 @@ func TestMergeSeedsTakesMedians(t *testing.T) {
 	}
 	if len(d.TTFTP90s) != 3 || d.TTFTP90s[0] != 1 || !math.IsNaN(d.TTFTP90s[2]) || !slices.Equal(d.Throughputs, []float64{100, 110, 90}) {
 		t.Errorf("by seed: %v %v", d.TTFTP90s, d.Throughputs)
+	}
+	// JSON: a time no request had is null, each field once.
+	b, err := json.Marshal(Row{Policy: "x", TTFTP50: math.NaN(), TTFTP90: 1, TTFTP90s: []float64{1, math.NaN()}, Throughputs: []float64{2, 3}})
+	if err != nil || !strings.Contains(string(b), `"ttft_p50":null`) || !strings.Contains(string(b), `"ttft_p90":1,`) ||
+		!strings.Contains(string(b), `"ttft_p90_by_seed":[1,null]`) || strings.Count(string(b), `"ttft_p90"`) != 1 {
+		t.Errorf("%s %v", b, err)
 	}
 	var out strings.Builder
 	WriteSweep(&out, merged)
