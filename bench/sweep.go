@@ -161,11 +161,11 @@ func median(vs []float64) float64 {
 		return math.NaN()
 	}
 	slices.Sort(vs)
-	if n := len(vs); n%2 == 1 {
+	n := len(vs)
+	if n%2 == 1 {
 		return vs[n/2]
-	} else {
-		return (vs[n/2-1] + vs[n/2]) / 2
 	}
+	return (vs[n/2-1] + vs[n/2]) / 2
 }
 
 // WriteSweep prints each workload's TTFT p90 and output tokens/s per
