@@ -62,8 +62,8 @@ sim:
 # The micro-benchmarks; the routing benchmark at every load level (results
 # in sweep.json and sweep-<workload>.png), with 8 replicas against one (the
 # synthetic workloads: the traces at 8 replicas take 20 minutes more), and
-# the two published experiments; then the proxy's cost against HAProxy and
-# nginx.
+# the two published experiments; then the proxy's cost against Go's bare
+# reverse proxy, HAProxy and nginx.
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./...
 	$(GO) run . bench --sweep --json sweep.json --plot sweep.png

@@ -99,10 +99,10 @@ func SweepSeeds(ctx context.Context, o Options, ladder []float64, seeds []uint64
 // figure, and in TTFTP90s and Throughputs the seeds' own values, in the
 // order of runs. One run is returned as it is.
 func MergeSeeds(runs [][]Curve) []Curve {
-	if len(runs) <= 1 {
-		if len(runs) == 0 {
-			return nil
-		}
+	switch len(runs) {
+	case 0:
+		return nil
+	case 1:
 		return runs[0]
 	}
 	out := make([]Curve, len(runs[0]))
