@@ -132,20 +132,7 @@ func TestIndependentBalancersAgreeOnNewPrompts(t *testing.T) {
 // one prompt ranged 0.21-0.45 s in one pick), place new prompts on the
 // same servers.
 func TestReplicasWithNoisyEstimatesAgreeOnNewPrompts(t *testing.T) {
-	r1, r2 := newBal(t, "ttft"), newBal(t, "ttft")
-	specs := []Spec{busy("a", 0, 0, 0), busy("b", 0, 0, 0), busy("c", 0, 0, 0), busy("d", 0, 0, 0)}
-	r1.Update(specs...)
-	r2.Update(specs...)
-	// Each replica's learned rate for each server, in tokens a second.
-	rates := map[*Balancer][]float64{r1: {30000, 18000, 24000, 14000}, r2: {15000, 29000, 17000, 26000}}
-	for r, rs := range rates {
-		for i, id := range []string{"a", "b", "c", "d"} {
-			for j := range 50 {
-				work := float64(1000 + 200*(j%20))
-				backend(t, r, id).Ledger.est.observe(work, 0, 0.02+work/rs[i], 1/r.cfg.TTFT.PrefillRate, 0.02)
-			}
-		}
-	}
+	r1, r2 := noisyReplicas(t, 0)
 	agree, count := 0, map[string]int{}
 	for i := range 200 {
 		req := distinct(5000+i, 7000)
@@ -163,6 +150,27 @@ func TestReplicasWithNoisyEstimatesAgreeOnNewPrompts(t *testing.T) {
 			t.Errorf("%s took %d of 200 new prompts on four identical idle servers, over 1.5x its share (%v)", id, n, count)
 		}
 	}
+}
+
+// noisyReplicas returns two balancers that share nothing over the same
+// four idle identical servers at KV use kv, each having learned its own
+// prefill rate for each server, as replicas do from their own few samples.
+func noisyReplicas(t *testing.T, kv float64) (r1, r2 *Balancer) {
+	r1, r2 = newBal(t, "ttft"), newBal(t, "ttft")
+	specs := []Spec{busy("a", 0, 0, kv), busy("b", 0, 0, kv), busy("c", 0, 0, kv), busy("d", 0, 0, kv)}
+	r1.Update(specs...)
+	r2.Update(specs...)
+	// Each replica's learned rate for each server, in tokens a second.
+	rates := map[*Balancer][]float64{r1: {30000, 18000, 24000, 14000}, r2: {15000, 29000, 17000, 26000}}
+	for r, rs := range rates {
+		for i, id := range []string{"a", "b", "c", "d"} {
+			for j := range 50 {
+				work := float64(1000 + 200*(j%20))
+				backend(t, r, id).Ledger.est.observe(work, 0, 0.02+work/rs[i], 1/r.cfg.TTFT.PrefillRate, 0.02)
+			}
+		}
+	}
+	return r1, r2
 }
 
 // A holder prefilling a request it took a while ago has only what is left
@@ -269,5 +277,148 @@ func TestNewPromptsGoWhereTheCacheHasRoom(t *testing.T) {
 	}
 	if count["small"] > 0 || len(count) != 3 {
 		t.Errorf("100 new prompts went %v, want all to a, b and c", count)
+	}
+}
+
+// Two balancers that share nothing send a conversation's later turn to the
+// same server, though only one of them routed its first turn (and has the
+// last few in flight): a turn is
+// placed by its conversation (the system prompt and first user message),
+// not by what each replica's index happens to hold. Without it, of 1,020
+// turns that reached a replica new to their conversation, 520 went
+// elsewhere than the conversation's server (llmlb bench --replicas 8
+// --workload multi-turn: 0.81 of one replica's hit rate kept).
+func TestReplicasFollowAConversation(t *testing.T) {
+	r1, r2 := noisyReplicas(t, 0.1)
+	sys := strings.Repeat("You are a helpful assistant. ", 200)
+	turn := func(c, n int) *Request {
+		p := []byte(sys)
+		p = fmt.Appendf(p, "user: conversation %d asks %s", c, strings.Repeat("q", 600))
+		first := len(p)
+		for k := 1; k < n; k++ {
+			p = fmt.Appendf(p, " assistant: answer %d %s user: more %d", k, strings.Repeat("a", 800), k)
+		}
+		return &Request{Model: "m", Prompt: p, PromptTokens: len(p) / 4, MaxTokens: 100,
+			FirstUser: len(sys), FirstTurn: first, LaterTurn: n > 1}
+	}
+	agree, count := 0, map[string]int{}
+	var inFlight []*Guard
+	t.Cleanup(func() {
+		for _, g := range inFlight {
+			g.Release()
+		}
+	})
+	for c := range 40 {
+		// r1 routes the first turn; the last four are still in flight.
+		req := turn(c, 1)
+		req.Guard = r1.NewGuard()
+		if _, err := r1.Pick(req, nil); err != nil {
+			t.Fatal(err)
+		}
+		inFlight = append(inFlight, req.Guard)
+		if len(inFlight) > 4 {
+			inFlight[0].Release()
+			inFlight = inFlight[1:]
+		}
+		for n := 2; n <= 3; n++ {
+			req := turn(c, n)
+			got := r1.Explain(req).Chosen[0]
+			if got == r2.Explain(req).Chosen[0] {
+				agree++
+			}
+			count[got]++
+		}
+	}
+	if agree < 76 {
+		t.Errorf("replicas agreed on %d of 80 later turns, want at least 76 (%v)", agree, count)
+	}
+	for id, n := range count {
+		if n > 30 {
+			t.Errorf("%s took %d of 80 later turns of 40 conversations on four identical idle servers, over 1.5x its share (%v)", id, n, count)
+		}
+	}
+}
+
+// First turns on a system prompt stay with the prompt's holder while its
+// requests are one-off questions (shared-prefix: the questions belong with
+// their prefix), and go to their conversations' homes once most of its
+// requests are later turns, so that a replica that sees only a later turn
+// finds its conversation where the first turn went.
+func TestFirstTurnsFollowTheirPrefixUntilConversationsReturn(t *testing.T) {
+	b := newBal(t, "ttft")
+	b.Update(busy("a", 0, 0, 0.1), busy("b", 0, 0, 0.1), busy("c", 0, 0, 0.1), busy("d", 0, 0, 0.1))
+	sys := strings.Repeat("You answer questions about one long document. ", 100)
+	chat := func(c int, later bool) *Request {
+		p := fmt.Appendf([]byte(sys), "user: question %d %s", c, strings.Repeat("q", 600))
+		first := len(p)
+		if later {
+			p = fmt.Appendf(p, " assistant: an answer user: and then?")
+		}
+		return &Request{Model: "m", Prompt: p, PromptTokens: len(p) / 4, MaxTokens: 100,
+			FirstUser: len(sys), FirstTurn: first, LaterTurn: later}
+	}
+	pick := func(req *Request) string {
+		d, err := b.Pick(req, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d.Candidates[0].ID
+	}
+	n := map[string]int{}
+	for c := range 40 {
+		n[pick(chat(c, false))]++
+	}
+	if len(n) != 1 {
+		t.Errorf("40 one-off questions on one system prompt went to %v, want one holder", n)
+	}
+	// Now the prompt's conversations come back, three later turns each;
+	// the first 20 turn its counts.
+	n = map[string]int{}
+	for c := range 60 {
+		if id := pick(chat(1000+c, false)); c >= 20 {
+			n[id]++
+		}
+		for range 3 {
+			pick(chat(1000+c, true))
+		}
+	}
+	for id, k := range n {
+		if k > 15 {
+			t.Errorf("%s took %d of 40 first turns on a system prompt whose conversations return, over 1.5x its share (%v)", id, k, n)
+		}
+	}
+}
+
+func TestConversationsCountsLaterTurnsPerPrefix(t *testing.T) {
+	var c conversations
+	const key, other = 0x1234_5678_0000_0042, 0x9999_0000_0000_0042 // one slot, two tags
+	for range 3 {
+		c.note(key, true)
+	}
+	if c.mostlyLater(key) {
+		t.Error("mostly later after 3 requests, want at least 4 first")
+	}
+	c.note(key, false)
+	if !c.mostlyLater(key) {
+		t.Error("3 later turns of 4: not mostly later")
+	}
+	if c.mostlyLater(other) {
+		t.Error("another key in the same slot reads the first one's counts")
+	}
+	for range 200 { // the prompt's requests turn into one-off questions
+		c.note(key, false)
+	}
+	if c.mostlyLater(key) {
+		t.Error("still mostly later after 200 first turns")
+	}
+	for range 40 {
+		c.note(key, true)
+	}
+	if !c.mostlyLater(key) {
+		t.Error("40 later turns after 200 first turns: the counts do not forget")
+	}
+	c.note(other, true)
+	if c.mostlyLater(key) || c.mostlyLater(other) {
+		t.Error("a new key in the slot keeps the old key's counts")
 	}
 }

@@ -42,6 +42,12 @@ type Request struct {
 	// prompt's text for a completion), for policies keyed by it
 	// (consistent-hash); nil means Prompt.
 	UserText []byte
+	// FirstUser and FirstTurn are, for a chat with a user message, where
+	// the first one begins and ends in the prompt's canonical bytes
+	// ([prefix.Parts]); 0 otherwise. LaterTurn says messages follow it:
+	// the prompt is a later turn of a conversation.
+	FirstUser, FirstTurn int
+	LaterTurn            bool
 	// Session is the session-affinity header's value, or "".
 	Session string
 	// Priority orders the admission queue; negative is sheddable.
@@ -183,6 +189,13 @@ type Pick struct {
 	PromptBlocks int
 	// Key is a hash of the prompt's start, the same on every replica.
 	Key uint64
+	// Conversation is, for a chat, the hash of the prompt's blocks
+	// through its first user message (the last whole block there, whose
+	// chained hash covers all before it; the first block when no system
+	// prompt comes before that message): the same on every turn of a
+	// conversation and every replica, different for conversations that
+	// share a system prompt. 0 for other requests.
+	Conversation uint64
 	// Dry is set for /debug/route: pickers must not change state.
 	Dry bool
 
@@ -705,14 +718,20 @@ func (b *Balancer) hashPrompt(s *scratch, p *Pick) {
 		return
 	}
 	if idx := b.pol.index; idx != nil {
+		bb, most, partial := idx.HashShape()
 		if req.Parts != nil {
-			bb, most, partial := idx.HashShape()
 			s.hashes = req.Parts.AppendHashes(s.hashes[:0], req.Seed, bb, most, partial)
 		} else {
 			s.hashes = idx.AppendHashes(s.hashes[:0], req.Seed, req.Prompt)
 		}
 		p.hashes = s.hashes
 		p.PromptBlocks = len(s.hashes)
+		if j := min(req.FirstTurn/bb, len(s.hashes)) - 1; req.FirstTurn > 0 && j >= 0 {
+			if req.FirstUser < bb {
+				j = 0 // the first block is the conversation's own
+			}
+			p.Conversation = s.hashes[j]
+		}
 		if len(s.hashes) > 0 {
 			p.Key = s.hashes[0]
 			by := grow(s.bySlot, p.snap.slots)

@@ -46,6 +46,20 @@ func (r *Request) AppendUserText(dst []byte, n int) []byte {
 	return dst
 }
 
+// FirstTurn is where the first user message begins and ends in the
+// prompt's text, and whether parts follow it (a later turn of a
+// conversation), as [prefix.Parts] has them for a chat; zeros for the
+// traces, whose prompts have no messages (System is 0).
+func (r *Request) FirstTurn() (user, end int, later bool) {
+	if r.System == 0 || r.System >= len(r.Parts) {
+		return 0, 0, false
+	}
+	for _, p := range r.Parts[:r.System] {
+		user += 4 * p.Tokens
+	}
+	return user, user + 4*r.Parts[r.System].Tokens, len(r.Parts) > r.System+1
+}
+
 // Tokens is the prompt's length in tokens.
 func (r *Request) Tokens() int {
 	n := 0

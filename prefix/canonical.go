@@ -167,7 +167,7 @@ type contentPart struct {
 // depends on key order or whitespace in the request. A message list that is
 // not a non-empty list of objects with roles is a [*FormatError].
 func AppendChat(dst []byte, messages, tools json.RawMessage) ([]byte, error) {
-	return appendChat(dst, messages, tools, false, nil)
+	return appendChat(dst, messages, tools, false, nil, nil)
 }
 
 // AppendValidChat is [AppendChat] for messages and tools already known to
@@ -175,12 +175,13 @@ func AppendChat(dst []byte, messages, tools json.RawMessage) ([]byte, error) {
 // AppendCompletion: on a long prompt, most of AppendChat's time goes to
 // checking again what the request parser has checked.
 func AppendValidChat(dst []byte, messages, tools json.RawMessage) ([]byte, error) {
-	return appendChat(dst, messages, tools, true, nil)
+	return appendChat(dst, messages, tools, true, nil, nil)
 }
 
 // appendChat is AppendChat; with refs, long plain texts are referenced
-// there instead of copied (see [Parts]).
-func appendChat(dst []byte, messages, tools json.RawMessage, valid bool, refs *refList) ([]byte, error) {
+// there instead of copied (see [Parts]); with turn, it sets turn[0] and
+// turn[1] to what [Parts.FirstUser] and [Parts.FirstTurn] say.
+func appendChat(dst []byte, messages, tools json.RawMessage, valid bool, refs *refList, turn *[2]int) ([]byte, error) {
 	messages = bytes.TrimSpace(messages)
 	if len(messages) == 0 || string(messages) == "null" {
 		return dst, formatErr("messages", "You must provide messages.")
@@ -214,7 +215,23 @@ func appendChat(dst []byte, messages, tools json.RawMessage, valid bool, refs *r
 			dst = append(dst, recordSep)
 		}
 	}
+	start, referred := len(dst), 0 // referred: bytes of refs before this call
+	if refs != nil {
+		referred = refs.bytes()
+	}
+	at := func() int { // the canonical length written so far
+		n := len(dst) - start
+		if refs != nil {
+			n += refs.bytes() - referred
+		}
+		return n
+	}
+	user := false
 	for _, m := range msgs {
+		first := !user && *m.Role == "user"
+		if first && turn != nil {
+			turn[0] = at()
+		}
 		dst = appendField(append(dst, 'm'), *m.Role)
 		dst = appendField(dst, m.Name)
 		dst = appendField(dst, m.ToolCallID)
@@ -229,6 +246,12 @@ func appendChat(dst []byte, messages, tools json.RawMessage, valid bool, refs *r
 			dst = appendField(dst, argumentsText(tc.Function.Arguments))
 		}
 		dst = append(dst, recordSep)
+		if first {
+			user = true
+			if turn != nil {
+				turn[1] = at()
+			}
+		}
 	}
 	return dst, nil
 }

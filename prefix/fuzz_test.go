@@ -179,6 +179,18 @@ func FuzzParts(f *testing.F) {
 		}
 		whole, werr := AppendValidChat(nil, msgs, nil)
 		check("chat", whole, werr, p.setChat(msgs, nil, min))
+		if werr == nil {
+			// The first turn's length does not depend on what is referred to,
+			// and ends a message record of the prompt, a later turn's before
+			// its end.
+			var q Parts
+			_ = q.setChat(msgs, nil, 1<<30)
+			fu, ft := p.FirstUser, p.FirstTurn
+			if fu != q.FirstUser || ft != q.FirstTurn || fu < 0 || (ft > 0 && fu >= ft) || ft > len(whole) ||
+				(ft > 0 && (whole[ft-1] != recordSep || whole[fu] != 'm' || (fu > 0 && whole[fu-1] != recordSep))) || p.LaterTurn != (ft > 0 && ft < len(whole)) {
+				t.Fatalf("FirstUser %d, FirstTurn %d (%d, %d copied whole), LaterTurn %v, of %d bytes", fu, ft, q.FirstUser, q.FirstTurn, p.LaterTurn, len(whole))
+			}
+		}
 		whole, werr = AppendValidCompletion(nil, prompt)
 		check("completion", whole, werr, p.setCompletion(prompt, min))
 	})

@@ -24,6 +24,15 @@ type Ref struct {
 type Parts struct {
 	Glue []byte
 	Refs []Ref
+	// FirstUser and FirstTurn are, for a chat with a user message, where
+	// the first one begins and ends in the canonical bytes; 0 for any
+	// other prompt. Every turn of a conversation shares the bytes through
+	// FirstTurn, and their blocks past FirstUser are what tells it from
+	// other conversations on the same system prompt.
+	FirstUser, FirstTurn int
+	// LaterTurn says that messages follow the first user message: the
+	// prompt is a later turn of a conversation.
+	LaterTurn bool
 }
 
 // refList collects the texts of at least min bytes a canonicaliser
@@ -31,6 +40,15 @@ type Parts struct {
 type refList struct {
 	refs []Ref
 	min  int
+}
+
+// bytes is the length of the texts referred to.
+func (l *refList) bytes() int {
+	n := 0
+	for _, r := range l.refs {
+		n += len(r.Text)
+	}
+	return n
 }
 
 // SetValidChat makes p the canonical bytes of a chat request known to be
@@ -43,8 +61,11 @@ func (p *Parts) SetValidChat(messages, tools json.RawMessage) error {
 func (p *Parts) setChat(messages, tools json.RawMessage, min int) error {
 	refs := refList{refs: p.Refs[:0], min: min}
 	var err error
-	p.Glue, err = appendChat(p.Glue[:0], messages, tools, true, &refs)
+	var turn [2]int
+	p.Glue, err = appendChat(p.Glue[:0], messages, tools, true, &refs, &turn)
 	p.Refs = refs.refs
+	p.FirstUser, p.FirstTurn = turn[0], turn[1]
+	p.LaterTurn = p.FirstTurn > 0 && p.FirstTurn < p.Len()
 	return err
 }
 
@@ -57,6 +78,7 @@ func (p *Parts) SetValidCompletion(prompt json.RawMessage) error {
 func (p *Parts) setCompletion(prompt json.RawMessage, min int) error {
 	refs := refList{refs: p.Refs[:0], min: min}
 	var err error
+	p.FirstUser, p.FirstTurn, p.LaterTurn = 0, 0, false
 	p.Glue, err = appendCompletion(p.Glue[:0], prompt, true, &refs)
 	p.Refs = refs.refs
 	return err

@@ -318,3 +318,49 @@ func TestFirstUserText(t *testing.T) {
 		})
 	}
 }
+
+// TestPartsFirstTurn: a chat with a user message records where the first
+// one begins and ends in the canonical bytes (the end is what every turn
+// of its conversation shares), with long texts referred to or not, and
+// whether messages follow (a later turn); a chat with no user message and
+// a completion record none.
+func TestPartsFirstTurn(t *testing.T) {
+	sys := msgJSON("system", longText("tenant-a", 6000))
+	u1 := msgJSON("user", longText("question one", 5000))
+	a1 := msgJSON("assistant", "an answer")
+	u2 := msgJSON("user", "and then?")
+	for _, tc := range []struct {
+		name, msgs    string
+		before, first string // the messages before the first user message, and through it
+		later         bool
+	}{
+		{"later turn", "[" + sys + "," + u1 + "," + a1 + "," + u2 + "]", "[" + sys + "]", "[" + sys + "," + u1 + "]", true},
+		{"no system", "[" + u1 + "," + a1 + "]", "", "[" + u1 + "]", true},
+		{"short texts", `[{"role":"system","content":"s"},{"role":"user","content":"q"},{"role":"assistant","content":"a"}]`, `[{"role":"system","content":"s"}]`, `[{"role":"system","content":"s"},{"role":"user","content":"q"}]`, true},
+		{"first turn", "[" + sys + "," + u1 + "]", "[" + sys + "]", "[" + sys + "," + u1 + "]", false},
+		{"no user", "[" + sys + "," + a1 + "]", "", "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			user, turn := 0, 0
+			if tc.before != "" {
+				user = len(chat(t, tc.before, ""))
+			}
+			if tc.first != "" {
+				turn = len(chat(t, tc.first, ""))
+			}
+			for _, min := range []int{minRef, 1 << 30} {
+				var p Parts
+				if err := p.setChat([]byte(tc.msgs), nil, min); err != nil {
+					t.Fatal(err)
+				}
+				if p.FirstUser != user || p.FirstTurn != turn || p.LaterTurn != tc.later {
+					t.Errorf("min %d: FirstUser, FirstTurn, LaterTurn = %d, %d, %v; want %d, %d, %v", min, p.FirstUser, p.FirstTurn, p.LaterTurn, user, turn, tc.later)
+				}
+			}
+		})
+	}
+	p := Parts{FirstUser: 3, FirstTurn: 7, LaterTurn: true}
+	if err := p.SetValidCompletion([]byte(`"a prompt"`)); err != nil || p.FirstUser != 0 || p.FirstTurn != 0 || p.LaterTurn {
+		t.Errorf("completion: FirstUser, FirstTurn, LaterTurn = %d, %d, %v, err %v; want 0, 0, false", p.FirstUser, p.FirstTurn, p.LaterTurn, err)
+	}
+}

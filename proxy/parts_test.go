@@ -15,6 +15,21 @@ import (
 	"github.com/llmlb/llmlb/balancer"
 )
 
+// breqOf parses body as a request of kind k and returns what s asks its
+// balancer to pick for.
+func breqOf(t *testing.T, s *Server, k Kind, body []byte) *balancer.Request {
+	t.Helper()
+	req, err := ParseRequest(k, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	breq, err := s.balancerRequest(httptest.NewRequest("POST", "/", nil), req, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return breq
+}
+
 // TestLongPromptPicksInParts: a chat whose texts are long reaches the
 // default policy's pick in parts (hashed where it lies in the body, never
 // copied into a canonical buffer) and is matched exactly as the same
@@ -36,18 +51,7 @@ func TestLongPromptPicksInParts(t *testing.T) {
 			{"role": "system", "content": system}, {"role": "user", "content": q + strings.Repeat(" and more", 600)}}})
 		return b
 	}
-	breqOf := func(body []byte) *balancer.Request {
-		req, err := ParseRequest(KindChat, body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		breq, err := s.balancerRequest(httptest.NewRequest("POST", "/v1/chat/completions", nil), req, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return breq
-	}
-	first := breqOf(chat("What is due?"))
+	first := breqOf(t, s, KindChat, chat("What is due?"))
 	if first.Parts == nil || first.Prompt != nil {
 		t.Fatalf("a 15 KB chat reached the pick with Parts %v and %d prompt bytes, want parts only", first.Parts != nil, len(first.Prompt))
 	}
@@ -58,7 +62,7 @@ func TestLongPromptPicksInParts(t *testing.T) {
 	}
 	first.Guard.Release()
 
-	second := breqOf(chat("When is it due?"))
+	second := breqOf(t, s, KindChat, chat("When is it due?"))
 	whole := *second
 	whole.Parts, whole.Prompt = nil, second.Parts.(interface{ AppendTo([]byte) []byte }).AppendTo(nil)
 	inParts, inOne := bal.Explain(second), bal.Explain(&whole)
@@ -74,5 +78,28 @@ func TestLongPromptPicksInParts(t *testing.T) {
 	breq, _ := ring.balancerRequest(httptest.NewRequest("POST", "/v1/completions", nil), req, nil)
 	if breq.Parts != nil || string(breq.Prompt) != system {
 		t.Errorf("consistent-hash got Parts %v and %d prompt bytes, want the %d bytes whole", breq.Parts != nil, len(breq.Prompt), len(system))
+	}
+}
+
+// TestChatTurnsReachThePick: a chat's pick is told where its first user
+// message lies and whether the chat goes on past it, the same on every
+// turn of a conversation (the default policy places a conversation by
+// those bytes); a completion is told nothing.
+func TestChatTurnsReachThePick(t *testing.T) {
+	s := New(DefaultConfig(), newBal(t, balancer.DefaultConfig().Policy), prometheus.NewRegistry(), nil)
+	system := strings.Repeat("You are the careful assistant of the billing team. ", 200)
+	msgs := []map[string]string{{"role": "system", "content": system}, {"role": "user", "content": "What is due?" + strings.Repeat(" and more", 600)}}
+	body := func(v any) []byte { b, _ := json.Marshal(v); return b }
+	first := breqOf(t, s, KindChat, body(map[string]any{"model": testModel, "messages": msgs}))
+	later := breqOf(t, s, KindChat, body(map[string]any{"model": testModel, "messages": append(msgs, map[string]string{"role": "assistant", "content": "Nothing."}, map[string]string{"role": "user", "content": "Sure?"})}))
+	if first.FirstUser <= len(system) || first.FirstTurn <= first.FirstUser || first.LaterTurn {
+		t.Errorf("first turn: FirstUser %d, FirstTurn %d, LaterTurn %v; want the user message after the %d-byte system prompt, no later turn", first.FirstUser, first.FirstTurn, first.LaterTurn, len(system))
+	}
+	if later.FirstUser != first.FirstUser || later.FirstTurn != first.FirstTurn || !later.LaterTurn {
+		t.Errorf("later turn: FirstUser %d, FirstTurn %d, LaterTurn %v; want %d, %d, true", later.FirstUser, later.FirstTurn, later.LaterTurn, first.FirstUser, first.FirstTurn)
+	}
+	c := breqOf(t, s, KindCompletion, body(map[string]any{"model": testModel, "prompt": system}))
+	if c.FirstUser != 0 || c.FirstTurn != 0 || c.LaterTurn {
+		t.Errorf("completion: FirstUser %d, FirstTurn %d, LaterTurn %v; want none", c.FirstUser, c.FirstTurn, c.LaterTurn)
 	}
 }

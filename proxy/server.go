@@ -348,7 +348,9 @@ func (s *Server) balancerRequest(r *http.Request, req *Request, t *tenant) (*bal
 		MaxTokens:    req.MaxTokens,
 		Priority:     prio,
 	}
-	switch c := &req.Canonical; {
+	c := &req.Canonical
+	breq.FirstUser, breq.FirstTurn, breq.LaterTurn = c.FirstUser, c.FirstTurn, c.LaterTurn
+	switch {
 	case len(c.Refs) == 0:
 		breq.Prompt = c.Glue
 	case s.bal.PromptInParts(): // hashed where it lies
