@@ -231,3 +231,53 @@ func totalRequests(t *testing.T, adminAddr string) int64 {
 	}
 	return n
 }
+
+// TestTwoReplicasFollowAConversation: two llmlb processes that share
+// nothing, each taking every other turn of chat conversations on one
+// system prompt, send each conversation's later turns to one backend (its
+// home, the same for both, whatever each one's index saw), and the
+// conversations to more than one backend. Before conversations had a key
+// of their own, every turn went to the system prompt's backend.
+func TestTwoReplicasFollowAConversation(t *testing.T) {
+	urls := simBackends(t, 4, sim.SteadyConfig{Speed: 50})
+	lbs := []*instance{startTest(t, testConfig(urls), 4), startTest(t, testConfig(urls), 4)}
+	for _, lb := range lbs {
+		waitFresh(t, lb.adminAddr, 4)
+	}
+	system := strings.Repeat("You are the careful assistant of the billing team. ", 120)
+	homes := map[string]int{}
+	for c := range 8 {
+		msgs := []map[string]string{{"role": "system", "content": system}}
+		var got []string
+		for turn := range 4 {
+			msgs = append(msgs, map[string]string{"role": "user", "content": fmt.Sprintf("Conversation %d, question %d: %s", c, turn, strings.Repeat("what is due? ", 30))})
+			body, _ := json.Marshal(map[string]any{"model": testModel, "messages": msgs, "max_tokens": 8})
+			resp, err := http.Post("http://"+lbs[turn%2].addr+"/v1/chat/completions", "application/json", strings.NewReader(string(body)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out struct {
+				Choices []struct {
+					Message struct{ Content string } `json:"message"`
+				} `json:"choices"`
+			}
+			err = json.NewDecoder(resp.Body).Decode(&out)
+			resp.Body.Close()
+			if err != nil || resp.StatusCode != http.StatusOK || len(out.Choices) == 0 {
+				t.Fatalf("turn %d of conversation %d: status %d, %v", turn, c, resp.StatusCode, err)
+			}
+			got = append(got, resp.Header.Get("X-Llmlb-Backend"))
+			msgs = append(msgs, map[string]string{"role": "assistant", "content": out.Choices[0].Message.Content})
+		}
+		for _, id := range got[2:] {
+			if id != got[1] {
+				t.Errorf("conversation %d: later turns on %v (turns 1-4, alternating replicas), want one backend", c, got)
+				break
+			}
+		}
+		homes[got[1]]++
+	}
+	if len(homes) < 2 {
+		t.Errorf("8 conversations' later turns all went to %v, want their own homes", homes)
+	}
+}
