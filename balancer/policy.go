@@ -234,14 +234,14 @@ func (s *TTFTScorer) estimate(p *Pick, c *Candidate, pr prior) {
 // 0.66 s with both rules, against 0.65/0.72/0.84 s for llm-d-load).
 //
 // Before all that, a cold prompt goes by bounded-load rendezvous of its
-// first block when it can ([TiePicker.place]): replicas agree on a placement only if the
-// candidates they choose among agree, and a tie window on first token
-// estimates does not hold still: each replica learns every backend's
-// prefill rate from its own few samples, and one replica's estimates of
-// six identical idle H100 servers for one prompt ranged 0.21-0.45 s in
-// one pick, so a 50% window held a different set for each replica and
-// each minute (8 replicas, shared-prefix: 1,109 first meetings of a
-// replica with a group chose 2.6 servers a group).
+// first block when it can ([TiePicker.place]): replicas agree on a
+// placement only if the candidates they choose among agree, and a tie
+// window on first token estimates does not hold still: each replica
+// learns every backend's prefill rate from its own few samples, and one
+// replica's estimates of six identical idle H100 servers for one prompt
+// ranged 0.21-0.45 s in one pick, so a 50% window held a different set
+// for each replica and each minute (8 replicas, shared-prefix: 1,109
+// first meetings of a replica with a group chose 2.6 servers a group).
 //
 // A conversation goes the same way, by its own key ([Pick.Conversation]),
 // on every later turn and, once most requests on its system prompt are
@@ -253,7 +253,7 @@ func (s *TTFTScorer) estimate(p *Pick, c *Candidate, pr prior) {
 // reached a replica new to their conversation went elsewhere than its
 // server; 0.81 of one replica's hit rate kept). Placed by its key, every
 // replica finds it where the first turn went; the index and the scores
-// decide only when the load bound leaves fewer than two candidates. A
+// decide only when its home is busy or full. A
 // first turn is placed so only on a system prompt whose requests come
 // back: on one whose requests are one-off questions (a shared document,
 // shared-prefix) the questions belong together with their prefix.
