@@ -21,15 +21,17 @@ func BenchmarkPick(b *testing.B) {
 		name   string
 		prompt []byte
 		parts  PromptParts
+		turn   bool // a chat's later turn: the conversation's key is read too
 	}
 	for _, pol := range []string{"ttft", "epp", "least-request"} {
 		for _, n := range []int{8, 64, 512} {
-			prompts := []promptCase{{"", nil, nil}, {"/prompt", prompt, nil}}
+			prompts := []promptCase{{"", nil, nil, false}, {"/prompt", prompt, nil, false}}
 			if pol == "ttft" && n == 64 {
 				// The proxy's form of a long prompt: its text where it lies
 				// in the request body (prefix.Parts), hashed in the pick.
 				parts := &prefix.Parts{Refs: []prefix.Ref{{At: 0, Text: long}}}
-				prompts = append(prompts, promptCase{"/prompt-32k", long, nil}, promptCase{"/prompt-32k-parts", nil, parts})
+				prompts = append(prompts, promptCase{"/prompt-32k", long, nil, false}, promptCase{"/prompt-32k-parts", nil, parts, false},
+					promptCase{"/chat-turn-32k-parts", nil, parts, true})
 			}
 			for _, pr := range prompts {
 				b.Run(fmt.Sprintf("%s/%d%s", pol, n, pr.name), func(b *testing.B) {
@@ -44,6 +46,9 @@ func BenchmarkPick(b *testing.B) {
 					req := &Request{Model: "m", Prompt: pr.prompt, Parts: pr.parts, PromptTokens: len(pr.prompt) / 4}
 					if pr.parts != nil {
 						req.PromptTokens = pr.parts.Len() / 4
+					}
+					if pr.turn { // a first turn ending 100 bytes into a block
+						req.FirstUser, req.FirstTurn, req.LaterTurn = 20000, 24100, true
 					}
 					b.ReportAllocs()
 					for b.Loop() {

@@ -372,9 +372,11 @@ func TestFirstTurnsFollowTheirPrefixUntilConversationsReturn(t *testing.T) {
 		t.Errorf("40 one-off questions on one system prompt went to %v, want one holder", n)
 	}
 	// Now the prompt's conversations come back, three later turns each;
-	// the first 20 turn its counts.
+	// the first 20 turn its counts. 120 are counted, so that a fair
+	// hash's spread stays well inside the bound (1.5x is 3.2 standard
+	// deviations of 120 draws among four).
 	n = map[string]int{}
-	for c := range 60 {
+	for c := range 140 {
 		if id := pick(chat(1000+c, false)); c >= 20 {
 			n[id]++
 		}
@@ -382,9 +384,10 @@ func TestFirstTurnsFollowTheirPrefixUntilConversationsReturn(t *testing.T) {
 			pick(chat(1000+c, true))
 		}
 	}
+	t.Logf("120 first turns: %v", n)
 	for id, k := range n {
-		if k > 15 {
-			t.Errorf("%s took %d of 40 first turns on a system prompt whose conversations return, over 1.5x its share (%v)", id, k, n)
+		if k > 45 {
+			t.Errorf("%s took %d of 120 first turns on a system prompt whose conversations return, over 1.5x its share (%v)", id, k, n)
 		}
 	}
 }
@@ -420,5 +423,32 @@ func TestConversationsCountsLaterTurnsPerPrefix(t *testing.T) {
 	c.note(other, true)
 	if c.mostlyLater(key) || c.mostlyLater(other) {
 		t.Error("a new key in the slot keeps the old key's counts")
+	}
+}
+
+// Conversations whose first user messages are shorter than a block still
+// have keys of their own: the last whole block of a first turn may lie
+// inside the system prompt, so the key reads the bytes after it too.
+func TestShortFirstMessagesKeepConversationsApart(t *testing.T) {
+	b := newBal(t, "ttft")
+	b.Update(busy("a", 0, 0, 0.1), busy("b", 0, 0, 0.1), busy("c", 0, 0, 0.1), busy("d", 0, 0, 0.1))
+	sys := strings.Repeat("You are a helpful assistant. ", 200)
+	n := map[string]int{}
+	for c := range 120 {
+		p := fmt.Appendf([]byte(sys), "user: hi %d", c) // 11-13 bytes
+		first := len(p)
+		p = append(p, " assistant: hello user: what is due?"...)
+		req := &Request{Model: "m", Prompt: p, PromptTokens: len(p) / 4, MaxTokens: 100, FirstUser: len(sys), FirstTurn: first, LaterTurn: true}
+		d, err := b.Pick(req, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n[d.Candidates[0].ID]++
+	}
+	t.Logf("120 conversations' later turns: %v", n)
+	for id, k := range n {
+		if k > 45 {
+			t.Errorf("%s took %d of 120 conversations with short first messages, over 1.5x its share (%v)", id, k, n)
+		}
 	}
 }

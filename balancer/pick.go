@@ -63,6 +63,8 @@ type Request struct {
 type PromptParts interface {
 	Len() int
 	AppendHashes(dst []uint64, seed uint64, blockBytes, maxBlocks int, partial bool) []uint64
+	// AppendRange appends the bytes from offset from up to to.
+	AppendRange(dst []byte, from, to int) []byte
 }
 
 // hasPrompt reports whether the request carries a prompt to match.
@@ -189,12 +191,13 @@ type Pick struct {
 	PromptBlocks int
 	// Key is a hash of the prompt's start, the same on every replica.
 	Key uint64
-	// Conversation is, for a chat, the hash of the prompt's blocks
-	// through its first user message (the last whole block there, whose
-	// chained hash covers all before it; the first block when no system
-	// prompt comes before that message): the same on every turn of a
-	// conversation and every replica, different for conversations that
-	// share a system prompt. 0 for other requests.
+	// Conversation is, for a chat, a hash of the prompt through its first
+	// user message (the chained hash of the last whole block there, with
+	// the bytes after it up to the message's end; the first block when no
+	// system prompt comes before the message): the same on every turn of
+	// a conversation and every replica, different for conversations that
+	// share a system prompt, however short their first messages. 0 for
+	// other requests.
 	Conversation uint64
 	// Dry is set for /debug/route: pickers must not change state.
 	Dry bool
@@ -212,7 +215,8 @@ type scratch struct {
 	total   []float64
 	hashes  []uint64
 	bySlot  []int32
-	matched bool // the index found some backend holding the prompt's start
+	tail    []byte // the bytes a conversation's key reads after its last whole block
+	matched bool   // the index found some backend holding the prompt's start
 	stale   []int
 	unknown []int
 }
@@ -726,11 +730,8 @@ func (b *Balancer) hashPrompt(s *scratch, p *Pick) {
 		}
 		p.hashes = s.hashes
 		p.PromptBlocks = len(s.hashes)
-		if j := min(req.FirstTurn/bb, len(s.hashes)) - 1; req.FirstTurn > 0 && j >= 0 {
-			if req.FirstUser < bb {
-				j = 0 // the first block is the conversation's own
-			}
-			p.Conversation = s.hashes[j]
+		if req.FirstTurn > 0 && len(s.hashes) > 0 {
+			p.Conversation, s.tail = conversation(req, s.hashes, bb, s.tail[:0])
 		}
 		if len(s.hashes) > 0 {
 			p.Key = s.hashes[0]
@@ -749,6 +750,33 @@ func (b *Balancer) hashPrompt(s *scratch, p *Pick) {
 		}
 	}
 }
+
+// conversation returns [Pick.Conversation] for a chat whose prompt hashed
+// to hashes in blocks of bb bytes, reading the bytes after the last whole
+// block into buf, which it returns for reuse.
+func conversation(req *Request, hashes []uint64, bb int, buf []byte) (uint64, []byte) {
+	j := req.FirstTurn/bb - 1 // the last whole block of the first turn
+	switch {
+	case req.FirstUser < bb:
+		return hashes[0], buf // the first block is the conversation's own
+	case j >= len(hashes):
+		return hashes[len(hashes)-1], buf
+	}
+	from, to := (j+1)*bb, min(req.FirstTurn, (j+1)*bb+maxTail)
+	if req.Parts != nil {
+		buf = req.Parts.AppendRange(buf, from, to)
+	} else if to <= len(req.Prompt) {
+		buf = append(buf, req.Prompt[from:to]...)
+	}
+	var d xxhash.Digest
+	d.ResetWithSeed(hashes[j])
+	_, _ = d.Write(buf)
+	return d.Sum64(), buf
+}
+
+// maxTail bounds the bytes after a conversation's last whole block that
+// its key reads: blocks are 256 bytes unless the engines' are larger.
+const maxTail = 1024
 
 // applyMatch fills in each candidate's share of the prompt from the index
 // match (or, for the presets that know them, the engines' true caches).

@@ -404,7 +404,8 @@ const maxClasses = 8
 // whose home is busy goes where the scores say, which is where its
 // earlier turns are when the index knows, not to the next in the hash's
 // order, which holds none of it (8 servers, multi-turn at x4, seeds 1-3:
-// TTFT p90 129/109/100 ms to the next, 104/103/98 ms by the scores).
+// TTFT p90 129/109/100 ms to the next, 104/103/98 ms by the scores,
+// both with the key of the last whole block alone).
 //
 // A backend that is slow but reports the same engine and KV size as fast
 // ones shares their class; its backlog, which its slowness grows, is what

@@ -168,6 +168,14 @@ func FuzzParts(f *testing.F) {
 			if got := p.AppendTo(nil); !slices.Equal(got, whole) || p.Len() != len(whole) {
 				t.Fatalf("%s: parts %q (len %d), whole %q", name, got, p.Len(), whole)
 			}
+			from, to := block, 3*block+max // min and max are the fuzz's parameters here
+			from, to = from%(len(whole)+1), to%(len(whole)+1)
+			if from > to {
+				from, to = to, from
+			}
+			if !slices.Equal(p.AppendRange(nil, from, to), whole[from:to]) {
+				t.Fatalf("%s: range %d-%d of parts %q, whole %q", name, from, to, p.AppendRange(nil, from, to), whole[from:to])
+			}
 			x := NewIndex(Config{BlockBytes: block, MaxBlocks: max, Partial: partial})
 			bb, mx, pa := x.HashShape()
 			if got, want := p.AppendHashes(nil, 7, bb, mx, pa), x.AppendHashes(nil, 7, whole); !slices.Equal(got, want) {

@@ -105,6 +105,21 @@ func (p *Parts) each(f func([]byte) bool) {
 	f(p.Glue[at:])
 }
 
+// AppendRange appends the canonical bytes from offset from up to to
+// (clamped to the prompt) to dst.
+func (p *Parts) AppendRange(dst []byte, from, to int) []byte {
+	at := 0
+	p.each(func(b []byte) bool {
+		lo, hi := max(from-at, 0), min(to-at, len(b))
+		if lo < hi {
+			dst = append(dst, b[lo:hi]...)
+		}
+		at += len(b)
+		return at < to
+	})
+	return dst
+}
+
 // AppendTo appends the canonical bytes to dst.
 func (p *Parts) AppendTo(dst []byte) []byte {
 	p.each(func(b []byte) bool { dst = append(dst, b...); return true })
