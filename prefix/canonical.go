@@ -201,6 +201,10 @@ func appendChat(dst []byte, messages, tools json.RawMessage, valid bool, refs *r
 			return dst, formatErr("messages", "every message needs a role.")
 		}
 	}
+	start, referred := len(dst), 0 // referred: bytes of refs before this call
+	if refs != nil {
+		referred = refs.bytes()
+	}
 	tools = bytes.TrimSpace(tools)
 	if len(tools) > 0 && string(tools) != "null" {
 		var defs []json.RawMessage
@@ -214,10 +218,6 @@ func appendChat(dst []byte, messages, tools json.RawMessage, valid bool, refs *r
 			}
 			dst = append(dst, recordSep)
 		}
-	}
-	start, referred := len(dst), 0 // referred: bytes of refs before this call
-	if refs != nil {
-		referred = refs.bytes()
 	}
 	at := func() int { // the canonical length written so far
 		n := len(dst) - start

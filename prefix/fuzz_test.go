@@ -185,21 +185,24 @@ func FuzzParts(f *testing.F) {
 				t.Fatalf("%s: index %d hashes, the chain %d (block %d, max %d, partial %v)", name, len(got), len(want), bb, mx, pa)
 			}
 		}
-		whole, werr := AppendValidChat(nil, msgs, nil)
-		check("chat", whole, werr, p.setChat(msgs, nil, min))
-		if werr == nil {
-			// The first turn's length does not depend on what is referred to,
-			// and ends a message record of the prompt, a later turn's before
-			// its end.
+		for _, tools := range []json.RawMessage{nil, json.RawMessage(`[{"type":"function","function":{"name":"f"}}]`)} {
+			whole, werr := AppendValidChat(nil, msgs, tools)
+			check("chat", whole, werr, p.setChat(msgs, tools, min))
+			if werr != nil {
+				continue
+			}
+			// The first user message begins and ends message records of the
+			// prompt (after the tools), a later turn's before its end, and
+			// where does not depend on what is referred to.
 			var q Parts
-			_ = q.setChat(msgs, nil, 1<<30)
+			_ = q.setChat(msgs, tools, 1<<30)
 			fu, ft := p.FirstUser, p.FirstTurn
 			if fu != q.FirstUser || ft != q.FirstTurn || fu < 0 || (ft > 0 && fu >= ft) || ft > len(whole) ||
 				(ft > 0 && (whole[ft-1] != recordSep || whole[fu] != 'm' || (fu > 0 && whole[fu-1] != recordSep))) || p.LaterTurn != (ft > 0 && ft < len(whole)) {
 				t.Fatalf("FirstUser %d, FirstTurn %d (%d, %d copied whole), LaterTurn %v, of %d bytes", fu, ft, q.FirstUser, q.FirstTurn, p.LaterTurn, len(whole))
 			}
 		}
-		whole, werr = AppendValidCompletion(nil, prompt)
+		whole, werr := AppendValidCompletion(nil, prompt)
 		check("completion", whole, werr, p.setCompletion(prompt, min))
 	})
 }

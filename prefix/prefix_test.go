@@ -329,28 +329,38 @@ func TestPartsFirstTurn(t *testing.T) {
 	u1 := msgJSON("user", longText("question one", 5000))
 	a1 := msgJSON("assistant", "an answer")
 	u2 := msgJSON("user", "and then?")
+	tools := `[{"type":"function","function":{"name":"lookup","parameters":{"type":"object"}}}]`
 	for _, tc := range []struct {
 		name, msgs    string
 		before, first string // the messages before the first user message, and through it
 		later         bool
+		tools         string
 	}{
-		{"later turn", "[" + sys + "," + u1 + "," + a1 + "," + u2 + "]", "[" + sys + "]", "[" + sys + "," + u1 + "]", true},
-		{"no system", "[" + u1 + "," + a1 + "]", "", "[" + u1 + "]", true},
-		{"short texts", `[{"role":"system","content":"s"},{"role":"user","content":"q"},{"role":"assistant","content":"a"}]`, `[{"role":"system","content":"s"}]`, `[{"role":"system","content":"s"},{"role":"user","content":"q"}]`, true},
-		{"first turn", "[" + sys + "," + u1 + "]", "[" + sys + "]", "[" + sys + "," + u1 + "]", false},
-		{"no user", "[" + sys + "," + a1 + "]", "", "", false},
+		{"later turn", "[" + sys + "," + u1 + "," + a1 + "," + u2 + "]", "[" + sys + "]", "[" + sys + "," + u1 + "]", true, ""},
+		{"tools", "[" + sys + "," + u1 + "," + a1 + "]", "[" + sys + "]", "[" + sys + "," + u1 + "]", true, tools},
+		{"tools, no system", "[" + u1 + "," + a1 + "]", "", "[" + u1 + "]", true, tools},
+		{"no system", "[" + u1 + "," + a1 + "]", "", "[" + u1 + "]", true, ""},
+		{"short texts", `[{"role":"system","content":"s"},{"role":"user","content":"q"},{"role":"assistant","content":"a"}]`, `[{"role":"system","content":"s"}]`, `[{"role":"system","content":"s"},{"role":"user","content":"q"}]`, true, ""},
+		{"first turn", "[" + sys + "," + u1 + "]", "[" + sys + "]", "[" + sys + "," + u1 + "]", false, ""},
+		{"no user", "[" + sys + "," + a1 + "]", "", "", false, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			user, turn := 0, 0
 			if tc.before != "" {
-				user = len(chat(t, tc.before, ""))
+				user = len(chat(t, tc.before, tc.tools))
+			} else if tc.tools != "" { // the tools' bytes alone: a chat of no messages is refused
+				user = len(chat(t, `[{"role":"user","content":""}]`, tc.tools)) - len(chat(t, `[{"role":"user","content":""}]`, ""))
 			}
 			if tc.first != "" {
-				turn = len(chat(t, tc.first, ""))
+				turn = len(chat(t, tc.first, tc.tools))
+			}
+			var tools json.RawMessage
+			if tc.tools != "" {
+				tools = json.RawMessage(tc.tools)
 			}
 			for _, min := range []int{minRef, 1 << 30} {
 				var p Parts
-				if err := p.setChat([]byte(tc.msgs), nil, min); err != nil {
+				if err := p.setChat([]byte(tc.msgs), tools, min); err != nil {
 					t.Fatal(err)
 				}
 				if p.FirstUser != user || p.FirstTurn != turn || p.LaterTurn != tc.later {
