@@ -61,7 +61,7 @@ func scanInt(val []byte, dst *int) bool {
 // decodes it into *dst: null sets it to nil, an object decodes into the
 // struct *dst points to, a new one if nil.
 func scanUsage(raw []byte, dst **wireUsage) bool {
-	raw = bytes.TrimSpace(raw)
+	raw = bytes.Trim(raw, " \t\n\r") // JSON's whitespace, not Unicode's
 	if string(raw) == "null" {
 		*dst = nil
 		return true
