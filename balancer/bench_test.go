@@ -48,7 +48,7 @@ func BenchmarkPick(b *testing.B) {
 						req.PromptTokens = pr.parts.Len() / 4
 					}
 					if pr.turn { // a first turn ending 100 bytes into a block
-						req.FirstUser, req.FirstTurn, req.LaterTurn = 20000, 24100, true
+						req.FirstUser, req.FirstTurn = 20000, 24100
 					}
 					b.ReportAllocs()
 					for b.Loop() {

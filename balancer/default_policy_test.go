@@ -299,7 +299,7 @@ func TestReplicasFollowAConversation(t *testing.T) {
 			p = fmt.Appendf(p, " assistant: answer %d %s user: more %d", k, strings.Repeat("a", 800), k)
 		}
 		return &Request{Model: "m", Prompt: p, PromptTokens: len(p) / 4, MaxTokens: 100,
-			FirstUser: len(sys), FirstTurn: first, LaterTurn: n > 1}
+			FirstUser: len(sys), FirstTurn: first}
 	}
 	agree, count := 0, map[string]int{}
 	var inFlight []*Guard
@@ -355,7 +355,7 @@ func TestFirstTurnsFollowTheirPrefixUntilConversationsReturn(t *testing.T) {
 			p = fmt.Appendf(p, " assistant: an answer user: and then?")
 		}
 		return &Request{Model: "m", Prompt: p, PromptTokens: len(p) / 4, MaxTokens: 100,
-			FirstUser: len(sys), FirstTurn: first, LaterTurn: later}
+			FirstUser: len(sys), FirstTurn: first}
 	}
 	pick := func(req *Request) string {
 		d, err := b.Pick(req, nil)
@@ -438,7 +438,7 @@ func TestShortFirstMessagesKeepConversationsApart(t *testing.T) {
 		p := fmt.Appendf([]byte(sys), "user: hi %d", c) // 11-13 bytes
 		first := len(p)
 		p = append(p, " assistant: hello user: what is due?"...)
-		req := &Request{Model: "m", Prompt: p, PromptTokens: len(p) / 4, MaxTokens: 100, FirstUser: len(sys), FirstTurn: first, LaterTurn: true}
+		req := &Request{Model: "m", Prompt: p, PromptTokens: len(p) / 4, MaxTokens: 100, FirstUser: len(sys), FirstTurn: first}
 		d, err := b.Pick(req, nil)
 		if err != nil {
 			t.Fatal(err)

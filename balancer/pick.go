@@ -44,10 +44,8 @@ type Request struct {
 	UserText []byte
 	// FirstUser and FirstTurn are, for a chat with a user message, where
 	// the first one begins and ends in the prompt's canonical bytes
-	// ([prefix.Parts]); 0 otherwise. LaterTurn says messages follow it:
-	// the prompt is a later turn of a conversation.
+	// ([prefix.Parts]); 0 otherwise.
 	FirstUser, FirstTurn int
-	LaterTurn            bool
 	// Session is the session-affinity header's value, or "".
 	Session string
 	// Priority orders the admission queue; negative is sheddable.
@@ -65,6 +63,16 @@ type PromptParts interface {
 	AppendHashes(dst []uint64, seed uint64, blockBytes, maxBlocks int, partial bool) []uint64
 	// AppendRange appends the bytes from offset from up to to.
 	AppendRange(dst []byte, from, to int) []byte
+}
+
+// LaterTurn reports whether the prompt is a later turn of a chat
+// conversation: it goes on past its first user message.
+func (r *Request) LaterTurn() bool {
+	n := len(r.Prompt)
+	if r.Parts != nil {
+		n = r.Parts.Len()
+	}
+	return r.FirstTurn > 0 && r.FirstTurn < n
 }
 
 // hasPrompt reports whether the request carries a prompt to match.

@@ -275,9 +275,10 @@ func (t *TiePicker) Choose(p *Pick, total []float64) (int, string) {
 	// A conversation goes to its home, a cold prompt by its first block.
 	conv := false
 	if p.Conversation != 0 {
-		conv = p.Req.LaterTurn || t.turns.mostlyLater(p.Key)
+		later := p.Req.LaterTurn()
+		conv = later || t.turns.mostlyLater(p.Key)
 		if !p.Dry {
-			t.turns.note(p.Key, p.Req.LaterTurn)
+			t.turns.note(p.Key, later)
 		}
 	}
 	if (conv || isCold) && t.Backlog > 0 && p.Req.hasPrompt() {

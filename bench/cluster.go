@@ -472,7 +472,7 @@ func (r *run) arrive(i int) {
 	f := &flight{req: req, idx: i, rep: rep, arrived: r.now}
 	f.breq = balancer.Request{Model: model, Seed: prefix.Seed(model, ""), PromptTokens: r.c.Perturb.tokens(req.Tokens()), MaxTokens: req.MaxTokens,
 		UserText: req.AppendUserText(nil, 100)}
-	f.breq.FirstUser, f.breq.FirstTurn, f.breq.LaterTurn = req.FirstTurn()
+	f.breq.FirstUser, f.breq.FirstTurn = req.FirstTurn()
 	r.dispatch(f)
 }
 

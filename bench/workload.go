@@ -47,17 +47,16 @@ func (r *Request) AppendUserText(dst []byte, n int) []byte {
 }
 
 // FirstTurn is where the first user message begins and ends in the
-// prompt's text, and whether parts follow it (a later turn of a
-// conversation), as [prefix.Parts] has them for a chat; zeros for the
+// prompt's text, as [prefix.Parts] has them for a chat; zeros for the
 // traces, whose prompts have no messages (System is 0).
-func (r *Request) FirstTurn() (user, end int, later bool) {
+func (r *Request) FirstTurn() (user, end int) {
 	if r.System == 0 || r.System >= len(r.Parts) {
-		return 0, 0, false
+		return 0, 0
 	}
 	for _, p := range r.Parts[:r.System] {
 		user += 4 * p.Tokens
 	}
-	return user, user + 4*r.Parts[r.System].Tokens, len(r.Parts) > r.System+1
+	return user, user + 4*r.Parts[r.System].Tokens
 }
 
 // Tokens is the prompt's length in tokens.

@@ -198,8 +198,8 @@ func FuzzParts(f *testing.F) {
 			_ = q.setChat(msgs, tools, 1<<30)
 			fu, ft := p.FirstUser, p.FirstTurn
 			if fu != q.FirstUser || ft != q.FirstTurn || fu < 0 || (ft > 0 && fu >= ft) || ft > len(whole) ||
-				(ft > 0 && (whole[ft-1] != recordSep || whole[fu] != 'm' || (fu > 0 && whole[fu-1] != recordSep))) || p.LaterTurn != (ft > 0 && ft < len(whole)) {
-				t.Fatalf("FirstUser %d, FirstTurn %d (%d, %d copied whole), LaterTurn %v, of %d bytes", fu, ft, q.FirstUser, q.FirstTurn, p.LaterTurn, len(whole))
+				(ft > 0 && (whole[ft-1] != recordSep || whole[fu] != 'm' || (fu > 0 && whole[fu-1] != recordSep))) || p.LaterTurn() != (ft > 0 && ft < len(whole)) {
+				t.Fatalf("FirstUser %d, FirstTurn %d (%d, %d copied whole), LaterTurn %v, of %d bytes", fu, ft, q.FirstUser, q.FirstTurn, p.LaterTurn(), len(whole))
 			}
 		}
 		whole, werr := AppendValidCompletion(nil, prompt)

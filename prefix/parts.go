@@ -30,10 +30,11 @@ type Parts struct {
 	// FirstTurn, and their blocks past FirstUser are what tells it from
 	// other conversations on the same system prompt.
 	FirstUser, FirstTurn int
-	// LaterTurn says that messages follow the first user message: the
-	// prompt is a later turn of a conversation.
-	LaterTurn bool
 }
+
+// LaterTurn reports whether messages follow the first user message: the
+// prompt is a later turn of a conversation.
+func (p *Parts) LaterTurn() bool { return p.FirstTurn > 0 && p.FirstTurn < p.Len() }
 
 // refList collects the texts of at least min bytes a canonicaliser
 // refers to instead of copying.
@@ -65,7 +66,6 @@ func (p *Parts) setChat(messages, tools json.RawMessage, min int) error {
 	p.Glue, err = appendChat(p.Glue[:0], messages, tools, true, &refs, &turn)
 	p.Refs = refs.refs
 	p.FirstUser, p.FirstTurn = turn[0], turn[1]
-	p.LaterTurn = p.FirstTurn > 0 && p.FirstTurn < p.Len()
 	return err
 }
 
@@ -78,7 +78,7 @@ func (p *Parts) SetValidCompletion(prompt json.RawMessage) error {
 func (p *Parts) setCompletion(prompt json.RawMessage, min int) error {
 	refs := refList{refs: p.Refs[:0], min: min}
 	var err error
-	p.FirstUser, p.FirstTurn, p.LaterTurn = 0, 0, false
+	p.FirstUser, p.FirstTurn = 0, 0
 	p.Glue, err = appendCompletion(p.Glue[:0], prompt, true, &refs)
 	p.Refs = refs.refs
 	return err

@@ -363,14 +363,14 @@ func TestPartsFirstTurn(t *testing.T) {
 				if err := p.setChat([]byte(tc.msgs), tools, min); err != nil {
 					t.Fatal(err)
 				}
-				if p.FirstUser != user || p.FirstTurn != turn || p.LaterTurn != tc.later {
-					t.Errorf("min %d: FirstUser, FirstTurn, LaterTurn = %d, %d, %v; want %d, %d, %v", min, p.FirstUser, p.FirstTurn, p.LaterTurn, user, turn, tc.later)
+				if p.FirstUser != user || p.FirstTurn != turn || p.LaterTurn() != tc.later {
+					t.Errorf("min %d: FirstUser, FirstTurn, LaterTurn = %d, %d, %v; want %d, %d, %v", min, p.FirstUser, p.FirstTurn, p.LaterTurn(), user, turn, tc.later)
 				}
 			}
 		})
 	}
-	p := Parts{FirstUser: 3, FirstTurn: 7, LaterTurn: true}
-	if err := p.SetValidCompletion([]byte(`"a prompt"`)); err != nil || p.FirstUser != 0 || p.FirstTurn != 0 || p.LaterTurn {
-		t.Errorf("completion: FirstUser, FirstTurn, LaterTurn = %d, %d, %v, err %v; want 0, 0, false", p.FirstUser, p.FirstTurn, p.LaterTurn, err)
+	p := Parts{FirstUser: 3, FirstTurn: 7}
+	if err := p.SetValidCompletion([]byte(`"a prompt"`)); err != nil || p.FirstUser != 0 || p.FirstTurn != 0 || p.LaterTurn() {
+		t.Errorf("completion: FirstUser, FirstTurn, LaterTurn = %d, %d, %v, err %v; want 0, 0, false", p.FirstUser, p.FirstTurn, p.LaterTurn(), err)
 	}
 }

@@ -92,14 +92,14 @@ func TestChatTurnsReachThePick(t *testing.T) {
 	body := func(v any) []byte { b, _ := json.Marshal(v); return b }
 	first := breqOf(t, s, KindChat, body(map[string]any{"model": testModel, "messages": msgs}))
 	later := breqOf(t, s, KindChat, body(map[string]any{"model": testModel, "messages": append(msgs, map[string]string{"role": "assistant", "content": "Nothing."}, map[string]string{"role": "user", "content": "Sure?"})}))
-	if first.FirstUser <= len(system) || first.FirstTurn <= first.FirstUser || first.LaterTurn {
-		t.Errorf("first turn: FirstUser %d, FirstTurn %d, LaterTurn %v; want the user message after the %d-byte system prompt, no later turn", first.FirstUser, first.FirstTurn, first.LaterTurn, len(system))
+	if first.FirstUser <= len(system) || first.FirstTurn <= first.FirstUser || first.LaterTurn() {
+		t.Errorf("first turn: FirstUser %d, FirstTurn %d, LaterTurn %v; want the user message after the %d-byte system prompt, no later turn", first.FirstUser, first.FirstTurn, first.LaterTurn(), len(system))
 	}
-	if later.FirstUser != first.FirstUser || later.FirstTurn != first.FirstTurn || !later.LaterTurn {
-		t.Errorf("later turn: FirstUser %d, FirstTurn %d, LaterTurn %v; want %d, %d, true", later.FirstUser, later.FirstTurn, later.LaterTurn, first.FirstUser, first.FirstTurn)
+	if later.FirstUser != first.FirstUser || later.FirstTurn != first.FirstTurn || !later.LaterTurn() {
+		t.Errorf("later turn: FirstUser %d, FirstTurn %d, LaterTurn %v; want %d, %d, true", later.FirstUser, later.FirstTurn, later.LaterTurn(), first.FirstUser, first.FirstTurn)
 	}
 	c := breqOf(t, s, KindCompletion, body(map[string]any{"model": testModel, "prompt": system}))
-	if c.FirstUser != 0 || c.FirstTurn != 0 || c.LaterTurn {
-		t.Errorf("completion: FirstUser %d, FirstTurn %d, LaterTurn %v; want none", c.FirstUser, c.FirstTurn, c.LaterTurn)
+	if c.FirstUser != 0 || c.FirstTurn != 0 || c.LaterTurn() {
+		t.Errorf("completion: FirstUser %d, FirstTurn %d, LaterTurn %v; want none", c.FirstUser, c.FirstTurn, c.LaterTurn())
 	}
 }

@@ -349,7 +349,7 @@ func (s *Server) balancerRequest(r *http.Request, req *Request, t *tenant) (*bal
 		Priority:     prio,
 	}
 	c := &req.Canonical
-	breq.FirstUser, breq.FirstTurn, breq.LaterTurn = c.FirstUser, c.FirstTurn, c.LaterTurn
+	breq.FirstUser, breq.FirstTurn = c.FirstUser, c.FirstTurn
 	switch {
 	case len(c.Refs) == 0:
 		breq.Prompt = c.Glue
