@@ -50,6 +50,42 @@ func TestFreshFleetSpreadsDistinctRequests(t *testing.T) {
 	spread(t, b, 40, func(i int) *Request { return distinct(i, 2000) })
 }
 
+// A backend not yet measured borrows the rate of the measured backends of
+// its own hardware class (one engine and KV size), not the engine's mean:
+// a fresh A100 beside measured H100s is not taken for one.
+func TestFreshBackendBorrowsItsClassRate(t *testing.T) {
+	b := newBal(t, "ttft")
+	small := func(id string) Spec {
+		s := busy(id, 0, 0, 0)
+		s.Metrics.NumBlocks = Known(2000)
+		return s
+	}
+	b.Update(busy("fast1", 0, 0, 0), busy("fast2", 0, 0, 0), small("slow"), small("fresh-slow"), busy("fresh-fast", 0, 0, 0))
+	learn := func(id string, rate float64) {
+		for i := range 50 {
+			work := float64(1000 + 200*(i%20))
+			backend(t, b, id).Ledger.est.observe(work, 0, 0.02+work/rate, 1/b.cfg.TTFT.PrefillRate, 0.02)
+		}
+	}
+	learn("fast1", 30000)
+	learn("fast2", 30000)
+	learn("slow", 8000)
+	ex := b.Explain(distinct(1, 4000))
+	prefill := map[string]float64{}
+	for _, be := range ex.Backends {
+		if be.Candidate != nil {
+			prefill[be.ID] = be.Prefill
+		}
+	}
+	near := func(got, want float64) bool { return got > 0.9*want && got < 1.1*want }
+	if !near(prefill["fresh-slow"], prefill["slow"]) {
+		t.Errorf("fresh backend of the slow class estimates a 4,000-token prefill at %.3f s, its measured classmate at %.3f s", prefill["fresh-slow"], prefill["slow"])
+	}
+	if !near(prefill["fresh-fast"], prefill["fast1"]) {
+		t.Errorf("fresh backend of the fast class estimates %.3f s, its measured classmates %.3f s", prefill["fresh-fast"], prefill["fast1"])
+	}
+}
+
 // spread picks n requests, each held in flight, on a fleet of four and
 // fails if any backend took over 1.5x its fair share.
 func spread(t *testing.T, b *Balancer, n int, req func(int) *Request) {

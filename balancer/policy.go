@@ -70,9 +70,10 @@ func reasonFor(p *Pick, i int) string {
 // ([Ledger.Estimate]), leaving out those that may include a wait for a
 // LoRA slot ([Work.SlotWait]): a rare adapter's seconds behind popular ones
 // say nothing of prefill, and taught the 4-server lora run's estimates a
-// slow server (TTFT p90 205 -> 113 ms at x1); a backend with too few samples borrows the mean of
-// the candidates that have enough on the same engine, and the config's
-// values only while none has. kv is a penalty rising from KVSoft to
+// slow server (TTFT p90 205 -> 113 ms at x1); a backend with too few
+// samples borrows the mean of the candidates of its hardware class that
+// have enough, else of its engine's ([priors]), and the config's values
+// only while none has. kv is a penalty rising from KVSoft to
 // KVPenalty at a full cache plus KVPenalty again when the request would
 // not fit; lora is 0 for a loaded adapter, LoRALoadDelay for a free slot
 // or unknown state, LoRASlotWait when requests already wait for it and
@@ -107,14 +108,13 @@ const maxUtilisation = 0.95
 
 // Score implements [Scorer].
 func (s *TTFTScorer) Score(p *Pick, out []float64) {
+	var pr priors
+	pr.learn(p)
 	best := math.Inf(1)
-	var pr prior
 	for i := range p.Cands {
 		c := &p.Cands[i]
-		if !pr.set || pr.engine != c.Backend.Engine {
-			pr = s.prior(p, c.Backend.Engine)
-		}
-		s.estimate(p, c, pr)
+		inv, base := pr.of(p, i, s.cfg)
+		s.estimate(p, c, inv, base)
 		best = min(best, c.Cost)
 	}
 	for i := range p.Cands {
@@ -126,41 +126,66 @@ func (s *TTFTScorer) Score(p *Pick, out []float64) {
 	}
 }
 
-// prior is the first-token model a backend without enough samples of its
-// own borrows: the mean of its engine's learned ones.
-type prior struct {
-	set       bool
-	engine    string
-	inv, base float64
+// priors is the first-token model a backend without enough samples of its
+// own borrows: the mean of the learned ones of its hardware class (one
+// engine and KV size, as [TiePicker.place] tells them apart), else of its
+// engine's (a fresh A100 beside measured H100s running the same engine is
+// not taken for one; nor is a fresh H100 for the mean of both), else the
+// config's. Candidates past the first [maxClasses] classes borrow their
+// engine's mean over those classes.
+type priors struct {
+	hw   hwClasses // sum: the learned inverse rates; n: how many
+	base [maxClasses]float64
+	cls  [64]int8 // the first candidates' classes, found once
 }
 
-// prior returns the mean learned inverse rate and base of the candidates
-// on engine with enough samples, or the config's when none has.
-func (s *TTFTScorer) prior(p *Pick, engine string) prior {
-	pr := prior{set: true, engine: engine}
-	n := 0.0
+// learn sums the candidates' learned estimates by class.
+func (pr *priors) learn(p *Pick) {
 	for i := range p.Cands {
-		be := p.Cands[i].Backend
-		if be.Engine != engine {
+		c := &p.Cands[i]
+		k := pr.hw.of(c)
+		if i < len(pr.cls) {
+			pr.cls[i] = int8(k)
+		}
+		if k < 0 {
 			continue
 		}
-		if est := be.Ledger.est.load(); est.learned() {
-			pr.inv += 1 / est.Rate
-			pr.base += est.Base
-			n++
+		if est := c.Backend.Ledger.est.load(); est.learned() {
+			pr.hw.sum[k] += 1 / est.Rate
+			pr.base[k] += est.Base
+			pr.hw.n[k]++
+		}
+	}
+}
+
+// of returns the inverse rate and base candidate i borrows.
+func (pr *priors) of(p *Pick, i int, cfg TTFTConfig) (inv, base float64) {
+	c := &p.Cands[i]
+	k := -1
+	if i < len(pr.cls) {
+		k = int(pr.cls[i])
+	} else {
+		k = pr.hw.of(c)
+	}
+	if k >= 0 && pr.hw.n[k] > 0 {
+		return pr.hw.sum[k] / pr.hw.n[k], pr.base[k] / pr.hw.n[k]
+	}
+	n := 0.0
+	for j := range pr.hw.k {
+		if pr.hw.key[j].engine == c.Backend.Engine {
+			inv += pr.hw.sum[j]
+			base += pr.base[j]
+			n += pr.hw.n[j]
 		}
 	}
 	if n == 0 {
-		pr.inv, pr.base = 1/s.cfg.PrefillRate, s.cfg.BaseLatency.Seconds()
-	} else {
-		pr.inv, pr.base = pr.inv/n, pr.base/n
+		return 1 / cfg.PrefillRate, cfg.BaseLatency.Seconds()
 	}
-	return pr
+	return inv / n, base / n
 }
 
-func (s *TTFTScorer) estimate(p *Pick, c *Candidate, pr prior) {
+func (s *TTFTScorer) estimate(p *Pick, c *Candidate, inv, base float64) {
 	est := c.Backend.Ledger.est.load()
-	inv, base := pr.inv, pr.base
 	if est.learned() {
 		inv, base = 1/est.Rate, est.Base
 	}
