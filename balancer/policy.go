@@ -113,7 +113,7 @@ func (s *TTFTScorer) Score(p *Pick, out []float64) {
 	best := math.Inf(1)
 	for i := range p.Cands {
 		c := &p.Cands[i]
-		inv, base := pr.of(p, i, s.cfg)
+		inv, base := pr.of(p, i, &s.cfg)
 		s.estimate(p, c, inv, base)
 		best = min(best, c.Cost)
 	}
@@ -159,7 +159,7 @@ func (pr *priors) learn(p *Pick) {
 }
 
 // of returns the inverse rate and base candidate i borrows.
-func (pr *priors) of(p *Pick, i int, cfg TTFTConfig) (inv, base float64) {
+func (pr *priors) of(p *Pick, i int, cfg *TTFTConfig) (inv, base float64) {
 	c := &p.Cands[i]
 	k := -1
 	if i < len(pr.cls) {
