@@ -136,17 +136,14 @@ func (s *TTFTScorer) Score(p *Pick, out []float64) {
 type priors struct {
 	hw   hwClasses // sum: the learned inverse rates; n: how many
 	base [maxClasses]float64
-	cls  [64]int8 // the first candidates' classes, found once
 }
 
 // learn sums the candidates' learned estimates by class.
 func (pr *priors) learn(p *Pick) {
+	pr.hw.classify(p.Cands)
 	for i := range p.Cands {
 		c := &p.Cands[i]
-		k := pr.hw.of(c)
-		if i < len(pr.cls) {
-			pr.cls[i] = int8(k)
-		}
+		k := pr.hw.at(p.Cands, i)
 		if k < 0 {
 			continue
 		}
@@ -161,13 +158,7 @@ func (pr *priors) learn(p *Pick) {
 // of returns the inverse rate and base candidate i borrows.
 func (pr *priors) of(p *Pick, i int, cfg *TTFTConfig) (inv, base float64) {
 	c := &p.Cands[i]
-	k := -1
-	if i < len(pr.cls) {
-		k = int(pr.cls[i])
-	} else {
-		k = pr.hw.of(c)
-	}
-	if k >= 0 && pr.hw.n[k] > 0 {
+	if k := pr.hw.at(p.Cands, i); k >= 0 && pr.hw.n[k] > 0 {
 		return pr.hw.sum[k] / pr.hw.n[k], pr.base[k] / pr.hw.n[k]
 	}
 	n := 0.0
@@ -438,28 +429,19 @@ const maxClasses = 8
 // keeps new prompts off it.
 func (t *TiePicker) place(p *Pick, conv bool) int {
 	var hw hwClasses
-	var cls [64]int8 // the first candidates' classes, found once
+	hw.classify(p.Cands)
 	// own is what the candidate's own state adds to its class's time.
 	own := func(c *Candidate) float64 { return c.LoRAPenalty + c.KVPenalty }
 	for i := range p.Cands {
 		c := &p.Cands[i]
-		k := hw.of(c)
-		if i < len(cls) {
-			cls[i] = int8(k)
-		}
-		if k >= 0 {
+		if k := hw.at(p.Cands, i); k >= 0 {
 			hw.sum[k] += c.TTFT - c.Backlog - own(c)
 			hw.n[k]++
 		}
 	}
 	speed := func(i int) float64 {
 		c := &p.Cands[i]
-		k := -1
-		if i < len(cls) {
-			k = int(cls[i])
-		} else {
-			k = hw.of(c)
-		}
+		k := hw.at(p.Cands, i)
 		if k < 0 {
 			return c.TTFT - c.Backlog
 		}
@@ -516,7 +498,27 @@ type hwClasses struct {
 		blocks float64 // -1 when not reported
 	}
 	sum, n [maxClasses]float64
-	k      int // classes seen
+	k      int      // classes seen
+	first  [64]int8 // the first candidates' classes, set by classify
+}
+
+// classify enters every candidate's class, remembering the first ones'.
+func (h *hwClasses) classify(cands []Candidate) {
+	for i := range cands {
+		k := h.of(&cands[i])
+		if i < len(h.first) {
+			h.first[i] = int8(k)
+		}
+	}
+}
+
+// at returns the class of cands[i], which classify has seen, or -1 past
+// maxClasses.
+func (h *hwClasses) at(cands []Candidate, i int) int {
+	if i < len(h.first) {
+		return int(h.first[i])
+	}
+	return h.of(&cands[i])
 }
 
 // of returns c's class, entering it if new, or -1 past maxClasses.
