@@ -30,7 +30,9 @@ type Cluster struct {
 	// server.
 	Presets []string
 	// Engine is the /metrics flavour the servers render and the scraper
-	// reads. (default "vllm")
+	// reads; "sglang" servers also take a prefix into their cache only
+	// once it is computed (sim.EngineConfig.CacheOnCompute). (default
+	// "vllm")
 	Engine string
 	// Policy is the balancer policy: a preset name (balancer.Presets) or
 	// "default".
@@ -351,6 +353,7 @@ func (r *run) build() error {
 			return err
 		}
 		cfg.Cost = r.c.Perturb.apply(cfg.Cost)
+		cfg.CacheOnCompute = r.c.Engine == "sglang"
 		id := fmt.Sprintf("sim-%02d-%s", i, name)
 		u, _ := url.Parse("http://" + id + ":8000")
 		eng := sim.NewEngine(cfg)

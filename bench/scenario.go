@@ -19,6 +19,7 @@ type Experiment struct {
 	Name    string
 	Source  string
 	Servers []string // engine preset of each server
+	Engine  string   // the servers' engine, as Cluster.Engine
 	// Throughput says which tokens the published throughput counts:
 	// "output" or "total" (prompt and output).
 	Throughput string
@@ -88,6 +89,7 @@ func Experiments() []Experiment {
 			Source: "lmsys.org/blog/2024-12-04-sglang-v0-4 (8 x A100 80GB, Llama-3.1-8B-Instruct, --dp-size 8, bench_serving " +
 				"generated-shared-prefix with its defaults: 64 groups x 16 prompts, 2,048-token system prompt, 128-token question, 256 out, all sent at once)",
 			Servers:    repeat("a100-80g-8b", 8),
+			Engine:     "sglang",
 			Throughput: "total",
 			Rows: []Published{
 				{"cache-aware router (v0.4)", "sglang-v04-cache-aware", nan, 158596, 0.75},
@@ -134,7 +136,7 @@ func RunExperiment(ctx context.Context, sc Experiment, p Params, progress io.Wri
 			return out, err
 		}
 		start := time.Now()
-		res, err := Run(Cluster{Presets: sc.Servers, Policy: row.Policy, Seed: p.Seed}, w)
+		res, err := Run(Cluster{Presets: sc.Servers, Engine: sc.Engine, Policy: row.Policy, Seed: p.Seed}, w)
 		if err != nil {
 			return out, fmt.Errorf("bench: %s with %s: %w", sc.Name, row.Policy, err)
 		}

@@ -64,6 +64,15 @@ type EngineConfig struct {
 	LoRALoadDelay time.Duration
 	// NoPrefixCaching turns automatic prefix caching off.
 	NoPrefixCaching bool
+	// CacheOnCompute enters a prompt block into the prefix cache only
+	// once the step that computes it has run, as SGLang does (its
+	// scheduler inserts a prefilled request into the radix tree after the
+	// forward pass, process_batch_result_prefill in
+	// python/sglang/srt/managers/scheduler_output_processor_mixin.py at
+	// 5294b03c), so two requests sharing a prefix admitted in one step
+	// both compute it. Unset, a block is cached when it is scheduled, as
+	// vLLM V1 does ([Engine.register]).
+	CacheOnCompute bool
 }
 
 // BytesPerToken is how many bytes of prompt text the emulated engines count
@@ -419,10 +428,9 @@ func (e *Engine) Step(out []Output) ([]Output, time.Duration) {
 	return out, e.schedule()
 }
 
-// finish applies the step in progress: computed tokens enter the cache, a
-// sequence whose known tokens are all computed samples one more.
+// finish applies the step in progress: a sequence whose known tokens are
+// all computed samples one more.
 func (e *Engine) finish(out []Output) []Output {
-	bs := e.cfg.BlockSize
 	for _, s := range e.batch {
 		if s.state != seqRunning {
 			continue // aborted or preempted during the step
@@ -432,18 +440,10 @@ func (e *Engine) finish(out []Output) []Output {
 		if prefill {
 			e.promptTotal += int64(min(s.computed, s.PromptTokens) - (s.computed - s.n))
 		}
-		if !e.cfg.NoPrefixCaching {
-			full := min(s.computed/bs, len(s.Hashes))
-			for ; s.hashed < full; s.hashed++ {
-				b, h := s.blocks[s.hashed], s.Hashes[s.hashed]
-				if _, dup := e.cache[h]; dup || e.hasHash[b] {
-					continue
-				}
-				e.hash[b], e.hasHash[b] = h, true
-				e.cache[h] = b
-			}
-		}
 		s.n = 0
+		if e.cfg.CacheOnCompute {
+			e.register(s, s.computed)
+		}
 		if s.computed < s.known() {
 			continue // a prefill chunk that is not the last
 		}
@@ -535,12 +535,37 @@ func (e *Engine) plan(s *Seq, n int, prefill, decodes, context, pairs *int) {
 	}
 	s.n = n
 	e.batch = append(e.batch, s)
+	if !e.cfg.CacheOnCompute {
+		e.register(s, s.computed+n)
+	}
 	if s.known()-s.computed == 1 {
 		*decodes++
 		*context += s.computed
 	} else {
 		*prefill += n
 		*pairs += n*s.computed + n*(n+1)/2
+	}
+}
+
+// register enters s's full prompt blocks up to its first tokens into the
+// prefix cache. Unless CacheOnCompute, plan calls it with the tokens the
+// step being planned computes, as vLLM V1 does when it allocates them
+// (KVCacheManager.allocate_slots caches up to the computed tokens plus the
+// tokens scheduled now, vllm/v1/core/kv_cache_manager.py at 003df29), so a
+// request admitted later in the same step hits them: each layer writes the
+// whole batch's keys and values before its attention reads them.
+func (e *Engine) register(s *Seq, tokens int) {
+	if e.cfg.NoPrefixCaching {
+		return
+	}
+	full := min(tokens/e.cfg.BlockSize, len(s.Hashes))
+	for ; s.hashed < full; s.hashed++ {
+		b, h := s.blocks[s.hashed], s.Hashes[s.hashed]
+		if _, dup := e.cache[h]; dup || e.hasHash[b] {
+			continue
+		}
+		e.hash[b], e.hasHash[b] = h, true
+		e.cache[h] = b
 	}
 }
 

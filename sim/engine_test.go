@@ -139,6 +139,40 @@ func TestEngineCachedPrefixCutsTTFT(t *testing.T) {
 	}
 }
 
+// TestEngineSharesBlocksScheduledInTheSameStep: as in vLLM V1, a block
+// enters the prefix cache when it is scheduled, so a request admitted in the
+// same step as another with its prefix computes only what it does not
+// share; with CacheOnCompute (SGLang), only once the step has run.
+func TestEngineSharesBlocksScheduledInTheSameStep(t *testing.T) {
+	cfg, _ := Preset("h100-8b")
+	cfg.MaxBatchedTokens = 1 << 20
+	e := NewEngine(cfg)
+	a := &vreq{seq: &Seq{Hashes: prompt(cfg, "g", 6000, 8000, "a"), PromptTokens: 8000, MaxTokens: 4}}
+	b := &vreq{seq: &Seq{Hashes: prompt(cfg, "g", 6000, 8000, "b"), PromptTokens: 8000, MaxTokens: 4}}
+	vrun(t, e, []*vreq{a, b})
+	if a.seq.CachedTokens != 0 || b.seq.CachedTokens != 6000 {
+		t.Errorf("same step: cached %d and %d tokens, want 0 and 6000", a.seq.CachedTokens, b.seq.CachedTokens)
+	}
+	c := cfg.Cost
+	want := c.Step + 10000*c.PrefillToken + (8000*8001/2+2000*6000+2000*2001/2)*c.Attention/1000
+	if a.first != want || b.first != want {
+		t.Errorf("TTFT %v and %v, want %v each: one step prefilling 8,000 + 2,000 tokens", a.first, b.first, want)
+	}
+
+	// SGLang takes a prefix into its radix tree after the forward pass:
+	// both compute it.
+	cfg.CacheOnCompute = true
+	e = NewEngine(cfg)
+	a = &vreq{seq: &Seq{Hashes: prompt(cfg, "g", 6000, 8000, "a"), PromptTokens: 8000, MaxTokens: 4}}
+	b = &vreq{seq: &Seq{Hashes: prompt(cfg, "g", 6000, 8000, "b"), PromptTokens: 8000, MaxTokens: 4}}
+	c2 := &vreq{at: time.Second, seq: &Seq{Hashes: prompt(cfg, "g", 6000, 8000, "c"), PromptTokens: 8000, MaxTokens: 4}}
+	vrun(t, e, []*vreq{a, b, c2})
+	if a.seq.CachedTokens != 0 || b.seq.CachedTokens != 0 || c2.seq.CachedTokens != 6000 {
+		t.Errorf("CacheOnCompute: cached %d, %d and (a second later) %d tokens, want 0, 0 and 6000",
+			a.seq.CachedTokens, b.seq.CachedTokens, c2.seq.CachedTokens)
+	}
+}
+
 // TestEngineThroughputSaturates: output tokens per second grow with
 // concurrency while decode is memory-bound, then flatten.
 func TestEngineThroughputSaturates(t *testing.T) {
