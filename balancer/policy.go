@@ -457,9 +457,9 @@ const maxClasses = 8
 // fast ones are busy, hold little. So every class counts as fast as the
 // fastest (a backend's own penalties, a full cache or an adapter not
 // loaded, still count, and the backlog bound still counts from the
-// fastest class's time) and room is
-// the share of each one's KV free, since the classes' caches differ in
-// size. Its later requests then hit where it went: 4 servers (three
+// fastest class's time) and room is the share of each one's KV free,
+// since the classes' caches differ in size. Its later requests then hit
+// where it went: 4 servers (three
 // H100s, an A100), shared-prefix at x0.25, where the H100s' caches cannot
 // keep all 150 system prompts: TTFT p90 281 -> 182 ms, the median of 24
 // seeds, as llm-d-precise's 182 ms, which reads the caches' real contents.
