@@ -553,6 +553,7 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if *lora != "" {
 		adapters = strings.Split(*lora, ",")
 	}
+	ecfg.CacheOnCompute = sim.CachesOnCompute(*engine)
 	var servers []*http.Server
 	var wg sync.WaitGroup
 	for i := range *count {

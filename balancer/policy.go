@@ -298,18 +298,21 @@ func (t *TiePicker) Choose(p *Pick, total []float64) (int, string) {
 			t.turns.note(p.Key, later)
 		}
 	}
-	// A cold prompt this balancer has routed before was evicted from
-	// wherever it went.
-	evicted := false
-	if p.Req.hasPrompt() {
-		evicted = isCold && !conv && t.routed.has(p.Key)
-		if !p.Dry {
-			t.routed.note(p.Key)
+	if (conv || isCold) && p.Req.hasPrompt() {
+		// A cold prompt this balancer has routed before was evicted from
+		// wherever it went. A prompt is cold the first time its start is
+		// routed, so only cold picks need noting.
+		evicted := false
+		if isCold && !conv {
+			evicted = t.routed.has(p.Key)
+			if !p.Dry {
+				t.routed.note(p.Key)
+			}
 		}
-	}
-	if (conv || isCold) && t.Backlog > 0 && p.Req.hasPrompt() {
-		if i := t.place(p, conv, evicted); i >= 0 {
-			return i, reasonFor(p, i)
+		if t.Backlog > 0 {
+			if i := t.place(p, conv, evicted); i >= 0 {
+				return i, reasonFor(p, i)
+			}
 		}
 	}
 	// A copy of what another candidate holds must beat it by the Cold
@@ -404,9 +407,9 @@ func (c *conversations) mostlyLater(key uint64) bool {
 }
 
 // promptStarts remembers the prompt starts ([Pick.Key]) a balancer has
-// routed: a direct-mapped table of 16,384 keys, read and written without a
-// lock. Picks that race lose an entry and a key is forgotten when a newer
-// one takes its slot; such a prompt is taken for new.
+// routed cold: a direct-mapped table of 16,384 keys, read and written
+// without a lock. Picks that race lose an entry and a key is forgotten
+// when a newer one takes its slot; such a prompt is taken for new.
 type promptStarts struct{ e [16384]atomic.Uint64 }
 
 func (s *promptStarts) note(key uint64) { s.e[key%uint64(len(s.e))].Store(key) }
@@ -459,10 +462,10 @@ const maxClasses = 8
 // loaded, still count, and the backlog bound still counts from the
 // fastest class's time) and room is the share of each one's KV free,
 // since the classes' caches differ in size. Its later requests then hit
-// where it went: 4 servers (three
-// H100s, an A100), shared-prefix at x0.25, where the H100s' caches cannot
-// keep all 150 system prompts: TTFT p90 281 -> 182 ms, the median of 24
-// seeds, as llm-d-precise's 182 ms, which reads the caches' real contents.
+// where it went: 4 servers (three H100s, an A100), shared-prefix at
+// x0.25, where the H100s' caches cannot keep all 150 system prompts: TTFT
+// p90 281 -> 182 ms, the median of 24 seeds, as llm-d-precise's 182 ms,
+// which reads the caches' real contents.
 func (t *TiePicker) place(p *Pick, conv, evicted bool) int {
 	var hw hwClasses
 	hw.classify(p.Cands)

@@ -353,7 +353,7 @@ func (r *run) build() error {
 			return err
 		}
 		cfg.Cost = r.c.Perturb.apply(cfg.Cost)
-		cfg.CacheOnCompute = r.c.Engine == "sglang"
+		cfg.CacheOnCompute = sim.CachesOnCompute(r.c.Engine)
 		id := fmt.Sprintf("sim-%02d-%s", i, name)
 		u, _ := url.Parse("http://" + id + ":8000")
 		eng := sim.NewEngine(cfg)

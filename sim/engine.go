@@ -75,6 +75,11 @@ type EngineConfig struct {
 	CacheOnCompute bool
 }
 
+// CachesOnCompute reports whether servers of an engine flavour take a
+// prefix into their cache only once it is computed ([EngineConfig.CacheOnCompute]):
+// SGLang's do; vLLM's cache it when scheduled.
+func CachesOnCompute(engine string) bool { return engine == "sglang" }
+
 // BytesPerToken is how many bytes of prompt text the emulated engines count
 // as one token, as llmlb assumes for English text.
 const BytesPerToken = 4
