@@ -96,6 +96,8 @@ balancer:
   ttft:
     cold_room: 2
     cold_backlog: -1
+  saturation:
+    holder_queue: -1
 backends:
   - url: 127.0.0.1:8001
     engine: vlm
@@ -105,7 +107,7 @@ backends:
 		t.Fatal("validate accepted bad values")
 	}
 	for _, want := range []string{"listen:", "default_engine:", "log.level:", "proxy.max_attempts:", "proxy.retry_statuses:",
-		"scrape.health_path:", "balancer.ttft.cold_room:", "balancer.ttft.cold_backlog:", "backends[0].url:", "backends[0].engine:"} {
+		"scrape.health_path:", "balancer.ttft.cold_room:", "balancer.ttft.cold_backlog:", "balancer.saturation.holder_queue:", "backends[0].url:", "backends[0].engine:"} {
 		if !strings.Contains(stderr, path+": "+want) {
 			t.Errorf("no problem reported for %s in:\n%s", want, stderr)
 		}

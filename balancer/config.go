@@ -133,6 +133,11 @@ type SaturationConfig struct {
 	// all, and the misses' prefill is what overloads the fleet.
 	// (default true)
 	KeepHolders bool `mapstructure:"keep_holders"`
+	// HolderQueue bounds KeepHolders: a holder whose queue is past this
+	// many times the shortest queue among the candidates (or Queue, if
+	// more) is saturated like any other; 0 keeps holders whatever their
+	// queue, as does Queue 0. (default 4)
+	HolderQueue float64 `mapstructure:"holder_queue"`
 }
 
 // AdmissionConfig is the bounded queue inside the balancer.
@@ -230,7 +235,7 @@ func DefaultConfig() Config {
 			DefaultMaxTokens: 256,
 			DecodeCost:       50 * time.Microsecond,
 		},
-		Saturation:     SaturationConfig{Queue: 16, KV: 0.95, KeepHolders: true},
+		Saturation:     SaturationConfig{Queue: 16, KV: 0.95, KeepHolders: true, HolderQueue: 4},
 		Admission:      AdmissionConfig{MaxQueue: 1024, Timeout: 30 * time.Second, PriorityHeader: "X-Llmlb-Priority"},
 		Session:        SessionConfig{MaxSessions: 65536},
 		ConsistentHash: ConsistentHashConfig{PrefixBytes: 100, LoadFactor: 1.25, VirtualNodes: 256},
@@ -297,6 +302,9 @@ func (c Config) Validate() error {
 	}
 	if c.Saturation.KV < 0 || c.Saturation.KV > 1 {
 		bad("saturation.kv", "must be in [0, 1], got %g", c.Saturation.KV)
+	}
+	if c.Saturation.HolderQueue < 0 {
+		bad("saturation.holder_queue", "must not be negative, got %g", c.Saturation.HolderQueue)
 	}
 	if c.Admission.MaxQueue < 0 {
 		bad("admission.max_queue", "must not be negative, got %d", c.Admission.MaxQueue)

@@ -1,7 +1,9 @@
 package balancer
 
 import (
+	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -134,6 +136,85 @@ func TestOverloadKeepsAPrefixGroupOnItsHolder(t *testing.T) {
 		if ex.Chosen[0] != "holder" {
 			t.Fatalf("request %d of the group went to %s (%s), not to the saturated holder: %+v", i, ex.Chosen[0], ex.Reason, ex.Backends)
 		}
+	}
+}
+
+// A saturated holder stays a candidate while its queue is within
+// HolderQueue times the shortest, however full the fleet; past that it is
+// saturated like the others, and with none left the request waits for
+// room: kept whatever its queue, the holder was often the only candidate
+// and took every request on its prompts (4 servers, burst at x4: 299 of
+// one 300-request burst went to the A100 holding its prefix, its queue
+// 313 long, the others' near 16).
+func TestSaturatedHolderIsBoundedByTheOthersQueues(t *testing.T) {
+	system := strings.Repeat("g", 4*4000)
+	p := fmt.Appendf([]byte(system), " user question %s", strings.Repeat("u", 800))
+	req := &Request{Model: "m", Prompt: p, PromptTokens: len(p) / 4, MaxTokens: 100}
+	candidates := func(b *Balancer, holderQ, zQ float64) []string {
+		t.Helper()
+		b.Update(busy("holder", holderQ, 120, 0.6), busy("x", 20, 120, 0.6), busy("y", 18, 120, 0.6), busy("z", zQ, 120, 0.6))
+		b.pol.index.Insert(backend(t, b, "holder").slot, b.pol.index.AppendHashes(nil, 0, []byte(system)))
+		var ids []string
+		for _, be := range b.Explain(req).Backends {
+			if be.Excluded == "" {
+				ids = append(ids, be.ID)
+			}
+		}
+		return ids
+	}
+	b := newBal(t, "ttft")
+	// The fleet saturated as a whole: the holder, 40 waiting, keeps its prompt.
+	if got := candidates(b, 40, 17); !slices.Equal(got, []string{"holder"}) {
+		t.Errorf("holder 40 waiting, every other saturated: candidates %v, want holder", got)
+	}
+	// 80 waiting, past 4 x 17: saturated like the others.
+	candidates(b, 80, 17)
+	if d, err := b.Pick(req, nil); !errors.Is(err, ErrSaturated) {
+		t.Errorf("holder 80 waiting, every other saturated: picked %v (%s, %v), want ErrSaturated", ids(d.Candidates), d.Reason, err)
+	}
+	// 80 waiting, z with room: z alone.
+	if got := candidates(b, 80, 3); !slices.Equal(got, []string{"z"}) {
+		t.Errorf("holder 80 waiting, z 3: candidates %v, want z", got)
+	}
+	// No bound: the holder whatever its queue.
+	nb := newBal(t, "ttft", func(c *Config, _ *Deps) { c.Saturation.HolderQueue = 0 })
+	if got := candidates(nb, 300, 17); !slices.Equal(got, []string{"holder"}) {
+		t.Errorf("holder_queue 0, holder 300 waiting: candidates %v, want holder", got)
+	}
+}
+
+// A copy of a busy holder's prompt is made on a backend that can prefill
+// it now, not behind a queue longer than the copy: there it only adds
+// its prefill to what everyone waits for (8 servers, shared-prefix at x4:
+// copies onto H100s seconds behind while the fleet warmed up).
+func TestNoCopyBehindAQueue(t *testing.T) {
+	system := strings.Repeat("c", 4*6000)
+	p := fmt.Appendf([]byte(system), " question %s", strings.Repeat("q", 4*1200))
+	req := &Request{Model: "m", Prompt: p, PromptTokens: len(p) / 4, MaxTokens: 100}
+	pick := func(xBacklog int) string {
+		t.Helper()
+		b := newBal(t, "ttft")
+		b.Update(busy("holder", 0, 0, 0.1), busy("x", 0, 0, 0.1), busy("y", 0, 0, 0.1), busy("z", 0, 0, 0.1))
+		b.pol.index.Insert(backend(t, b, "holder").slot, b.pol.index.AppendHashes(nil, 0, []byte(system)))
+		// Prefill work queued, at the configured 10,000 tokens/s: the
+		// holder 4 s, y and z 6 s, x as given.
+		for id, tokens := range map[string]int{"holder": 40000, "x": xBacklog, "y": 60000, "z": 60000} {
+			if tokens > 0 {
+				g := b.NewGuard()
+				g.Attach(backend(t, b, id), Work{UncachedTokens: tokens}, time.Now())
+				t.Cleanup(g.Release)
+			}
+		}
+		ex := b.Explain(req)
+		return ex.Chosen[0]
+	}
+	// x idle: the copy (0.74 s) beats waiting 4 s at the holder.
+	if got := pick(0); got != "x" {
+		t.Errorf("x idle: picked %s, want x (a copy)", got)
+	}
+	// x 1 s behind, more than the copy takes: no copy.
+	if got := pick(10000); got != "holder" {
+		t.Errorf("x 1 s behind: picked %s, want holder", got)
 	}
 }
 

@@ -247,7 +247,15 @@ func (s *TTFTScorer) estimate(p *Pick, c *Candidate, inv, base float64) {
 // copies made while the fleet filled took a third of the prefixes twice,
 // KV use rose to 0.99 where requests landed, and the engines preempted
 // 47-105 requests; TTFT p90 4.28/2.49/1.43 s at seeds 1-3, 1.13/0.78/
-// 0.66 s with both rules, against 0.65/0.72/0.84 s for llm-d-load).
+// 0.66 s with both rules, against 0.65/0.72/0.84 s for llm-d-load). Nor
+// is a copy made on a backend whose own backlog is longer than the copy's
+// first token less it: a copy relieves a busy holder only where its
+// prefill runs at once; behind a queue it adds its prefill to the work
+// every request there waits for, and the holder's queue drains as fast
+// without it (8 servers, shared-prefix at x4, seed 4: the fleet, seconds
+// behind on the groups' first prompts, made 14 copies in seconds 5-10 onto
+// H100s that were as far behind; TTFT p90 0.999 -> 0.912 s without them,
+// the median of 12 seeds 0.858 -> 0.782 s).
 //
 // Before all that, a cold prompt goes by bounded-load rendezvous of its
 // first block when it can ([TiePicker.place]): replicas agree on a
@@ -316,13 +324,17 @@ func (t *TiePicker) Choose(p *Pick, total []float64) (int, string) {
 		}
 	}
 	// A copy of what another candidate holds must beat it by the Cold
-	// margin: its score counts for 1/(1+Cold) of what it is.
+	// margin: its score counts for 1/(1+Cold) of what it is; and it is
+	// made only on a backend whose queued work is shorter than the copy.
 	copyDiscount := 1 / (1 + t.Cold)
 	adj := func(i int) float64 {
-		if p.Cands[i].MatchedTokens < most {
-			return total[i] * copyDiscount
+		switch c := &p.Cands[i]; {
+		case c.MatchedTokens == most:
+			return total[i]
+		case c.Backlog > c.TTFT-c.Backlog:
+			return 0
 		}
-		return total[i]
+		return total[i] * copyDiscount
 	}
 	best := 0
 	for i := range total {
