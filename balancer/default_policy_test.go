@@ -216,6 +216,11 @@ func TestNoCopyBehindAQueue(t *testing.T) {
 	if got := pick(10000); got != "holder" {
 		t.Errorf("x 1 s behind: picked %s, want holder", got)
 	}
+	// x 0.2 s behind, less than the copy takes: still no copy, since its
+	// prefill would wait behind that queue and lengthen it.
+	if got := pick(2000); got != "holder" {
+		t.Errorf("x 0.2 s behind: picked %s, want holder", got)
+	}
 }
 
 // Two balancers that share nothing, each with its own request in flight

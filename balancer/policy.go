@@ -248,15 +248,23 @@ func (s *TTFTScorer) estimate(p *Pick, c *Candidate, inv, base float64) {
 // KV use rose to 0.99 where requests landed, and the engines preempted
 // 47-105 requests; TTFT p90 4.28/2.49/1.43 s at seeds 1-3, 1.13/0.78/
 // 0.66 s with both rules, against 0.65/0.72/0.84 s for llm-d-load). Nor
-// is a copy made on a backend whose own backlog is longer than the copy's
-// first token less it: a copy relieves a busy holder only where its
-// prefill runs at once; behind a queue it adds its prefill to the work
-// every request there waits for, and the holder's queue drains as fast
-// without it (8 servers, shared-prefix at x4, seed 4: seconds behind on
-// the groups' first prompts, the fleet was sent 1.30 M uncached prompt
-// tokens in the first 7 s against epp's 1.24 M, the difference copies
-// onto H100s as far behind as the holders; TTFT p90 0.999 -> 0.912 s
-// without them, the median of 12 seeds 0.858 -> 0.782 s).
+// is a copy made on a backend with any work queued (a backlog): a copy
+// relieves a busy holder only where its prefill runs at once; behind a
+// queue it adds its prefill to the work every request there waits for,
+// and the holder's queue drains as fast without it (8 servers,
+// shared-prefix at x4, seed 4: seconds behind on the groups' first
+// prompts, the fleet was sent 1.30 M uncached prompt tokens in the first
+// 7 s against epp's 1.24 M, the difference copies onto H100s as far
+// behind as the holders; TTFT p90 0.999 -> 0.912 s without them, the
+// median of 12 seeds 0.858 -> 0.782 s with copies barred behind a
+// backlog longer than the copy's own time, and over 24 seeds 922 ->
+// 839 ms with copies barred behind any backlog; barred behind a quarter
+// of the copy's own time, 836 ms, but the copies still made cost the
+// 4-server shared-prefix overload at x2 3 s of TTFT p90 and lora at x4
+// 2 s, medians of 24 seeds). A burst of one
+// prompt then waits at its holders while every other backend has work
+// of its own (8 servers, burst at x4: 857 -> 1,040 ms over 24 seeds,
+// still 0.65 of the best peer's).
 //
 // Before all that, a cold prompt goes by bounded-load rendezvous of its
 // first block when it can ([TiePicker.place]): replicas agree on a
@@ -326,13 +334,13 @@ func (t *TiePicker) Choose(p *Pick, total []float64) (int, string) {
 	}
 	// A copy of what another candidate holds must beat it by the Cold
 	// margin: its score counts for 1/(1+Cold) of what it is; and it is
-	// made only on a backend whose queued work is shorter than the copy.
+	// made only on a backend with no work queued.
 	copyDiscount := 1 / (1 + t.Cold)
 	adj := func(i int) float64 {
 		switch c := &p.Cands[i]; {
 		case c.MatchedTokens == most:
 			return total[i]
-		case c.Backlog > c.TTFT-c.Backlog:
+		case c.Backlog > 0:
 			return 0
 		}
 		return total[i] * copyDiscount
