@@ -88,6 +88,43 @@ func TestFreshBackendBorrowsItsClassRate(t *testing.T) {
 	}
 }
 
+// While every backend of the fast class is behind, a new prompt goes to
+// an idle backend of a slower class that is about as fast for it: a
+// class's time for a new prompt counts its members' queued work, so the
+// fast class's queue does not grow by every new group while the slower
+// class waits to take groups later by copies.
+func TestNewPromptGoesToAnIdleSlowerClassWhileTheFastOneIsBehind(t *testing.T) {
+	b := newBal(t, "ttft")
+	small := func(id string) Spec {
+		s := busy(id, 0, 0, 0)
+		s.Metrics.NumBlocks = Known(2000)
+		return s
+	}
+	b.Update(busy("fast1", 0, 0, 0), busy("fast2", 0, 0, 0), busy("fast3", 0, 0, 0), small("slow1"), small("slow2"))
+	learn := func(id string, rate float64) {
+		for i := range 50 {
+			work := float64(1000 + 200*(i%20))
+			backend(t, b, id).Ledger.est.observe(work, 0, 0.02+work/rate, 1/b.cfg.TTFT.PrefillRate, 0.02)
+		}
+	}
+	for _, id := range []string{"fast1", "fast2", "fast3"} {
+		learn(id, 30000)
+		// 0.3 s of prefill queued, twice what a 4,000-token prompt takes
+		// there alone: its first token in about 0.46 s, against 0.52 s on
+		// an idle slow backend.
+		g := b.NewGuard()
+		g.Attach(backend(t, b, id), Work{UncachedTokens: 9000}, time.Now())
+		t.Cleanup(g.Release)
+	}
+	learn("slow1", 8000)
+	learn("slow2", 8000)
+	for i := range 20 {
+		if got := b.Explain(distinct(i, 4000)).Chosen[0]; !strings.HasPrefix(got, "slow") {
+			t.Errorf("prompt %d: picked %s, want an idle slow backend", i, got)
+		}
+	}
+}
+
 // spread picks n requests, each held in flight, on a fleet of four and
 // fails if any backend took over 1.5x its fair share.
 func spread(t *testing.T, b *Balancer, n int, req func(int) *Request) {

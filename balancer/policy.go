@@ -451,13 +451,21 @@ const maxClasses = 8
 //     time plus their own penalties (a full cache, the adapter not
 //     loaded): a class is the backends of one engine and one KV size,
 //     taken as the same GPU and model, and its time the mean of its
-//     members' estimates of the prompt's first token less their backlog
-//     and those penalties, which is steady where each member's own
-//     estimate is not (the decode slowdown, which follows load, stays in
-//     the mean: counted per candidate, it split 8 replicas' placements
-//     again, shared-prefix TTFT p90 125 -> 281 ms);
-//   - have a backlog of at most Backlog times that fastest time:
-//     replicas whose loads differ below the bound still agree;
+//     members' estimates of the prompt's first token less those
+//     penalties, which is steady where each member's own estimate is not
+//     (the decode slowdown, which follows load, stays in the mean: counted
+//     per candidate, it split 8 replicas' placements again, shared-prefix
+//     TTFT p90 125 -> 281 ms). The members' backlogs stay in the mean
+//     too: while the fast class is behind, a slower one with little
+//     queued is as fast for a new prompt, and takes it, where it would
+//     otherwise take the prompt's group only later, by a copy (8 servers,
+//     shared-prefix at x4, seed 1: the A100s were the first server of 10
+//     groups and later home to 9 more, moved there by copying; over 24
+//     seeds TTFT p90 839 -> 788 ms; burst at x4 1,040 -> 766 ms at 3
+//     seeds);
+//   - have a backlog of at most Backlog times the fastest class's time
+//     without its backlog, the prompt's time alone there: replicas whose
+//     loads differ below the bound still agree;
 //   - have room, as in the tie rule: KV tokens free at the last scrape at
 //     least Room of the most any of them has.
 //
@@ -492,24 +500,35 @@ func (t *TiePicker) place(p *Pick, conv, evicted bool) int {
 	hw.classify(p.Cands)
 	// own is what the candidate's own state adds to its class's time.
 	own := func(c *Candidate) float64 { return c.LoRAPenalty + c.KVPenalty }
+	var backlog [maxClasses]float64 // per class, its members' summed
 	for i := range p.Cands {
 		c := &p.Cands[i]
 		if k := hw.at(p.Cands, i); k >= 0 {
 			hw.sum[k] += c.TTFT - c.Backlog - own(c)
+			backlog[k] += c.Backlog
 			hw.n[k]++
 		}
 	}
-	speed := func(i int) float64 {
+	// alone is candidate i's class's time for the prompt with nothing
+	// queued, speed with the class's mean backlog; both add i's own
+	// penalties.
+	alone := func(i int) float64 {
 		c := &p.Cands[i]
-		k := hw.at(p.Cands, i)
-		if k < 0 {
-			return c.TTFT - c.Backlog
+		if k := hw.at(p.Cands, i); k >= 0 {
+			return hw.sum[k]/hw.n[k] + own(c)
 		}
-		return hw.sum[k]/hw.n[k] + own(c)
+		return c.TTFT - c.Backlog
 	}
-	fastest := math.Inf(1)
+	speed := func(i int) float64 {
+		if k := hw.at(p.Cands, i); k >= 0 {
+			return alone(i) + backlog[k]/hw.n[k]
+		}
+		return p.Cands[i].TTFT
+	}
+	fastest, fastestAlone := math.Inf(1), math.Inf(1)
 	for i := range p.Cands {
 		fastest = min(fastest, speed(i))
+		fastestAlone = min(fastestAlone, alone(i))
 	}
 	// An evicted prompt counts every class as fast as the fastest; each
 	// backend's own penalties still count.
@@ -518,7 +537,7 @@ func (t *TiePicker) place(p *Pick, conv, evicted bool) int {
 		pace = func(i int) float64 { return fastest + own(&p.Cands[i]) }
 	}
 	ok := func(i int) bool {
-		return pace(i) <= (1+t.Cold)*fastest && p.Cands[i].Backlog <= t.Backlog*fastest
+		return pace(i) <= (1+t.Cold)*fastest && p.Cands[i].Backlog <= t.Backlog*fastestAlone
 	}
 	free := freeKV
 	if evicted {
