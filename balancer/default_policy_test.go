@@ -17,6 +17,24 @@ func busy(id string, q, running, kv float64) Spec {
 	return s
 }
 
+// smallKV is busy(id, 0, 0, 0) with a smaller KV cache (32,000 tokens):
+// another hardware class.
+func smallKV(id string) Spec {
+	s := busy(id, 0, 0, 0)
+	s.Metrics.NumBlocks = Known(2000)
+	return s
+}
+
+// learnRate teaches b that backend id prefills rate tokens/s after a 20 ms
+// base, from 50 first tokens.
+func learnRate(t *testing.T, b *Balancer, id string, rate float64) {
+	t.Helper()
+	for i := range 50 {
+		work := float64(1000 + 200*(i%20))
+		backend(t, b, id).Ledger.est.observe(work, 0, 0.02+work/rate, 1/b.cfg.TTFT.PrefillRate, 0.02)
+	}
+}
+
 // distinct returns the i-th of many prompts that share nothing.
 func distinct(i, tokens int) *Request {
 	p := fmt.Appendf(nil, "tenant request %d ", i)
@@ -45,10 +63,7 @@ func TestFreshFleetSpreadsDistinctRequests(t *testing.T) {
 	b := newBal(t, "ttft")
 	b.Update(busy("a", 0, 0, 0), busy("b", 0, 0, 0), busy("c", 0, 0, 0), busy("d", 0, 0, 0))
 	// a has served a tenant: 30,000 tokens/s, 20 ms base.
-	for i := range 50 {
-		work := float64(1000 + 200*(i%20))
-		backend(t, b, "a").Ledger.est.observe(work, 0, 0.02+work/30000, 1/b.cfg.TTFT.PrefillRate, 0.02)
-	}
+	learnRate(t, b, "a", 30000)
 	spread(t, b, 40, func(i int) *Request { return distinct(i, 2000) })
 }
 
@@ -57,21 +72,10 @@ func TestFreshFleetSpreadsDistinctRequests(t *testing.T) {
 // a fresh A100 beside measured H100s is not taken for one.
 func TestFreshBackendBorrowsItsClassRate(t *testing.T) {
 	b := newBal(t, "ttft")
-	small := func(id string) Spec {
-		s := busy(id, 0, 0, 0)
-		s.Metrics.NumBlocks = Known(2000)
-		return s
-	}
-	b.Update(busy("fast1", 0, 0, 0), busy("fast2", 0, 0, 0), small("slow"), small("fresh-slow"), busy("fresh-fast", 0, 0, 0))
-	learn := func(id string, rate float64) {
-		for i := range 50 {
-			work := float64(1000 + 200*(i%20))
-			backend(t, b, id).Ledger.est.observe(work, 0, 0.02+work/rate, 1/b.cfg.TTFT.PrefillRate, 0.02)
-		}
-	}
-	learn("fast1", 30000)
-	learn("fast2", 30000)
-	learn("slow", 8000)
+	b.Update(busy("fast1", 0, 0, 0), busy("fast2", 0, 0, 0), smallKV("slow"), smallKV("fresh-slow"), busy("fresh-fast", 0, 0, 0))
+	learnRate(t, b, "fast1", 30000)
+	learnRate(t, b, "fast2", 30000)
+	learnRate(t, b, "slow", 8000)
 	ex := b.Explain(distinct(1, 4000))
 	prefill := map[string]float64{}
 	for _, be := range ex.Backends {
@@ -95,20 +99,9 @@ func TestFreshBackendBorrowsItsClassRate(t *testing.T) {
 // class waits to take groups later by copies.
 func TestNewPromptGoesToAnIdleSlowerClassWhileTheFastOneIsBehind(t *testing.T) {
 	b := newBal(t, "ttft")
-	small := func(id string) Spec {
-		s := busy(id, 0, 0, 0)
-		s.Metrics.NumBlocks = Known(2000)
-		return s
-	}
-	b.Update(busy("fast1", 0, 0, 0), busy("fast2", 0, 0, 0), busy("fast3", 0, 0, 0), small("slow1"), small("slow2"))
-	learn := func(id string, rate float64) {
-		for i := range 50 {
-			work := float64(1000 + 200*(i%20))
-			backend(t, b, id).Ledger.est.observe(work, 0, 0.02+work/rate, 1/b.cfg.TTFT.PrefillRate, 0.02)
-		}
-	}
+	b.Update(busy("fast1", 0, 0, 0), busy("fast2", 0, 0, 0), busy("fast3", 0, 0, 0), smallKV("slow1"), smallKV("slow2"))
 	for _, id := range []string{"fast1", "fast2", "fast3"} {
-		learn(id, 30000)
+		learnRate(t, b, id, 30000)
 		// 0.3 s of prefill queued, twice what a 4,000-token prompt takes
 		// there alone: its first token in about 0.46 s, against 0.52 s on
 		// an idle slow backend.
@@ -116,8 +109,8 @@ func TestNewPromptGoesToAnIdleSlowerClassWhileTheFastOneIsBehind(t *testing.T) {
 		g.Attach(backend(t, b, id), Work{UncachedTokens: 9000}, time.Now())
 		t.Cleanup(g.Release)
 	}
-	learn("slow1", 8000)
-	learn("slow2", 8000)
+	learnRate(t, b, "slow1", 8000)
+	learnRate(t, b, "slow2", 8000)
 	for i := range 20 {
 		if got := b.Explain(distinct(i, 4000)).Chosen[0]; !strings.HasPrefix(got, "slow") {
 			t.Errorf("prompt %d: picked %s, want an idle slow backend", i, got)
