@@ -261,10 +261,10 @@ func (s *TTFTScorer) estimate(p *Pick, c *Candidate, inv, base float64) {
 // 839 ms with copies barred behind any backlog; barred behind a quarter
 // of the copy's own time, 836 ms, but the copies still made cost the
 // 4-server shared-prefix overload at x2 3 s of TTFT p90 and lora at x4
-// 2 s, medians of 24 seeds). A burst of one
-// prompt then waits at its holders while every other backend has work
-// of its own (8 servers, burst at x4: 857 -> 1,040 ms over 24 seeds,
-// still 0.65 of the best peer's).
+// 2 s, medians of 24 seeds). A burst of one prompt then waits at its
+// holders while every other backend has work of its own (8 servers,
+// burst at x4: 857 -> 1,040 ms over 24 seeds, still 0.65 of the best
+// peer's; 766 ms at 3 seeds with [TiePicker.place]'s class backlogs).
 //
 // Before all that, a cold prompt goes by bounded-load rendezvous of its
 // first block when it can ([TiePicker.place]): replicas agree on a
@@ -500,7 +500,7 @@ func (t *TiePicker) place(p *Pick, conv, evicted bool) int {
 	hw.classify(p.Cands)
 	// own is what the candidate's own state adds to its class's time.
 	own := func(c *Candidate) float64 { return c.LoRAPenalty + c.KVPenalty }
-	var backlog [maxClasses]float64 // per class, its members' summed
+	var backlog [maxClasses]float64 // per class, its members' backlogs summed
 	for i := range p.Cands {
 		c := &p.Cands[i]
 		if k := hw.at(p.Cands, i); k >= 0 {
@@ -530,8 +530,8 @@ func (t *TiePicker) place(p *Pick, conv, evicted bool) int {
 		fastest = min(fastest, speed(i))
 		fastestAlone = min(fastestAlone, alone(i))
 	}
-	// An evicted prompt counts every class as fast as the fastest; each
-	// backend's own penalties still count.
+	// An evicted prompt counts every class as fast as the fastest (the
+	// class backlogs in); each backend's own penalties still count.
 	pace := speed
 	if evicted {
 		pace = func(i int) float64 { return fastest + own(&p.Cands[i]) }
