@@ -214,9 +214,9 @@ func TestSaturatedHolderIsBoundedByTheOthersQueues(t *testing.T) {
 }
 
 // A copy of a busy holder's prompt is made on a backend that can prefill
-// it now, not behind a queue longer than the copy: there it only adds
-// its prefill to what everyone waits for (8 servers, shared-prefix at x4:
-// copies onto H100s seconds behind while the fleet warmed up).
+// it now, not behind any queue: there it only adds its prefill to what
+// everyone waits for (8 servers, shared-prefix at x4: copies onto H100s
+// seconds behind while the fleet warmed up).
 func TestNoCopyBehindAQueue(t *testing.T) {
 	system := strings.Repeat("c", 4*6000)
 	p := fmt.Appendf([]byte(system), " question %s", strings.Repeat("q", 4*1200))

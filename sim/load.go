@@ -88,6 +88,13 @@ func (l *Load) Run(ctx context.Context) {
 		})
 	}
 	wg.Wait()
+	// A connection dialled for a request that ctx then cancelled stays in
+	// the client's pool unused, and a server shutting down waits for such
+	// a connection, which never sent a request, for 5 s before counting it
+	// idle (net/http, Server.Shutdown): close them all now that nothing is
+	// sent. Without this the demo's balancer, whose grace is 5 s, warned
+	// "grace period over" when make test ran it under load.
+	l.Client.CloseIdleConnections()
 }
 
 // systemPrompt is tenant t's long shared instructions, about 4,000 tokens.
