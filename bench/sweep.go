@@ -138,6 +138,7 @@ func medianRow(policy string, rows []Row) Row {
 		TTFTP50:    pick(func(r Row) float64 { return r.TTFTP50 }),
 		TTFTP90:    pick(func(r Row) float64 { return r.TTFTP90 }),
 		TTFTP99:    pick(func(r Row) float64 { return r.TTFTP99 }),
+		TTFTMean:   pick(func(r Row) float64 { return r.TTFTMean }),
 		E2EP50:     pick(func(r Row) float64 { return r.E2EP50 }),
 		E2EP99:     pick(func(r Row) float64 { return r.E2EP99 }),
 		Throughput: pick(func(r Row) float64 { return r.Throughput }),

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestMergeSeedsTakesMedians: three seeds' sweeps merge into one whose
@@ -46,5 +47,29 @@ func TestMergeSeedsTakesMedians(t *testing.T) {
 	}
 	if one := [][]Curve{run(1, 1, 1, 1)}; len(MergeSeeds(one)) != 1 || MergeSeeds(one)[0].Tables[0].Results[0].TTFTP90s != nil {
 		t.Error("one run is not returned as it is")
+	}
+}
+
+// TestSummarizeTakesTheMeanTTFT: a row carries the mean time to first
+// token beside its percentiles, in JSON too (null when no request had
+// one), and a merged row its median over the seeds.
+func TestSummarizeTakesTheMeanTTFT(t *testing.T) {
+	r := Summarize(Result{Policy: "x", TTFT: []time.Duration{6 * time.Second, time.Second, 2 * time.Second}})
+	if r.TTFTMean != 3 || r.TTFTP50 != 2 {
+		t.Errorf("mean %g, p50 %g; want 3 and 2", r.TTFTMean, r.TTFTP50)
+	}
+	if b, err := json.Marshal(r); err != nil || !strings.Contains(string(b), `"ttft_mean":3,`) {
+		t.Errorf("%s %v", b, err)
+	}
+	if b, err := json.Marshal(Summarize(Result{Policy: "none"})); err != nil || !strings.Contains(string(b), `"ttft_mean":null`) {
+		t.Errorf("no request: %s %v", b, err)
+	}
+	m := MergeSeeds([][]Curve{
+		{{Name: "w", Tables: []Table{{Results: []Row{{Policy: "x", TTFTMean: 1}}}}}},
+		{{Name: "w", Tables: []Table{{Results: []Row{{Policy: "x", TTFTMean: 5}}}}}},
+		{{Name: "w", Tables: []Table{{Results: []Row{{Policy: "x", TTFTMean: 2}}}}}},
+	})
+	if got := m[0].Tables[0].Results[0].TTFTMean; got != 2 {
+		t.Errorf("merged mean %g, want the median 2", got)
 	}
 }
