@@ -253,59 +253,6 @@ func TestNoCopyBehindAQueue(t *testing.T) {
 	}
 }
 
-// A backend with nothing queued at this instant that has spent the last
-// seconds prefilling what the balancer sent it is loaded all the same:
-// its KV cache, which fills only as the prompts stay, says little while a
-// fleet warms up, so a miss there is priced by the share of time it spent
-// prefilling (the requests that arrive while the copy's prefill runs wait
-// for it), and a copy does not leave the holder for a short wait.
-func TestCopyOntoABackendBusyPrefillingCostsItsLoad(t *testing.T) {
-	system := strings.Repeat("c", 4*6000)
-	p := fmt.Appendf([]byte(system), " question %s", strings.Repeat("q", 4*1200))
-	req := &Request{Model: "m", Prompt: p, PromptTokens: len(p) / 4, MaxTokens: 100}
-	pick := func(xBusy float64) (string, float64) {
-		t.Helper()
-		b := newBal(t, "ttft")
-		now := time.Now()
-		b.now = func() time.Time { return now }
-		b.Update(busy("holder", 0, 0, 0.1), busy("x", 0, 0, 0.1))
-		b.pol.index.Insert(backend(t, b, "holder").slot, b.pol.index.AppendHashes(nil, 0, []byte(system)))
-		// The holder has 1.5 s of prefill queued (15,000 tokens at the
-		// configured 10,000 tokens/s).
-		g := b.NewGuard()
-		g.Attach(backend(t, b, "holder"), Work{UncachedTokens: 15000, PrefillSeconds: 1.5}, now)
-		t.Cleanup(g.Release)
-		// x prefilled xBusy s of prompts in the last 5 s, all answered.
-		for i := range 10 {
-			at := now.Add(-time.Duration(i) * 500 * time.Millisecond)
-			g := b.NewGuard()
-			g.Attach(backend(t, b, "x"), Work{UncachedTokens: 1000, PrefillSeconds: xBusy / 10}, at)
-			g.Release()
-		}
-		ex := b.Explain(req)
-		share := -1.0
-		for _, bd := range ex.Backends {
-			if bd.ID == "x" && bd.Candidate != nil {
-				share = bd.PrefillShare
-			}
-		}
-		return ex.Chosen[0], share
-	}
-	// x idle for 5 s: the copy (0.74 s) beats waiting 1.5 s at the holder.
-	if got, _ := pick(0); got != "x" {
-		t.Errorf("x idle: picked %s, want x (a copy)", got)
-	}
-	// x busy prefilling 4 of the last 5 s: its share of prefill time says
-	// it is loaded, and the copy's prefill would cost those arriving.
-	got, share := pick(4)
-	if share < 0.5 || share > 0.95 {
-		t.Errorf("x's prefill share %.2f, want about 0.8 (4 s in 5, decayed)", share)
-	}
-	if got != "holder" {
-		t.Errorf("x busy prefilling: picked %s, want holder", got)
-	}
-}
-
 // Two balancers that share nothing, each with its own request in flight
 // (so their loads differ by one request), place a new prompt on the same
 // backend.

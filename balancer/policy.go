@@ -61,7 +61,6 @@ func reasonFor(p *Pick, i int) string {
 //	cost = ttft + miss
 //	ttft = base + (ahead + uncached)/rate + queued×wait + kv + lora + slowdown
 //	miss = MissWeight × uncached/rate × (queued + ρ/(1−ρ))
-//	ρ    = max(KV use, prefill share), at most 0.95
 //
 // ttft is the request's own time to first token: ahead is the prefill
 // tokens queued before it (our own pending prompts plus the server's other
@@ -87,16 +86,8 @@ func reasonFor(p *Pick, i int) string {
 // the requests queued there now, which the chunked-prefill scheduler runs
 // in the same steps, and those that will arrive while it runs; for the
 // latter the estimate takes ρ/(1−ρ), the mean number of requests an
-// M/M/1 server at utilisation ρ holds, with ρ the larger of the
-// backend's KV-cache use, the resource an inference server saturates
-// first, and the share of the last few seconds it spent prefilling what
-// this balancer sent it ([Ledger.PrefillShare]), capped at 0.95. The
-// cache fills only as prompts stay, so while a fleet warms up, or where
-// prefill rather than memory is what runs out, KV use says a server busy
-// with one prefill after another is idle, and a copy of a prompt onto it
-// looked free (8 servers, shared-prefix at x4, medians of seeds 1-12 and
-// 13-24: TTFT p90 748 -> 683 and 932 -> 808 ms with the prefill share;
-// engines 2x dearer at x2: 936 -> 825 and 1,125 -> 992 ms). At
+// M/M/1 server at utilisation ρ holds, with ρ the backend's KV-cache use
+// (capped at 0.95), the resource an inference server saturates first. At
 // idle miss is 0 and the rule is the fastest first token; as the fleet
 // fills, a miss costs more than a holder's queue and requests stay where
 // their prefix is, so that the fleet's prefill work, and with it its
@@ -193,9 +184,9 @@ func (s *TTFTScorer) estimate(p *Pick, c *Candidate, inv, base float64) {
 	c.QueueWait = c.Queued * est.QueueWait
 	c.Backlog = c.AheadTokens*inv + c.QueueWait
 	c.KVPenalty = 0
-	rho := min(c.PrefillShare, maxUtilisation)
+	rho := 0.0
 	if c.KVUsage.Known {
-		rho = max(rho, min(max(c.KVUsage.V, 0), maxUtilisation))
+		rho = min(max(c.KVUsage.V, 0), maxUtilisation)
 		pen := s.cfg.KVPenalty.Seconds()
 		c.KVPenalty = pen * min(max((c.KVUsage.V-s.cfg.KVSoft)/(1-s.cfg.KVSoft), 0), 1)
 		m := &c.Backend.Metrics
