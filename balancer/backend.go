@@ -198,12 +198,6 @@ type Ledger struct {
 	// (Unix nanoseconds; 0 never set): each attach extends it by the
 	// request's estimated prefill time ([Work.PrefillSeconds]).
 	drainAt atomic.Int64
-	// prefillBits is the prefill seconds attached lately, decayed with
-	// prefillTau (float64 bits), as of prefillAt (Unix nanoseconds);
-	// pmu serialises the writers ([Ledger.PrefillShare]).
-	pmu         sync.Mutex
-	prefillBits atomic.Uint64
-	prefillAt   atomic.Int64
 
 	est estimator
 
@@ -288,39 +282,6 @@ func (l *Ledger) extendDrain(d float64, now time.Time) {
 			return
 		}
 	}
-}
-
-// prefillTau is how far back [Ledger.PrefillShare] looks: several
-// prefills long (a 7,200-token prompt takes about 0.25 s on an H100), and
-// short beside a fleet's warm-up, which lasts tens of seconds.
-const prefillTau = 5 * time.Second
-
-// addPrefill counts d seconds of prefill sent at now.
-func (l *Ledger) addPrefill(d float64, now time.Time) {
-	if d <= 0 {
-		return
-	}
-	l.pmu.Lock()
-	defer l.pmu.Unlock()
-	l.prefillBits.Store(math.Float64bits(l.decayedPrefill(now) + d))
-	l.prefillAt.Store(max(l.prefillAt.Load(), now.UnixNano()))
-}
-
-func (l *Ledger) decayedPrefill(now time.Time) float64 {
-	v := math.Float64frombits(l.prefillBits.Load())
-	if dt := now.UnixNano() - l.prefillAt.Load(); v > 0 && dt > 0 {
-		v *= math.Exp(-float64(dt) / float64(prefillTau))
-	}
-	return v
-}
-
-// PrefillShare estimates the share of the last few seconds the backend
-// spent prefilling what this balancer sent it: the estimated prefill
-// times of the requests attached ([Work.PrefillSeconds]), each decayed
-// exponentially from when it was sent with a time constant of 5 s, over
-// those 5 s.
-func (l *Ledger) PrefillShare(now time.Time) float64 {
-	return l.decayedPrefill(now) / prefillTau.Seconds()
 }
 
 // AdapterInFlight reports whether a request for the LoRA adapter is in

@@ -2,7 +2,6 @@ package balancer
 
 import (
 	"errors"
-	"math"
 	"fmt"
 	"slices"
 	"strings"
@@ -251,93 +250,6 @@ func TestNoCopyBehindAQueue(t *testing.T) {
 	// prefill would wait behind that queue and lengthen it.
 	if got := pick(2000); got != "holder" {
 		t.Errorf("x 0.2 s behind: picked %s, want holder", got)
-	}
-}
-
-// A backend with nothing queued at this instant that has spent the last
-// seconds prefilling what the balancer sent it is loaded all the same:
-// its KV cache, which fills only as the prompts stay, says little while a
-// fleet warms up, so a miss there is priced by the share of time it spent
-// prefilling (the requests that arrive while the copy's prefill runs wait
-// for it), and a copy does not leave the holder for a short wait.
-func TestCopyOntoABackendBusyPrefillingCostsItsLoad(t *testing.T) {
-	system := strings.Repeat("c", 4*6000)
-	p := fmt.Appendf([]byte(system), " question %s", strings.Repeat("q", 4*1200))
-	req := &Request{Model: "m", Prompt: p, PromptTokens: len(p) / 4, MaxTokens: 100}
-	pick := func(xBusy float64) (string, float64) {
-		t.Helper()
-		b := newBal(t, "ttft")
-		now := time.Now()
-		b.now = func() time.Time { return now }
-		b.Update(busy("holder", 0, 0, 0.1), busy("x", 0, 0, 0.1))
-		b.pol.index.Insert(backend(t, b, "holder").slot, b.pol.index.AppendHashes(nil, 0, []byte(system)))
-		// The holder has 1.5 s of prefill queued (15,000 tokens at the
-		// configured 10,000 tokens/s).
-		g := b.NewGuard()
-		g.Attach(backend(t, b, "holder"), Work{UncachedTokens: 15000, PrefillSeconds: 1.5}, now)
-		t.Cleanup(g.Release)
-		// x prefilled xBusy s of prompts in the last 5 s, all answered.
-		for i := range 10 {
-			at := now.Add(-time.Duration(i) * 500 * time.Millisecond)
-			g := b.NewGuard()
-			g.Attach(backend(t, b, "x"), Work{UncachedTokens: 1000, PrefillSeconds: xBusy / 10}, at)
-			g.Release()
-		}
-		ex := b.Explain(req)
-		share := -1.0
-		for _, bd := range ex.Backends {
-			if bd.ID == "x" && bd.Candidate != nil {
-				share = bd.PrefillShare
-			}
-		}
-		return ex.Chosen[0], share
-	}
-	// x idle for 5 s: the copy (0.74 s) beats waiting 1.5 s at the holder.
-	if got, _ := pick(0); got != "x" {
-		t.Errorf("x idle: picked %s, want x (a copy)", got)
-	}
-	// x busy prefilling 4 of the last 5 s: its share of prefill time says
-	// it is loaded, and the copy's prefill would cost those arriving.
-	got, share := pick(4)
-	if share < 0.5 || share > 0.95 {
-		t.Errorf("x's prefill share %.2f, want about 0.8 (4 s in 5, decayed)", share)
-	}
-	if got != "holder" {
-		t.Errorf("x busy prefilling: picked %s, want holder", got)
-	}
-}
-
-// The prefill share counts on the part of the KV cache still free: where
-// the cache is nearly full, its use is the measure, and servers whose
-// caches differ stay apart however busy they all are (a share at its cap
-// on every busy server took mooncake-conversation with engines 2x dearer
-// from 1,372 to 1,106 tokens/s at x1.5).
-func TestPrefillShareCountsOnTheFreePartOfTheCache(t *testing.T) {
-	for _, tc := range []struct {
-		kv, rho float64
-	}{{0.1, 0.72}, {0.5, 0.5}, {0.9, 0.9}, {0, 0.8}} {
-		b := newBal(t, "ttft")
-		now := time.Now()
-		b.now = func() time.Time { return now }
-		b.Update(busy("x", 0, 0, tc.kv))
-		// 4 s of prefill sent over the last 5 s, all answered: a share
-		// of about 0.8.
-		for i := range 10 {
-			g := b.NewGuard()
-			g.Attach(backend(t, b, "x"), Work{UncachedTokens: 1000, PrefillSeconds: 0.4}, now.Add(-time.Duration(i)*500*time.Millisecond))
-			g.Release()
-		}
-		req := distinct(1, 5000)
-		ex := b.Explain(req)
-		c := ex.Backends[0].Candidate
-		share := c.PrefillShare
-		rho := max(tc.kv, share*(1-tc.kv))
-		// At the configured 10,000 tokens/s, 5,000 uncached tokens take
-		// 0.5 s, times the requests an M/M/1 server at ρ holds.
-		want := 0.5 * rho / (1 - rho)
-		if math.Abs(c.MissCost-want) > 1e-9 || math.Abs(rho-tc.rho) > 0.06 {
-			t.Errorf("KV use %.1f, prefill share %.2f: miss cost %.3f s, want %.3f (ρ %.2f, about %.2f)", tc.kv, share, c.MissCost, want, rho, tc.rho)
-		}
 	}
 }
 

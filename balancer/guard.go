@@ -74,7 +74,6 @@ func (g *Guard) Attach(be *Backend, w Work, now time.Time) {
 	l.pendingTokens.Add(int64(w.UncachedTokens))
 	l.openTokens.Add(int64(w.UncachedTokens + w.DecodeTokens))
 	l.extendDrain(w.PrefillSeconds, now)
-	l.addPrefill(w.PrefillSeconds, now)
 	l.addAdapter(w.Adapter, 1, 0)
 	g.backend, g.work, g.attached, g.first = be, w, now, false
 }

@@ -157,10 +157,6 @@ type Candidate struct {
 	InFlight int64 `json:"in_flight"`
 	// PendingTokens are prompt tokens we sent that are not prefilled yet.
 	PendingTokens int64 `json:"pending_tokens"`
-	// PrefillShare estimates the share of the last few seconds the
-	// backend spent prefilling what this balancer sent it
-	// ([Ledger.PrefillShare]).
-	PrefillShare float64 `json:"prefill_share"`
 	// AheadTokens estimates the prefill work queued before this request:
 	// our pending prompts plus the server's other queued requests at the
 	// mean size of ours (this prompt's when none is pending).
@@ -667,7 +663,7 @@ func (b *Balancer) candidate(be *Backend, req *Request, now time.Time) Candidate
 	l, m, mk := be.Ledger, &be.Metrics, be.mark
 	inFlight := l.InFlight()
 	pending, pendingTok := l.Pending()
-	c := Candidate{Backend: be, InFlight: inFlight, PendingTokens: pendingTok, PrefillShare: l.PrefillShare(now)}
+	c := Candidate{Backend: be, InFlight: inFlight, PendingTokens: pendingTok}
 	scraped := !m.At.IsZero()
 	sinceStarted := float64(l.started.Load() - mk.started)
 	sincePrefilled := float64(l.prefilled.Load() - mk.prefilled)

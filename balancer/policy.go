@@ -61,7 +61,6 @@ func reasonFor(p *Pick, i int) string {
 //	cost = ttft + miss
 //	ttft = base + (ahead + uncached)/rate + queued×wait + kv + lora + slowdown
 //	miss = MissWeight × uncached/rate × (queued + ρ/(1−ρ))
-//	ρ    = max(kv, prefill share × (1 − kv)), at most 0.95
 //
 // ttft is the request's own time to first token: ahead is the prefill
 // tokens queued before it (our own pending prompts plus the server's other
@@ -87,21 +86,8 @@ func reasonFor(p *Pick, i int) string {
 // the requests queued there now, which the chunked-prefill scheduler runs
 // in the same steps, and those that will arrive while it runs; for the
 // latter the estimate takes ρ/(1−ρ), the mean number of requests an
-// M/M/1 server at utilisation ρ holds. ρ is the backend's KV-cache use
-// kv, the resource an inference server saturates first, or, when more,
-// the share of the last few seconds it spent prefilling what this
-// balancer sent it ([Ledger.PrefillShare]) times the part of the cache
-// still free, 1 − kv; at most 0.95. The cache fills only as prompts stay,
-// so while a fleet warms up, or where prefill rather than memory runs
-// out, KV use says a server busy with one prefill after another is idle;
-// the prefill share says it is not, and hands over to the KV use as the
-// cache fills. Taken whole, as the larger of the two, it reached its cap
-// on every busy server and hid the differences in KV use that spread
-// long prompts where memory runs out (mooncake-conversation, engines 2x
-// dearer: 1,372 -> 1,106 tokens/s at x1.5, 817 -> 551 at x3); so
-// weighted, 1,334 and 909 tokens/s, while 8 servers shared-prefix at x4
-// gains 932 -> 847 ms (medians of seeds 13-24) and engines 2x dearer at
-// x2 936 -> 881 ms (seeds 1-12). At
+// M/M/1 server at utilisation ρ holds, with ρ the backend's KV-cache use
+// (capped at 0.95), the resource an inference server saturates first. At
 // idle miss is 0 and the rule is the fastest first token; as the fleet
 // fills, a miss costs more than a holder's queue and requests stay where
 // their prefix is, so that the fleet's prefill work, and with it its
@@ -198,14 +184,9 @@ func (s *TTFTScorer) estimate(p *Pick, c *Candidate, inv, base float64) {
 	c.QueueWait = c.Queued * est.QueueWait
 	c.Backlog = c.AheadTokens*inv + c.QueueWait
 	c.KVPenalty = 0
-	// ρ: the KV use, or the prefill share on the part of the cache still
-	// free, whichever is more.
-	kv := 0.0
+	rho := 0.0
 	if c.KVUsage.Known {
-		kv = min(max(c.KVUsage.V, 0), 1)
-	}
-	rho := min(max(kv, c.PrefillShare*(1-kv)), maxUtilisation)
-	if c.KVUsage.Known {
+		rho = min(max(c.KVUsage.V, 0), maxUtilisation)
 		pen := s.cfg.KVPenalty.Seconds()
 		c.KVPenalty = pen * min(max((c.KVUsage.V-s.cfg.KVSoft)/(1-s.cfg.KVSoft), 0), 1)
 		m := &c.Backend.Metrics
