@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"strings"
 
@@ -202,12 +203,19 @@ func WriteSweep(w io.Writer, curves []Curve) {
 	}
 	if seeds > 1 {
 		fmt.Fprintf(w, "\nsummary over %d seeds: the default's worst ratio of medians to each policy over the ladder (TTFT p90 default/peer, above 1 is worse; output tok/s default/peer, below 1 is worse), the seeds' own ratios at that rate, and how many seeds the default is worse than the policy by more than 3%% at some rate\n", seeds)
+		if seeds >= minPaired {
+			fmt.Fprintf(w, "paired: at the same rates, the median of the seeds' own ratios (each seed runs both policies on the same arrivals) and its 95%% bootstrap interval; an interval that holds 1 is a gap the seeds do not tell from noise\n")
+		}
 	} else {
 		fmt.Fprintf(w, "\nsummary: the default's worst ratio to each policy over the ladder (TTFT p90 default/peer, above 1 is worse; output tok/s default/peer, below 1 is worse)\n")
 	}
 	head := []string{"workload", "policy", "worst TTFT p90 ratio", "at", "worst tok/s ratio", "at"}
 	if seeds > 1 {
 		head = []string{"workload", "policy", "worst TTFT p90 ratio", "seeds", "at", "worst tok/s ratio", "seeds", "at", "seeds worse"}
+	}
+	paired := seeds >= minPaired
+	if paired {
+		head = append(head, "paired TTFT p90 (95%)", "paired tok/s (95%)")
 	}
 	rows := [][]string{head}
 	for _, c := range curves {
@@ -251,6 +259,10 @@ func WriteSweep(w io.Writer, curves []Curve) {
 				}
 				row = append(row, fmt.Sprintf("%d of %d", n, seeds))
 			}
+			if paired {
+				row = append(row, pairedCell(c.Tables[atT], pi, func(r Row) []float64 { return r.TTFTP90s }),
+					pairedCell(c.Tables[atR], pi, func(r Row) []float64 { return r.Throughputs }))
+			}
 			rows = append(rows, row)
 		}
 	}
@@ -273,6 +285,50 @@ func seedRatios(t Table, pi int, of func(Row) []float64) string {
 		return "-"
 	}
 	return fmt.Sprintf("%.2f-%.2f", lo, hi)
+}
+
+// minPaired is the fewest seeds the summary gives a paired interval for.
+const minPaired = 8
+
+// pairedCell is pairedRatio of the default's and row pi's values in t,
+// "median (lo-hi)", or "-" when too few seeds have both.
+func pairedCell(t Table, pi int, of func(Row) []float64) string {
+	med, lo, hi, ok := pairedRatio(of(t.Results[0]), of(t.Results[pi]))
+	if !ok {
+		return "-"
+	}
+	return fmt.Sprintf("%.3f (%.3f-%.3f)", med, lo, hi)
+}
+
+// pairedRatio is the median over seeds of d[k]/p[k], the default's figure
+// over a peer's at one seed (both replayed the same arrivals, so the
+// seed's luck is in both and divides out), with a 95% percentile
+// bootstrap interval of that median: 2,000 resamples of the seeds drawn
+// with a fixed seed, so a run prints the same interval twice. A seed at
+// which either value is missing (NaN) or the peer's is 0 is left out; ok
+// is false when fewer than minPaired remain.
+func pairedRatio(d, p []float64) (med, lo, hi float64, ok bool) {
+	var rs []float64
+	for k := range min(len(d), len(p)) {
+		if v := d[k] / p[k]; !math.IsNaN(v) && !math.IsInf(v, 0) {
+			rs = append(rs, v)
+		}
+	}
+	if len(rs) < minPaired {
+		return 0, 0, 0, false
+	}
+	const resamples = 2000
+	rng := rand.New(rand.NewPCG(1, 2))
+	meds := make([]float64, resamples)
+	buf := make([]float64, len(rs))
+	for i := range meds {
+		for j := range buf {
+			buf[j] = rs[rng.IntN(len(rs))]
+		}
+		meds[i] = median(buf)
+	}
+	slices.Sort(meds)
+	return median(rs), meds[resamples*25/1000], meds[resamples*975/1000-1], true
 }
 
 // PlotSweep draws one PNG per workload, prefix + "-" + workload + ".png":

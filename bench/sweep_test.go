@@ -2,6 +2,7 @@ package bench
 
 import (
 	"encoding/json"
+	"fmt"
 	"math"
 	"slices"
 	"strings"
@@ -71,5 +72,48 @@ func TestSummarizeTakesTheMeanTTFT(t *testing.T) {
 	})
 	if got := m[0].Tables[0].Results[0].TTFTMean; got != 2 {
 		t.Errorf("merged mean %g, want the median 2", got)
+	}
+}
+
+// TestPairedRatioTellsAGapFromNoise: the summary's paired interval
+// excludes 1 where the default is worse at every seed by a similar
+// margin, holds 1 where the seeds split, and is left out with fewer than
+// minPaired seeds; WriteSweep prints it once enough seeds are merged.
+func TestPairedRatioTellsAGapFromNoise(t *testing.T) {
+	var d, p, split []float64
+	for k := range 12 {
+		p = append(p, 1+float64(k)/10) // the seeds' own luck: up to 2x
+		d = append(d, p[k]*(1.05+float64(k%3)/100))
+		split = append(split, p[k]*(1+0.1*float64(1-2*(k%2))))
+	}
+	med, lo, hi, ok := pairedRatio(d, p)
+	if !ok || med < 1.05 || med > 1.07 || lo <= 1 || hi > 1.08 || lo > med || hi < med {
+		t.Errorf("worse at every seed: %.3f (%.3f-%.3f) %v, want about 1.06 and an interval above 1", med, lo, hi, ok)
+	}
+	if med, lo, hi, ok := pairedRatio(split, p); !ok || lo >= 1 || hi <= 1 {
+		t.Errorf("seeds split: %.3f (%.3f-%.3f) %v, want an interval holding 1", med, lo, hi, ok)
+	}
+	withNaN := slices.Clone(d)
+	withNaN[0] = math.NaN()
+	if _, _, _, ok := pairedRatio(withNaN[:minPaired], p[:minPaired]); ok {
+		t.Error("an interval from fewer than minPaired seeds")
+	}
+	a, b, c, _ := pairedRatio(d, p)
+	if a != med || b != lo || c != hi {
+		t.Error("the interval differs between two calls")
+	}
+	var runs [][]Curve
+	for k := range d {
+		runs = append(runs, []Curve{{Name: "w", Tables: []Table{{Name: "w", Rate: 1, Results: []Row{
+			{Policy: "default", TTFTP90: d[k], Throughput: 100},
+			{Policy: "peer", TTFTP90: p[k], Throughput: 100},
+		}}}}})
+	}
+	var out strings.Builder
+	WriteSweep(&out, MergeSeeds(runs))
+	for _, want := range []string{"summary over 12 seeds", "paired TTFT p90 (95%)", fmt.Sprintf("%.3f (%.3f-%.3f)", med, lo, hi), "1.000 (1.000-1.000)"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("sweep lacks %q:\n%s", want, out.String())
+		}
 	}
 }
