@@ -452,7 +452,7 @@ func (b *Balancer) filter(s *scratch, p *Pick, ex *Explanation) (tier, reason st
 		}
 		switch {
 		case be.State == StateReady && !be.Stale:
-			cands = append(cands, b.candidate(be, req, now))
+			cands = b.appendCandidate(cands, be, req, now)
 		case be.State == StateReady:
 			s.stale = append(s.stale, i)
 		case be.State == StateUnknown:
@@ -464,9 +464,8 @@ func (b *Balancer) filter(s *scratch, p *Pick, ex *Explanation) (tier, reason st
 	tier = "fresh"
 	if len(cands) == 0 && len(s.stale) > 0 {
 		for _, i := range s.stale {
-			c := b.candidate(snap.Backends[i], req, now)
-			c.Saturated = false // stale values do not say it is full
-			cands = append(cands, c)
+			cands = b.appendCandidate(cands, snap.Backends[i], req, now)
+			cands[len(cands)-1].Saturated = false // stale values do not say it is full
 		}
 		reason, tier = "stale-metrics", "stale"
 	} else {
@@ -476,7 +475,7 @@ func (b *Balancer) filter(s *scratch, p *Pick, ex *Explanation) (tier, reason st
 	}
 	if len(cands) == 0 {
 		for _, i := range unknownIdx {
-			cands = append(cands, b.candidate(snap.Backends[i], req, now))
+			cands = b.appendCandidate(cands, snap.Backends[i], req, now)
 		}
 		reason, tier = "fallback", "unknown"
 	} else {
@@ -616,21 +615,34 @@ func (b *Balancer) order(p *Pick, primary int, total []float64, dst []*Backend) 
 	cands := p.Cands
 	out := append(dst[:0], cands[primary].Backend)
 	dec.Work[0] = b.work(p.Req, &cands[primary])
+	// Each fallback is the best below the one before it in (score, then
+	// earlier index) order, so no candidate is taken twice.
+	prev := -1
 	for len(out) < b.cfg.MaxCandidates && len(out) < len(cands) {
 		best := -1
 		for i := range cands {
-			if i == primary || slices.Contains(out, cands[i].Backend) {
+			if i == primary || prev >= 0 && !below(total, i, prev) {
 				continue
 			}
 			if best < 0 || total[i] > total[best] {
 				best = i
 			}
 		}
+		if best < 0 {
+			break
+		}
 		dec.Work[len(out)] = b.work(p.Req, &cands[best])
 		out = append(out, cands[best].Backend)
+		prev = best
 	}
 	dec.Candidates = out
 	return dec
+}
+
+// below reports whether candidate i comes after j in the fallback order:
+// a lower total, or an equal one at a later index.
+func below(total []float64, i, j int) bool {
+	return total[i] < total[j] || total[i] == total[j] && i > j
 }
 
 // commit is the last stage of a pick that is not a dry run: learning
@@ -660,10 +672,26 @@ func grow[T any](s []T, n int) []T {
 
 // candidate reads be's scraped values and ledger into a Candidate.
 func (b *Balancer) candidate(be *Backend, req *Request, now time.Time) Candidate {
+	var c Candidate
+	b.fill(&c, be, req, now)
+	return c
+}
+
+// appendCandidate appends be's Candidate to cands, filled in place: a
+// Candidate is some 200 bytes, and returned by value it was copied twice
+// per backend per pick.
+func (b *Balancer) appendCandidate(cands []Candidate, be *Backend, req *Request, now time.Time) []Candidate {
+	cands = append(cands, Candidate{})
+	b.fill(&cands[len(cands)-1], be, req, now)
+	return cands
+}
+
+// fill reads be's scraped values and ledger into c, which is zero.
+func (b *Balancer) fill(c *Candidate, be *Backend, req *Request, now time.Time) {
 	l, m, mk := be.Ledger, &be.Metrics, be.mark
 	inFlight := l.InFlight()
 	pending, pendingTok := l.Pending()
-	c := Candidate{Backend: be, InFlight: inFlight, PendingTokens: pendingTok}
+	c.Backend, c.InFlight, c.PendingTokens = be, inFlight, pendingTok
 	scraped := !m.At.IsZero()
 	sinceStarted := float64(l.started.Load() - mk.started)
 	sincePrefilled := float64(l.prefilled.Load() - mk.prefilled)
@@ -697,7 +725,6 @@ func (b *Balancer) candidate(be *Backend, req *Request, now time.Time) Candidate
 		mean = float64(pendingTok) / float64(pending)
 	}
 	c.AheadTokens = l.aheadTokens(pending, pendingTok, now) + max(0, c.Queued-float64(pending))*mean
-	return c
 }
 
 // loraState says how ready be is to run model if model is one of its

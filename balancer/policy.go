@@ -110,11 +110,16 @@ const maxUtilisation = 0.95
 func (s *TTFTScorer) Score(p *Pick, out []float64) {
 	var pr priors
 	pr.learn(p)
+	k := s.consts(p)
 	best := math.Inf(1)
 	for i := range p.Cands {
 		c := &p.Cands[i]
-		inv, base := pr.of(p, i, &s.cfg)
-		s.estimate(p, c, inv, base)
+		est := c.Backend.Ledger.est.load()
+		inv, base := 1/est.Rate, est.Base
+		if !est.learned() {
+			inv, base = pr.of(p, i, &s.cfg)
+		}
+		s.estimate(p, c, est, inv, base, &k)
 		best = min(best, c.Cost)
 	}
 	for i := range p.Cands {
@@ -136,10 +141,25 @@ func (s *TTFTScorer) Score(p *Pick, out []float64) {
 type priors struct {
 	hw   hwClasses // sum: the learned inverse rates; n: how many
 	base [maxClasses]float64
+	none bool // no candidate is learned, or every one is: nothing to borrow
 }
 
-// learn sums the candidates' learned estimates by class.
+// learn sums the candidates' learned estimates by class. When no
+// candidate is learned, or every one is, there is nothing to borrow and
+// the candidates are not classified: a fleet at start-up takes the
+// config's values, a measured one its own.
 func (pr *priors) learn(p *Pick) {
+	learned, fresh := false, false
+	for i := range p.Cands {
+		if p.Cands[i].Backend.Ledger.est.load().learned() {
+			learned = true
+		} else {
+			fresh = true
+		}
+	}
+	if pr.none = !learned || !fresh; pr.none {
+		return
+	}
 	pr.hw.classify(p.Cands)
 	for i := range p.Cands {
 		c := &p.Cands[i]
@@ -157,6 +177,9 @@ func (pr *priors) learn(p *Pick) {
 
 // of returns the inverse rate and base candidate i borrows.
 func (pr *priors) of(p *Pick, i int, cfg *TTFTConfig) (inv, base float64) {
+	if pr.none {
+		return 1 / cfg.PrefillRate, cfg.BaseLatency.Seconds()
+	}
 	c := &p.Cands[i]
 	if k := pr.hw.at(p.Cands, i); k >= 0 && pr.hw.n[k] > 0 {
 		return pr.hw.sum[k] / pr.hw.n[k], pr.base[k] / pr.hw.n[k]
@@ -175,11 +198,28 @@ func (pr *priors) of(p *Pick, i int, cfg *TTFTConfig) (inv, base float64) {
 	return inv / n, base / n
 }
 
-func (s *TTFTScorer) estimate(p *Pick, c *Candidate, inv, base float64) {
-	est := c.Backend.Ledger.est.load()
-	if est.learned() {
-		inv, base = 1/est.Rate, est.Base
+// scoreConsts are the config's figures a pick's estimates share, in
+// seconds, converted once per pick rather than once per candidate.
+type scoreConsts struct {
+	kvPen, loraLoad, loraWait, decode float64 // seconds
+	out, need                         int     // output tokens; KV tokens needed besides the uncached prompt
+}
+
+func (s *TTFTScorer) consts(p *Pick) scoreConsts {
+	out := p.Req.MaxTokens
+	if out <= 0 {
+		out = s.cfg.DefaultMaxTokens
 	}
+	return scoreConsts{
+		kvPen: s.cfg.KVPenalty.Seconds(), loraLoad: s.cfg.LoRALoadDelay.Seconds(), loraWait: s.cfg.LoRASlotWait.Seconds(),
+		decode: s.cfg.DecodeCost.Seconds(), out: out, need: max(p.Req.MaxTokens, s.cfg.DefaultMaxTokens),
+	}
+}
+
+// estimate fills in c's estimate fields from its learned model est, with
+// inv and base its inverse prefill rate and base (est's own once learned,
+// else the priors').
+func (s *TTFTScorer) estimate(p *Pick, c *Candidate, est Estimate, inv, base float64, k *scoreConsts) {
 	c.Prefill = base + (c.AheadTokens+float64(c.UncachedTokens))*inv
 	c.QueueWait = c.Queued * est.QueueWait
 	c.Backlog = c.AheadTokens*inv + c.QueueWait
@@ -187,33 +227,28 @@ func (s *TTFTScorer) estimate(p *Pick, c *Candidate, inv, base float64) {
 	rho := 0.0
 	if c.KVUsage.Known {
 		rho = min(max(c.KVUsage.V, 0), maxUtilisation)
-		pen := s.cfg.KVPenalty.Seconds()
+		pen := k.kvPen
 		c.KVPenalty = pen * min(max((c.KVUsage.V-s.cfg.KVSoft)/(1-s.cfg.KVSoft), 0), 1)
 		m := &c.Backend.Metrics
 		if capTok := m.BlockSize.V * m.NumBlocks.V; m.BlockSize.Known && m.NumBlocks.Known && capTok > 0 {
-			need := float64(c.UncachedTokens + max(p.Req.MaxTokens, s.cfg.DefaultMaxTokens))
+			need := float64(c.UncachedTokens + k.need)
 			if (1-c.KVUsage.V)*capTok < need {
 				c.KVPenalty += pen
 			}
 		}
 	}
-	d, w := s.cfg.LoRALoadDelay.Seconds(), s.cfg.LoRASlotWait.Seconds()
 	switch c.LoRA {
 	case LoRAFree, LoRAUnknown:
-		c.LoRAPenalty = d
+		c.LoRAPenalty = k.loraLoad
 	case LoRAWaiting:
-		c.LoRAPenalty = w
+		c.LoRAPenalty = k.loraWait
 	case LoRAFull:
-		c.LoRAPenalty = 2 * w
+		c.LoRAPenalty = 2 * k.loraWait
 	default:
 		c.LoRAPenalty = 0
 	}
-	out := p.Req.MaxTokens
-	if out <= 0 {
-		out = s.cfg.DefaultMaxTokens
-	}
 	// Queued requests join the batch soon; they slow its steps as much.
-	c.DecodeSlowdown = s.cfg.DecodeCost.Seconds() * (c.Running + c.Queued) * float64(out)
+	c.DecodeSlowdown = k.decode * (c.Running + c.Queued) * float64(k.out)
 	c.TTFT = c.Prefill + c.QueueWait + c.KVPenalty + c.LoRAPenalty + c.DecodeSlowdown
 	c.MissCost = s.cfg.MissWeight * float64(c.UncachedTokens) * inv * (c.Queued + rho/(1-rho))
 	c.Cost = c.TTFT + c.MissCost

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -632,5 +633,61 @@ func TestUnscrapedQueueDoesNotSaturate(t *testing.T) {
 	}
 	if d, err := b.Pick(&Request{Model: "m"}, nil); err != nil || d.Reason == "saturated" {
 		t.Errorf("40 pending on a backend without metrics: %q %v, want it picked unsaturated", d.Reason, err)
+	}
+}
+
+// TestFallbacksFollowTheScores: a pick's candidates are the primary, then
+// the rest by total score, highest first, ties in snapshot order, none
+// twice; with one candidate fewer than MaxCandidates, all of them.
+func TestFallbacksFollowTheScores(t *testing.T) {
+	four := func(c *Config, _ *Deps) { c.MaxCandidates = 4 }
+	// Round-robin does not score: every total ties, so the fallbacks are
+	// the others in snapshot order.
+	rr := newBal(t, "round-robin", four)
+	rr.Update(ready("b0", 0, 0, 0), ready("b1", 0, 0, 0), ready("b2", 0, 0, 0), ready("b3", 0, 0, 0), ready("b4", 0, 0, 0))
+	for range 3 {
+		ex := rr.Explain(&Request{Model: "m"})
+		if _, err := rr.Pick(&Request{Model: "m"}, nil); err != nil {
+			t.Fatal(err)
+		}
+		var want []string
+		for _, id := range []string{"b0", "b1", "b2", "b3", "b4"} {
+			if id != ex.Chosen[0] && len(want) < 3 {
+				want = append(want, id)
+			}
+		}
+		if !slices.Equal(ex.Chosen[1:], want) {
+			t.Errorf("round-robin: candidates %v, want %s then %v", ex.Chosen, ex.Chosen[0], want)
+		}
+	}
+	// The default scores by queue: the fallbacks go by score.
+	def := newBal(t, DefaultConfig().Policy, four)
+	def.Update(ready("b0", 6, 2, 0.3), ready("b1", 1, 2, 0.3), ready("b2", 9, 2, 0.3), ready("b3", 3, 2, 0.3), ready("b4", 3, 2, 0.3))
+	ex := def.Explain(&Request{Model: "m", PromptTokens: 500})
+	score := map[string]float64{}
+	for _, bd := range ex.Backends {
+		score[bd.ID] = bd.Score
+	}
+	if len(ex.Chosen) != 4 {
+		t.Fatalf("candidates %v, want 4", ex.Chosen)
+	}
+	seen := map[string]bool{}
+	for i, id := range ex.Chosen {
+		if seen[id] {
+			t.Fatalf("%s twice in %v", id, ex.Chosen)
+		}
+		seen[id] = true
+		if i > 1 && score[id] > score[ex.Chosen[i-1]] {
+			t.Errorf("candidates %v out of score order: %v", ex.Chosen, score)
+		}
+	}
+	if ex.Chosen[1] != "b3" || ex.Chosen[2] != "b4" {
+		t.Errorf("candidates %v: after the primary b1, want the equal queues b3 then b4 (snapshot order); scores %v", ex.Chosen, score)
+	}
+	// Fewer candidates than MaxCandidates: all of them.
+	two := newBal(t, "round-robin", four)
+	two.Update(ready("b0", 0, 0, 0), ready("b1", 0, 0, 0))
+	if ex := two.Explain(&Request{Model: "m"}); len(ex.Chosen) != 2 || ex.Chosen[0] == ex.Chosen[1] {
+		t.Errorf("two backends: candidates %v", ex.Chosen)
 	}
 }
