@@ -670,13 +670,6 @@ func grow[T any](s []T, n int) []T {
 	return s[:n]
 }
 
-// candidate reads be's scraped values and ledger into a Candidate.
-func (b *Balancer) candidate(be *Backend, req *Request, now time.Time) Candidate {
-	var c Candidate
-	b.fill(&c, be, req, now)
-	return c
-}
-
 // appendCandidate appends be's Candidate to cands, filled in place: a
 // Candidate is some 200 bytes, and returned by value it was copied twice
 // per backend per pick.

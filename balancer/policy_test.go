@@ -27,7 +27,7 @@ func pickScores(t *testing.T, b *Balancer, sc Scorer, req *Request) map[string]f
 	snap := b.Snapshot()
 	p := &Pick{Req: req, snap: snap}
 	for _, be := range snap.Backends {
-		p.Cands = append(p.Cands, b.candidate(be, req, time.Now()))
+		p.Cands = b.appendCandidate(p.Cands, be, req, time.Now())
 	}
 	b.hashPrompt(s, p)
 	b.applyMatch(s, p)
