@@ -1,7 +1,6 @@
 # llmlb: `make demo` shows it working, `make test` is what CI runs.
 
 GO        ?= go
-MODULE    := github.com/llmlb/llmlb
 BIN       ?= bin/llmlb
 # An execution count, not a duration: a duration -fuzztime can fail with a
 # spurious "context deadline exceeded" under CPU contention (golang/go#75804).
@@ -33,7 +32,7 @@ test: unit soak-short fuzz
 # in a fresh-clone CI run of 19da720 (alone: 1.43-1.45 s in five runs).
 unit:
 	$(GO) vet ./...
-	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v -e '/bench$$' -e '^$(MODULE)$$')
+	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v '/bench$$' | grep -vxF "$$($(GO) list -m)")
 	$(GO) test -race -count=1 .
 	$(GO) test -race -count=1 ./bench
 
