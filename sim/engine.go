@@ -73,6 +73,9 @@ type EngineConfig struct {
 	// both compute it. Unset, a block is cached when it is scheduled, as
 	// vLLM V1 does ([Engine.register]).
 	CacheOnCompute bool
+	// KVEvents: the engine records a [KVEvent] whenever a block enters or
+	// leaves the prefix cache, for [Engine.TakeKVEvents].
+	KVEvents bool
 }
 
 // CachesOnCompute reports whether servers of an engine flavour take a
@@ -233,6 +236,10 @@ type Seq struct {
 	PromptTokens int
 	MaxTokens    int
 	Adapter      string // "" for the base model
+	// Tokens are the prompt's token ids ([Tokens]), for the KV events an
+	// engine with [EngineConfig.KVEvents] records; nil records none for
+	// the sequence's blocks.
+	Tokens []uint32
 
 	// CachedTokens is the prompt tokens found in the prefix cache when the
 	// request was first scheduled (usage.prompt_tokens_details.cached_tokens).
@@ -297,6 +304,8 @@ type Engine struct {
 
 	loaded []string // adapters on the GPU, least recently used first
 
+	kv []KVEvent // recorded since the last TakeKVEvents
+
 	promptTotal, genTotal, queries, hits, preemptions int64
 }
 
@@ -352,6 +361,9 @@ func (e *Engine) allocate() int32 {
 	if e.hasHash[b] {
 		delete(e.cache, e.hash[b])
 		e.hasHash[b] = false
+		if e.cfg.KVEvents {
+			e.kv = append(e.kv, KVEvent{Hash: e.hash[b]})
+		}
 	}
 	e.ref[b] = 1
 	return b
@@ -571,7 +583,51 @@ func (e *Engine) register(s *Seq, tokens int) {
 		}
 		e.hash[b], e.hasHash[b] = h, true
 		e.cache[h] = b
+		if e.cfg.KVEvents && len(s.Tokens) >= (s.hashed+1)*e.cfg.BlockSize {
+			ev := KVEvent{Stored: true, Hash: h, Adapter: s.Adapter,
+				Tokens: s.Tokens[s.hashed*e.cfg.BlockSize : (s.hashed+1)*e.cfg.BlockSize]}
+			if s.hashed > 0 {
+				ev.Parent, ev.HasParent = s.Hashes[s.hashed-1], true
+			}
+			e.kv = append(e.kv, ev)
+		}
 	}
+}
+
+// KVEvent is one block entering (Stored) or leaving the prefix cache, as
+// vLLM's KV events report it (vllm/distributed/kv_events.py).
+type KVEvent struct {
+	Stored bool
+	Hash   uint64
+	// Parent is the hash of the block this one extends, for a stored
+	// block past the prompt's first.
+	Parent    uint64
+	HasParent bool
+	// Tokens are a stored block's token ids; they alias the sequence's.
+	Tokens  []uint32
+	Adapter string
+}
+
+// TakeKVEvents returns the events recorded since the last call, in order,
+// appended to dst.
+func (e *Engine) TakeKVEvents(dst []KVEvent) []KVEvent {
+	dst = append(dst, e.kv...)
+	clear(e.kv)
+	e.kv = e.kv[:0]
+	return dst
+}
+
+// Tokens returns the token ids the emulated engines give text: each
+// BytesPerToken bytes read as a little-endian number; bytes short of a
+// whole token at the end count for none, as the engines' token counts
+// (len(text)/BytesPerToken) have it. It is the emulation's tokenizer, what
+// its /tokenize answers.
+func Tokens(text []byte) []uint32 {
+	out := make([]uint32, 0, len(text)/BytesPerToken)
+	for off := 0; off+BytesPerToken <= len(text); off += BytesPerToken {
+		out = append(out, binary.LittleEndian.Uint32(text[off:]))
+	}
+	return out
 }
 
 // admit takes blocks for waiting sequence s: its cached prefix, then new

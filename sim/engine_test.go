@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 )
@@ -332,4 +333,65 @@ func FuzzBlockHashes(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestEngineRecordsKVEvents: with KVEvents, every block entering the
+// prefix cache is recorded with its parent and token ids, and every block
+// evicted with its hash, as vLLM's BlockStored and BlockRemoved say.
+func TestEngineRecordsKVEvents(t *testing.T) {
+	cfg, _ := Preset("h100-8b")
+	cfg.NumBlocks = 100
+	cfg.KVEvents = true
+	e := NewEngine(cfg)
+	text := func(tag string, n int) []byte {
+		b := make([]byte, 0, n*BytesPerToken)
+		for len(b) < n*BytesPerToken {
+			b = fmt.Appendf(b, "%s-%d;", tag, len(b))
+		}
+		return b[:n*BytesPerToken]
+	}
+	seq := func(tag string, n int) *Seq {
+		tx := text(tag, n)
+		return &Seq{Hashes: BlockHashes(nil, 1, tx, cfg.BlockSize*BytesPerToken), Tokens: Tokens(tx), PromptTokens: n, MaxTokens: 1}
+	}
+	first := seq("first", 60*cfg.BlockSize)
+	vrun(t, e, []*vreq{{seq: first}})
+	evs := e.TakeKVEvents(nil)
+	if len(evs) != 60 {
+		t.Fatalf("%d events for a 60-block prompt", len(evs))
+	}
+	for i, ev := range evs {
+		want := KVEvent{Stored: true, Hash: first.Hashes[i], HasParent: i > 0, Tokens: first.Tokens[i*cfg.BlockSize : (i+1)*cfg.BlockSize]}
+		if i > 0 {
+			want.Parent = first.Hashes[i-1]
+		}
+		if ev.Stored != want.Stored || ev.Hash != want.Hash || ev.HasParent != want.HasParent || ev.Parent != want.Parent || !slices.Equal(ev.Tokens, want.Tokens) {
+			t.Fatalf("event %d: %+v, want %+v", i, ev, want)
+		}
+	}
+	if len(e.TakeKVEvents(nil)) != 0 {
+		t.Fatal("events taken twice")
+	}
+	// A second prompt of 60 blocks needs 20 of the first's (LRU, tail first).
+	vrun(t, e, []*vreq{{seq: seq("second", 60*cfg.BlockSize)}})
+	removed := map[uint64]bool{}
+	stored := 0
+	for _, ev := range e.TakeKVEvents(nil) {
+		if ev.Stored {
+			stored++
+		} else {
+			removed[ev.Hash] = true
+		}
+	}
+	if stored != 60 || len(removed) < 20 {
+		t.Fatalf("second prompt: %d stored, %d removed", stored, len(removed))
+	}
+	for h := range removed {
+		if !slices.Contains(first.Hashes, h) {
+			t.Fatalf("removed %x, not a block of the first prompt", h)
+		}
+	}
+	if held := e.Holds(first.Hashes) / cfg.BlockSize; held != 60-len(removed) {
+		t.Fatalf("first prompt holds %d blocks after %d removals", held, len(removed))
+	}
 }

@@ -18,6 +18,16 @@ type Live struct {
 	eng     *Engine                // guarded by mu
 	subs    map[*Seq]chan struct{} // guarded by mu; each request's wake-up
 	looping bool                   // guarded by mu; the step goroutine runs
+	kv      *KVPublisher           // guarded by mu; nil publishes no events
+}
+
+// PublishKV makes the engine record its KV events and p publish them, one
+// batch per step with events, as vLLM does with --kv-events-config.
+func (l *Live) PublishKV(p *KVPublisher) {
+	l.mu.Lock()
+	l.kv = p
+	l.eng.cfg.KVEvents = p != nil
+	l.mu.Unlock()
 }
 
 // NewLive returns a Live engine; speed 10 runs ten times faster than real
@@ -36,6 +46,11 @@ var _ Model = (*Live)(nil)
 func (l *Live) Run(ctx context.Context, j Job, emit func() error) (int, error) {
 	hashes := BlockHashes(nil, j.Seed, j.Prompt, l.blockBytes)
 	s := &Seq{Hashes: hashes, PromptTokens: j.PromptTokens, MaxTokens: j.MaxTokens, Adapter: j.Adapter}
+	l.mu.Lock()
+	if l.kv != nil {
+		s.Tokens = Tokens(j.Prompt)
+	}
+	l.mu.Unlock()
 	// The server's own work on the request comes before its scheduler
 	// sees it.
 	if d := time.Duration(float64(l.eng.cfg.Cost.Intake(j.PromptTokens)) / l.speed); d > 0 {
@@ -93,11 +108,14 @@ func (l *Live) Run(ctx context.Context, j Job, emit func() error) (int, error) {
 // scheduled from the previous one's, so timer lateness does not add up.
 func (l *Live) loop() {
 	var out []Output
+	var events []KVEvent
 	next := time.Now()
 	for {
 		l.mu.Lock()
 		var d time.Duration
 		out, d = l.eng.Step(out[:0])
+		kv := l.kv
+		events = l.eng.TakeKVEvents(events[:0])
 		for _, o := range out {
 			if ch := l.subs[o.Seq]; ch != nil {
 				select {
@@ -112,9 +130,11 @@ func (l *Live) loop() {
 		if d == 0 {
 			l.looping = false
 			l.mu.Unlock()
+			publishKV(kv, events)
 			return
 		}
 		l.mu.Unlock()
+		publishKV(kv, events)
 		now := time.Now()
 		if next.Before(now.Add(-time.Second)) {
 			next = now // after a long stall, do not race to catch up
@@ -134,4 +154,13 @@ func (l *Live) Stats() Stats {
 // Capacity is the most tokens one request may hold: the whole KV cache.
 func (l *Live) Capacity() int {
 	return l.blockBytes / BytesPerToken * l.eng.cfg.NumBlocks // cfg is immutable
+}
+
+// publishKV sends one step's events; a publisher that fails (its sockets
+// closed at shutdown) loses them, as a subscriber then finds by the
+// numbering.
+func publishKV(p *KVPublisher, events []KVEvent) {
+	if p != nil {
+		_ = p.Publish(events)
+	}
 }

@@ -84,8 +84,33 @@ func (s *Server) Handler() http.Handler {
 		mux.HandleFunc("GET /v2/health/ready", s.healthy)
 	default:
 		mux.HandleFunc("GET /metrics", s.metrics)
+		mux.HandleFunc("POST /tokenize", s.tokenize)
 	}
 	return s.withConnFaults(mux)
+}
+
+// tokenize answers vLLM's POST /tokenize (vllm/entrypoints/openai
+// serving_tokenization.py): a completion's prompt or a chat's messages,
+// rendered as generate renders them, to {"count", "max_model_len",
+// "tokens"}.
+func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
+	var g genRequest
+	if err := json.NewDecoder(r.Body).Decode(&g); err != nil {
+		vllmError(w, http.StatusBadRequest, "BadRequestError", "", "Invalid request body: "+err.Error())
+		return
+	}
+	if _, ok := s.serves(g.Model); !ok {
+		vllmError(w, http.StatusNotFound, "NotFoundError", "model", fmt.Sprintf("The model `%s` does not exist.", g.Model))
+		return
+	}
+	text, err := g.promptText(g.Messages != nil)
+	if err != nil {
+		vllmError(w, http.StatusBadRequest, "BadRequestError", "", err.Error())
+		return
+	}
+	tokens := Tokens(text)
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]any{"count": len(tokens), "max_model_len": s.cfg.MaxModelLen, "tokens": tokens, "token_strs": nil})
 }
 
 // vllmError writes vLLM's error shape:

@@ -196,6 +196,7 @@ var otherEnv = []string{
 	"LLMLB_REQUIRE_CHROMIUM",   // tests: the status page test may not skip
 	"LLMLB_REQUIRE_PROMETHEUS", // tests: the promtool and dashboard tests may not skip
 	"LLMLB_REQUIRE_NODE",       // tests: the Node SDK test may not skip
+	"LLMLB_REQUIRE_PYZMQ",      // tests: the libzmq KV-event publisher test may not skip
 	"LLMLB_STATUS_SCREENSHOT",  // tests: where the status page test saves its screenshot
 	"LLMLB_TEST_RUN_MAIN",      // tests: the test binary runs main
 }

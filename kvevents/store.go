@@ -1,0 +1,231 @@
+package kvevents
+
+import (
+	"encoding/binary"
+	"sync"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// Chain returns the hash of one block of token ids that extends the block
+// hashed prev: xxhash of prev's 8 bytes and each token id's 4 (little
+// endian). A prompt's first block extends [Root] of its adapter.
+func Chain(prev uint64, tokens []uint32) uint64 {
+	var d xxhash.Digest
+	d.Reset()
+	var buf [64]byte
+	binary.LittleEndian.PutUint64(buf[:8], prev)
+	_, _ = d.Write(buf[:8])
+	for len(tokens) > 0 {
+		n := min(len(tokens), len(buf)/4)
+		for i, t := range tokens[:n] {
+			binary.LittleEndian.PutUint32(buf[4*i:], t)
+		}
+		_, _ = d.Write(buf[:4*n])
+		tokens = tokens[n:]
+	}
+	return d.Sum64()
+}
+
+// Root is what a prompt's first block extends: the adapter's name hashed,
+// so that blocks computed with an adapter match only prompts for it.
+func Root(lora string) uint64 { return xxhash.Sum64String("kvevents root " + lora) }
+
+// Blocks appends to dst the chained hashes of tokens' full blocks of
+// blockSize, as the index keys what the engine stores (the engine caches
+// only full blocks).
+func Blocks(dst []uint64, tokens []uint32, blockSize int, lora string) []uint64 {
+	if blockSize <= 0 {
+		return dst
+	}
+	prev := Root(lora)
+	for off := 0; off+blockSize <= len(tokens); off += blockSize {
+		prev = Chain(prev, tokens[off:off+blockSize])
+		dst = append(dst, prev)
+	}
+	return dst
+}
+
+// maxBlocks bounds one server's table. A server's cache holds far fewer
+// blocks (an 80 GB GPU holds about 10^5 blocks of 16 tokens of an 8B
+// model); a table that grows past this is missing removals, and is
+// cleared rather than left to grow.
+const maxBlocks = 1 << 22
+
+// Store is the index of every server's cache, by the ID the balancer gives
+// the backend. A subscriber goroutine per server applies its events; picks
+// read concurrently. Each server's table has its own lock, held only for
+// map reads and writes.
+type Store struct {
+	mu     sync.RWMutex
+	tables map[string]*table // guarded by mu
+}
+
+// NewStore returns an empty store.
+func NewStore() *Store { return &Store{tables: make(map[string]*table)} }
+
+type table struct {
+	mu        sync.RWMutex
+	blockSize int               // guarded by mu; 0 until a block is stored
+	engine    map[uint64]uint64 // engine hash -> chain hash; guarded by mu
+	held      map[uint64]int32  // chain hash -> engine blocks naming it; guarded by mu
+	orphans   uint64            // guarded by mu: stored blocks whose parent was never seen
+}
+
+func (s *Store) table(id string, create bool) *table {
+	s.mu.RLock()
+	t := s.tables[id]
+	s.mu.RUnlock()
+	if t != nil || !create {
+		return t
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t = s.tables[id]; t == nil {
+		t = &table{engine: make(map[uint64]uint64), held: make(map[uint64]int32)}
+		s.tables[id] = t
+	}
+	return t
+}
+
+// Apply enters one batch of server id's events.
+func (s *Store) Apply(id string, b Batch) {
+	t := s.table(id, true)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i := range b.Events {
+		t.applyLocked(&b.Events[i])
+	}
+	if len(t.engine) > maxBlocks {
+		t.clearLocked()
+	}
+}
+
+// Clear forgets what server id holds: it restarted, or events were lost.
+func (s *Store) Clear(id string) {
+	if t := s.table(id, false); t != nil {
+		t.mu.Lock()
+		t.clearLocked()
+		t.mu.Unlock()
+	}
+}
+
+// Forget drops server id.
+func (s *Store) Forget(id string) {
+	s.mu.Lock()
+	delete(s.tables, id)
+	s.mu.Unlock()
+}
+
+func (t *table) clearLocked() {
+	clear(t.engine)
+	clear(t.held)
+}
+
+func (t *table) applyLocked(e *Event) {
+	switch e.Kind {
+	case Cleared:
+		t.clearLocked()
+	case Removed:
+		for _, h := range e.Hashes {
+			c, ok := t.engine[h]
+			if !ok {
+				continue
+			}
+			delete(t.engine, h)
+			if t.held[c]--; t.held[c] <= 0 {
+				delete(t.held, c)
+			}
+		}
+	case Stored:
+		if e.Other {
+			return
+		}
+		prev := Root(e.LoRA)
+		if e.HasParent {
+			p, ok := t.engine[e.Parent]
+			if !ok {
+				t.orphans += uint64(len(e.Hashes))
+				return
+			}
+			prev = p
+		}
+		if e.Opaque {
+			// Chained to something no prompt names: the blocks and
+			// their descendants stay out of reach of every match.
+			prev = ^prev
+		}
+		t.blockSize = e.BlockSize
+		for i, h := range e.Hashes {
+			prev = Chain(prev, e.Tokens[i*e.BlockSize:(i+1)*e.BlockSize])
+			if old, ok := t.engine[h]; ok {
+				if old == prev {
+					continue
+				}
+				if t.held[old]--; t.held[old] <= 0 {
+					delete(t.held, old)
+				}
+			}
+			t.engine[h] = prev
+			t.held[prev]++
+		}
+	}
+}
+
+// Match returns how many leading blocks of blocks server id holds.
+func (s *Store) Match(id string, blocks []uint64) int {
+	t := s.table(id, false)
+	if t == nil {
+		return 0
+	}
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	n := 0
+	for _, h := range blocks {
+		if t.held[h] == 0 {
+			break
+		}
+		n++
+	}
+	return n
+}
+
+// Stats is what one server's table holds, for /debug/backends and tests.
+type Stats struct {
+	Blocks    int    // distinct blocks held
+	BlockSize int    // tokens per block, 0 before the first stored block
+	Orphans   uint64 // stored blocks dropped because their parent was never seen
+}
+
+// Stats returns server id's table's figures.
+func (s *Store) Stats(id string) Stats {
+	t := s.table(id, false)
+	if t == nil {
+		return Stats{}
+	}
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return Stats{Blocks: len(t.held), BlockSize: t.blockSize, Orphans: t.orphans}
+}
+
+// BlockSize returns the block size most of the servers' events give, 0 if
+// none has stored a block.
+func (s *Store) BlockSize() int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	counts := map[int]int{}
+	best := 0
+	for _, t := range s.tables {
+		t.mu.RLock()
+		bs := t.blockSize
+		t.mu.RUnlock()
+		if bs <= 0 {
+			continue
+		}
+		counts[bs]++
+		if counts[bs] > counts[best] || counts[bs] == counts[best] && bs < best {
+			best = bs
+		}
+	}
+	return best
+}
