@@ -127,6 +127,9 @@ func (t *table) applyLocked(e *Event) {
 	case Cleared:
 		t.clearLocked()
 	case Removed:
+		if e.Other {
+			return // left another tier or group; the GPU copy may remain
+		}
 		for _, h := range e.Hashes {
 			c, ok := t.engine[h]
 			if !ok {

@@ -44,6 +44,19 @@ func TestStoreMatchesWhatWasStored(t *testing.T) {
 	if got := s.Match("a", Blocks(nil, tokens, bs, "lora-1")); got != 0 {
 		t.Fatalf("adapter prompt matches %d, want 0", got)
 	}
+	// A block leaving an offloading tier is still on the GPU.
+	cpu := enc(nil).arr(2).f(0).arr(1).arr(3).str("BlockRemoved").arr(1).fix(byte(evs[3].Hash)).str("CPU")
+	if evs[3].Hash > 127 {
+		cpu = enc(nil).arr(2).f(0).arr(1).arr(3).str("BlockRemoved").ints(int64(evs[3].Hash)).str("CPU")
+	}
+	b, err := Decode(cpu)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Apply("a", b)
+	if got := s.Match("a", blocks); got != 5 {
+		t.Fatalf("after a CPU-tier removal %d, want 5", got)
+	}
 	// Evicting the fourth block leaves three.
 	apply(t, s, "a", []sim.KVEvent{{Hash: evs[3].Hash}}, bs)
 	if got := s.Match("a", blocks); got != 3 {
@@ -53,7 +66,7 @@ func TestStoreMatchesWhatWasStored(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 	apply(t, s, "a", nil, bs) // nothing
-	b, err := Decode(enc(nil).arr(2).f(0).arr(1).arr(1).str("AllBlocksCleared"))
+	b, err = Decode(enc(nil).arr(2).f(0).arr(1).arr(1).str("AllBlocksCleared"))
 	if err != nil {
 		t.Fatal(err)
 	}
