@@ -38,6 +38,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	rates := fs.String("rates", "", "with --sweep: comma-separated arrival-rate factors instead of the default ladder")
 	seeds := fs.Int("seeds", 1, "with --sweep: run every point at N seeds (--seed, --seed+1, ...) and print the medians, the seeds' own ratios where the default's worst is, and at how many seeds it is more than 3% worse than each policy")
 	replicas := fs.Int("replicas", 1, "independent balancers in front of the cluster, each arrival to one at random; above 1 also prints the table against one replica")
+	kvEvents := fs.Bool("kv-events", false, "the emulated servers publish their KV-cache events, as vLLM does with --kv-events-config, and llmlb's default reads them (each request tokenized first, at a cost); the peers run as without")
 	perturb := fs.String("perturb", "", "scale the emulated engines' costs without telling the balancer: prefill=F (prefill per token and attention), request=F (per-request intake), tokens=F (the prompt tokens the balancer is told, as another tokenizer counts them), comma-separated")
 	scenario := fs.String("scenario", "", "replay a published experiment and print its published figures beside ours: llm-d-kv-cache-wins or sglang-v04-shared-prefix")
 	if err := fs.Parse(args); err != nil {
@@ -90,6 +91,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		Engine:    *engine,
 		Clients:   *clients,
 		Perturb:   pert,
+		KVEvents:  *kvEvents,
 	}
 	if !*quiet {
 		opts.Progress = stderr
@@ -104,6 +106,9 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fmt.Fprintf(stdout, "llmlb bench: %d servers (%s), %s, virtual time", *backends, strings.Join(compact(bench.Presets(*backends, *slow)), " "), seedText)
 	if p := pert.String(); p != "" {
 		fmt.Fprintf(stdout, ", engines perturbed (%s) without telling the balancer", p)
+	}
+	if *kvEvents {
+		fmt.Fprint(stdout, ", servers publishing KV events")
 	}
 	fmt.Fprintln(stdout)
 	if *sweep {

@@ -62,6 +62,15 @@ type Oracle interface {
 	CachedTokens(be *Backend, req *Request) int
 }
 
+// CacheEvents tells the prompt tokens a backend's prefix cache holds for a
+// request as the engine's own KV-cache events report it (kvevents.Store).
+// ok is false when the backend sends no events or the request carries no
+// [Request.TokenBlocks]; the approximate index then stands. It is called
+// during picks, concurrently, and must not block on I/O.
+type CacheEvents interface {
+	Held(be *Backend, req *Request) (tokens int, ok bool)
+}
+
 // Deps are what a Balancer is built with besides its Config.
 type Deps struct {
 	// Index serves the prefix-aware policies (ttft, epp). Nil disables
@@ -71,6 +80,10 @@ type Deps struct {
 	Tree TextTree
 	// Oracle makes the policy "oracle" available; nil otherwise.
 	Oracle Oracle
+	// Events, when set, is read by the presets that use llmlb's own
+	// prefix index (the default) before that index, for each backend it
+	// has events of. Nil reads none.
+	Events CacheEvents
 	// Rand returns uniformly random numbers and must be safe for
 	// concurrent use. Nil uses math/rand/v2.
 	Rand func() uint64

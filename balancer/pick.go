@@ -54,6 +54,13 @@ type Request struct {
 	// so that concurrent picks see this request in the ledger at once and
 	// a burst does not all choose the backend that looked idlest.
 	Guard *Guard
+	// TokenBlocks are the prompt's full blocks of token ids as the
+	// engines tokenize it, hashed as the [CacheEvents] index keys them
+	// (kvevents.Blocks), TokenBlockSize tokens a block; nil when the
+	// prompt was not tokenized, and then only the approximate index is
+	// matched.
+	TokenBlocks    []uint64
+	TokenBlockSize int
 }
 
 // PromptParts is a canonical prompt in pieces (prefix.Parts): its length,
@@ -88,6 +95,11 @@ func (b *Balancer) PromptInParts() bool {
 	_, ring := b.pol.picker.(*RingPicker)
 	return b.pol.index != nil && b.pol.tree == nil && b.pol.oracle == nil && !ring
 }
+
+// ReadsCacheEvents reports whether the policy matches prompts against the
+// engines' KV-cache events ([Deps.Events]), so that a request is worth
+// tokenizing into [Request.TokenBlocks] before its pick.
+func (b *Balancer) ReadsCacheEvents() bool { return b.pol.events != nil }
 
 // Decision is the outcome of [Balancer.Pick].
 type Decision struct {
@@ -846,9 +858,17 @@ func (b *Balancer) applyMatch(s *scratch, p *Pick) {
 			c.MatchedBlocks = int(s.bySlot[sl])
 		}
 		c.MatchedTokens = min(c.MatchedBlocks*blockTokens, req.PromptTokens)
-		if b.pol.oracle != nil {
+		switch {
+		case b.pol.oracle != nil:
 			c.MatchedTokens = min(b.pol.oracle.CachedTokens(c.Backend, req), req.PromptTokens)
 			c.MatchedBlocks = c.MatchedTokens
+		case b.pol.events != nil:
+			// What the server's own events say it holds replaces what
+			// this balancer remembers sending it, where they say.
+			if n, ok := b.pol.events.Held(c.Backend, req); ok {
+				c.MatchedTokens = min(n, req.PromptTokens)
+				c.MatchedBlocks = (c.MatchedTokens + blockTokens - 1) / blockTokens
+			}
 		}
 		c.UncachedTokens = req.PromptTokens - c.MatchedTokens
 	}

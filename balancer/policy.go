@@ -20,8 +20,9 @@ type policy struct {
 	sizeIndex bool        // size the index's LRUs from KV capacity
 	tree      TextTree
 	oracle    Oracle
-	admission bool // llmlb's saturation filter and admission queue apply
-	userKeyed bool // keyed on Request.UserText
+	events    CacheEvents // the engines' KV events, for the presets with llmlb's own index
+	admission bool        // llmlb's saturation filter and admission queue apply
+	userKeyed bool        // keyed on Request.UserText
 }
 
 type weighted struct {

@@ -248,6 +248,8 @@ func newPolicy(b *Balancer, cfg Config, d Deps) (*policy, error) {
 	}
 	if pr.TrueCache {
 		pol.oracle = d.Oracle
+	} else if pr.Index != nil && pr.Index.Own {
+		pol.events = d.Events
 	}
 	return pol, nil
 }

@@ -34,6 +34,9 @@ type Options struct {
 	// Replicas is how many independent balancers front the cluster
 	// ([Cluster.Replicas]). (default 1)
 	Replicas int
+	// KVEvents: the servers publish KV-cache events and the default reads
+	// them ([Cluster.KVEvents]).
+	KVEvents bool
 	// Loads, when set, are the workloads to run, already built (the
 	// sweep's rungs); Workloads and Params are then not used to build
 	// them.
@@ -127,7 +130,7 @@ func Bench(ctx context.Context, o Options) (Report, error) {
 	for range max(1, runtime.GOMAXPROCS(0)) {
 		wg.Go(func() {
 			for j := range jobs {
-				c := Cluster{Presets: presets, Engine: o.Engine, Policy: o.Policies[j.p], Seed: o.Params.Seed, Replicas: o.Replicas, Perturb: o.Perturb}
+				c := Cluster{Presets: presets, Engine: o.Engine, Policy: o.Policies[j.p], Seed: o.Params.Seed, Replicas: o.Replicas, Perturb: o.Perturb, KVEvents: o.KVEvents}
 				if j.closed {
 					c.Clients = o.Clients
 				}

@@ -301,3 +301,29 @@ func TestPerturbChangesTheEnginesNotTheBalancer(t *testing.T) {
 		t.Errorf("engines 3x dearer: TTFT p50 %v, not above the unperturbed %v", dear, base)
 	}
 }
+
+// TestKVEventsKeepReplicasTogether: on the Mooncake conversation trace,
+// whose prompts carry no conversation key, eight replicas that read the
+// servers' KV events keep most of one replica's hit rate, where eight that
+// know only their own picks lose half of it.
+func TestKVEventsKeepReplicasTogether(t *testing.T) {
+	w, err := Build("mooncake-conversation", Params{Scale: 0.05, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hit := func(replicas int, events bool) float64 {
+		res, bals, err := runAll(Cluster{Presets: Presets(8, 0), Policy: "default", Seed: 1, Replicas: replicas, KVEvents: events}, w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bals[0].ReadsCacheEvents() && events {
+			t.Fatal("the default does not read KV events")
+		}
+		return float64(res.CachedTokens) / float64(res.PromptTokens)
+	}
+	one, eight, eightEvents := hit(1, true), hit(8, false), hit(8, true)
+	t.Logf("hit rate: 1 replica with events %.3f, 8 without %.3f, 8 with %.3f", one, eight, eightEvents)
+	if eightEvents < 0.85*one || eightEvents < 1.5*eight {
+		t.Errorf("8 replicas reading events kept %.3f of one replica's hit rate (%.3f against %.3f); 8 without them %.3f", eightEvents/one, eightEvents, one, eight)
+	}
+}

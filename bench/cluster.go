@@ -16,6 +16,7 @@ import (
 
 	"github.com/llmlb/llmlb/balancer"
 	"github.com/llmlb/llmlb/internal/wire"
+	"github.com/llmlb/llmlb/kvevents"
 	"github.com/llmlb/llmlb/prefix"
 	"github.com/llmlb/llmlb/scrape"
 	"github.com/llmlb/llmlb/sim"
@@ -58,6 +59,19 @@ type Cluster struct {
 	// balancer, to see how a policy degrades when its model of the engine
 	// is wrong. Zero is no change.
 	Perturb Perturb
+	// KVEvents: the servers publish their KV-cache events, as vLLM does
+	// with --kv-events-config, and a policy that reads them (the default,
+	// through kvevents) has each request tokenized before its pick, as
+	// `llmlb serve` asks a server's /tokenize. A step's events reach the
+	// balancers KVEventLag after it ends (default 2ms); tokenizing takes
+	// TokenizeBase plus TokenizePerByte a prompt byte (defaults 2ms and
+	// 80ns: a local HTTP round trip to a tokenizer, and a quarter of the
+	// rate huggingface/tokenizers' README gives, "less than 20 seconds to
+	// tokenize a GB of text on a server's CPU", for one core rather than
+	// all of them; assumptions, not measurements).
+	KVEvents                      bool
+	KVEventLag                    time.Duration
+	TokenizeBase, TokenizePerByte time.Duration
 	// Clients, when positive, runs the workload closed-loop instead of at
 	// its arrival times: that many clients each send the next request (in
 	// arrival order, timestamps ignored) as soon as their previous one is
@@ -163,6 +177,8 @@ const (
 	evStep
 	evScrape
 	evEnter
+	evTokenized // a request's tokens are back; its pick comes now
+	evKV        // server i's KV events reach the balancers
 )
 
 type event struct {
@@ -201,6 +217,13 @@ type server struct {
 	stepEnd time.Duration
 	busy    bool // a step is scheduled
 	served  int
+	kv      []kvBatch // KV events on their way to the balancers, oldest first
+}
+
+// kvBatch is one step's KV events and when they reach the balancers.
+type kvBatch struct {
+	at     time.Duration
+	events []sim.KVEvent
 }
 
 // replica is one balancer in front of every server.
@@ -221,6 +244,7 @@ type flight struct {
 	seq     *sim.Seq
 	srv     int
 	arrived time.Duration
+	tokens  []uint32 // the prompt's token ids, when its replica reads KV events
 }
 
 // run is the state of one replay.
@@ -254,6 +278,11 @@ type run struct {
 	adapts    []balancer.Adapter
 	last      time.Duration
 	next      int // closed loop: the next request to send
+	// kv is the index of the servers' KV events. Every replica reads the
+	// one store: real replicas each keep their own, fed the same events
+	// at the same lag, so their contents are the same.
+	kv     *kvevents.Store
+	kvTake []sim.KVEvent
 }
 
 // Run replays w through the cluster in virtual time and reports what
@@ -341,6 +370,12 @@ func (r *run) build() error {
 		// not change what the others do.
 		rng := rand.New(rand.NewPCG(r.c.Seed, uint64(i)))
 		deps := balancer.Deps{Now: r.clock, Rand: rng.Uint64, Oracle: trueCache{r}}
+		if r.c.KVEvents {
+			if r.kv == nil {
+				r.kv = kvevents.NewStore()
+			}
+			deps.Events = r.kv
+		}
 		bal, _, err := wire.Balancer(bcfg, pcfg, deps, nil, nil)
 		if err != nil {
 			return err
@@ -354,6 +389,7 @@ func (r *run) build() error {
 		}
 		cfg.Cost = r.c.Perturb.apply(cfg.Cost)
 		cfg.CacheOnCompute = sim.CachesOnCompute(r.c.Engine)
+		cfg.KVEvents = r.c.KVEvents
 		id := fmt.Sprintf("sim-%02d-%s", i, name)
 		u, _ := url.Parse("http://" + id + ":8000")
 		eng := sim.NewEngine(cfg)
@@ -410,6 +446,11 @@ func (r *run) loop() {
 		case evEnter:
 			r.entering--
 			r.enter(e.f)
+		case evTokenized:
+			r.entering--
+			r.dispatch(e.f)
+		case evKV:
+			r.deliverKV(e.i)
 		case evStep:
 			r.step(e.i)
 		case evScrape:
@@ -476,6 +517,20 @@ func (r *run) arrive(i int) {
 	f.breq = balancer.Request{Model: model, Seed: prefix.Seed(model, ""), PromptTokens: r.c.Perturb.tokens(req.Tokens()), MaxTokens: req.MaxTokens,
 		UserText: req.AppendUserText(nil, 100)}
 	f.breq.FirstUser, f.breq.FirstTurn = req.FirstTurn()
+	if r.kv != nil && r.reps[rep].bal.ReadsCacheEvents() {
+		// Tokenized first, as the proxy asks /tokenize, then picked.
+		r.text = req.AppendText(r.text[:0])
+		f.tokens = sim.Tokens(r.text)
+		bs := r.servers[0].eng.Config().BlockSize
+		f.breq.TokenBlocks, f.breq.TokenBlockSize = kvevents.Blocks(nil, f.tokens, bs, req.Model), bs
+		base, per := r.c.TokenizeBase, r.c.TokenizePerByte
+		if base == 0 && per == 0 {
+			base, per = 2*time.Millisecond, 80*time.Nanosecond
+		}
+		r.entering++
+		r.push(event{at: r.now + base + time.Duration(len(r.text))*per, kind: evTokenized, f: f})
+		return
+	}
 	r.dispatch(f)
 }
 
@@ -527,6 +582,7 @@ func (r *run) dispatch(f *flight) bool {
 	if f.req.Model != "" {
 		f.seq.Adapter = f.req.Model
 	}
+	f.seq.Tokens = f.tokens // the engine records KV events of what it has tokens of
 	f.guard = f.breq.Guard
 	f.breq.Prompt = nil // r.text is reused by the next request
 	// The server's own per-request work (parsing, tokenising, scheduling)
@@ -614,6 +670,33 @@ func (r *run) step(i int) {
 	if s.busy {
 		r.push(event{at: r.now + d, kind: evStep, i: i})
 	}
+	if r.kv != nil {
+		r.kvTake = s.eng.TakeKVEvents(r.kvTake[:0])
+		if len(r.kvTake) > 0 {
+			lag := r.c.KVEventLag
+			if lag == 0 {
+				lag = 2 * time.Millisecond
+			}
+			s.kv = append(s.kv, kvBatch{at: r.now + lag, events: slices.Clone(r.kvTake)})
+			r.push(event{at: r.now + lag, kind: evKV, i: i})
+		}
+	}
+}
+
+// deliverKV enters server i's KV events that have reached the balancers.
+func (r *run) deliverKV(i int) {
+	s := r.servers[i]
+	n := 0
+	for ; n < len(s.kv) && s.kv[n].at <= r.now; n++ {
+		for _, e := range s.kv[n].events {
+			if e.Stored {
+				r.kv.StoreBlock(s.id, e.Hash, e.Parent, e.HasParent, e.Tokens, e.Adapter)
+			} else {
+				r.kv.RemoveBlock(s.id, e.Hash)
+			}
+		}
+	}
+	s.kv = s.kv[n:]
 }
 
 // trueCache tells a balancer what each server's prefix cache really holds,

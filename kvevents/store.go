@@ -5,7 +5,11 @@ import (
 	"sync"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/llmlb/llmlb/balancer"
 )
+
+var _ balancer.CacheEvents = (*Store)(nil)
 
 // Chain returns the hash of one block of token ids that extends the block
 // hashed prev: xxhash of prev's 8 bytes and each token id's 4 (little
@@ -131,27 +135,16 @@ func (t *table) applyLocked(e *Event) {
 			return // left another tier or group; the GPU copy may remain
 		}
 		for _, h := range e.Hashes {
-			c, ok := t.engine[h]
-			if !ok {
-				continue
-			}
-			delete(t.engine, h)
-			if t.held[c]--; t.held[c] <= 0 {
-				delete(t.held, c)
-			}
+			t.removeLocked(h)
 		}
 	case Stored:
 		if e.Other {
 			return
 		}
-		prev := Root(e.LoRA)
-		if e.HasParent {
-			p, ok := t.engine[e.Parent]
-			if !ok {
-				t.orphans += uint64(len(e.Hashes))
-				return
-			}
-			prev = p
+		prev, ok := t.parentLocked(e.Parent, e.HasParent, e.LoRA)
+		if !ok {
+			t.orphans += uint64(len(e.Hashes))
+			return
 		}
 		if e.Opaque {
 			// Chained to something no prompt names: the blocks and
@@ -160,18 +153,73 @@ func (t *table) applyLocked(e *Event) {
 		}
 		t.blockSize = e.BlockSize
 		for i, h := range e.Hashes {
-			prev = Chain(prev, e.Tokens[i*e.BlockSize:(i+1)*e.BlockSize])
-			if old, ok := t.engine[h]; ok {
-				if old == prev {
-					continue
-				}
-				if t.held[old]--; t.held[old] <= 0 {
-					delete(t.held, old)
-				}
-			}
-			t.engine[h] = prev
-			t.held[prev]++
+			prev = t.storeLocked(h, prev, e.Tokens[i*e.BlockSize:(i+1)*e.BlockSize])
 		}
+	}
+}
+
+// parentLocked returns the chain hash a stored block extends: its
+// parent's, or the adapter's root for a first block; ok is false for a
+// parent never seen.
+func (t *table) parentLocked(parent uint64, hasParent bool, lora string) (uint64, bool) {
+	if !hasParent {
+		return Root(lora), true
+	}
+	p, ok := t.engine[parent]
+	return p, ok
+}
+
+// storeLocked enters engine block h, holding tokens and extending chain
+// hash prev, and returns its chain hash.
+func (t *table) storeLocked(h, prev uint64, tokens []uint32) uint64 {
+	c := Chain(prev, tokens)
+	if old, ok := t.engine[h]; ok {
+		if old == c {
+			return c
+		}
+		t.dropLocked(old)
+	}
+	t.engine[h] = c
+	t.held[c]++
+	return c
+}
+
+// removeLocked forgets engine block h, if it was known.
+func (t *table) removeLocked(h uint64) {
+	if c, ok := t.engine[h]; ok {
+		delete(t.engine, h)
+		t.dropLocked(c)
+	}
+}
+
+func (t *table) dropLocked(c uint64) {
+	if t.held[c]--; t.held[c] <= 0 {
+		delete(t.held, c)
+	}
+}
+
+// StoreBlock enters one block server id stored: a BlockStored event of
+// one block, for a caller that has the engine's events already decoded
+// (the benchmark's emulated engines).
+func (s *Store) StoreBlock(id string, hash, parent uint64, hasParent bool, tokens []uint32, lora string) {
+	t := s.table(id, true)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	prev, ok := t.parentLocked(parent, hasParent, lora)
+	if !ok {
+		t.orphans++
+		return
+	}
+	t.blockSize = len(tokens)
+	t.storeLocked(hash, prev, tokens)
+}
+
+// RemoveBlock forgets one block server id evicted.
+func (s *Store) RemoveBlock(id string, hash uint64) {
+	if t := s.table(id, false); t != nil {
+		t.mu.Lock()
+		t.removeLocked(hash)
+		t.mu.Unlock()
 	}
 }
 
@@ -183,6 +231,11 @@ func (s *Store) Match(id string, blocks []uint64) int {
 	}
 	t.mu.RLock()
 	defer t.mu.RUnlock()
+	return t.matchLocked(blocks)
+}
+
+// matchLocked counts the leading blocks held; caller must hold t.mu.
+func (t *table) matchLocked(blocks []uint64) int {
 	n := 0
 	for _, h := range blocks {
 		if t.held[h] == 0 {
@@ -191,6 +244,26 @@ func (s *Store) Match(id string, blocks []uint64) int {
 		n++
 	}
 	return n
+}
+
+// Held implements [balancer.CacheEvents]: the tokens of the request's
+// leading blocks that backend be's events say it holds. It knows nothing
+// (ok false) of a backend that has stored no block yet, or whose blocks
+// are not the request's block size.
+func (s *Store) Held(be *balancer.Backend, req *balancer.Request) (int, bool) {
+	if len(req.TokenBlocks) == 0 {
+		return 0, false
+	}
+	t := s.table(be.ID, false)
+	if t == nil {
+		return 0, false
+	}
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	if t.blockSize != req.TokenBlockSize {
+		return 0, false
+	}
+	return t.matchLocked(req.TokenBlocks) * t.blockSize, true
 }
 
 // Stats is what one server's table holds, for /debug/backends and tests.
