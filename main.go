@@ -26,6 +26,7 @@ import (
 	"github.com/llmlb/llmlb/balancer"
 	"github.com/llmlb/llmlb/internal/config"
 	"github.com/llmlb/llmlb/internal/wire"
+	"github.com/llmlb/llmlb/kvevents"
 	"github.com/llmlb/llmlb/proxy"
 	"github.com/llmlb/llmlb/scrape"
 	"github.com/llmlb/llmlb/sim"
@@ -372,7 +373,11 @@ func start(ctx context.Context, cfg config.Config, src *configSource, stderr io.
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	bal, err := newBalancer(cfg, reg, logger)
+	var kv *kvevents.Store // the backends' KV-cache events, when they publish them
+	if scrape.WantsKVEvents(cfg.Scrape, cfg.Backends) {
+		kv = kvevents.NewStore()
+	}
+	bal, err := newBalancer(cfg, kv, reg, logger)
 	if err != nil {
 		return nil, err
 	}
@@ -399,6 +404,7 @@ func start(ctx context.Context, cfg config.Config, src *configSource, stderr io.
 		Balancer:      bal,
 		Registerer:    reg,
 		Logger:        logger,
+		KVEvents:      kv,
 	})
 	if err != nil {
 		return nil, err
@@ -406,6 +412,7 @@ func start(ctx context.Context, cfg config.Config, src *configSource, stderr io.
 	px := proxy.New(cfg.Proxy, bal, reg, logger)
 	px.SetLogging(cfg.Log.Access, cfg.Log.Prompts)
 	px.SetBackendTLS(backendTLS)
+	px.SetKVEvents(kv)
 	if err := px.SetAuth(cfg.Auth); err != nil {
 		return nil, err
 	}
@@ -593,8 +600,12 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 
 // newBalancer builds the balancer for cfg's policy with the prefix index or
 // tree its preset needs, and registers the index's size metrics on reg.
-func newBalancer(cfg config.Config, reg prometheus.Registerer, logger *slog.Logger) (*balancer.Balancer, error) {
-	b, idx, err := wire.Balancer(cfg.Balancer, cfg.Prefix, balancer.Deps{}, cfg.Models, logger)
+func newBalancer(cfg config.Config, kv *kvevents.Store, reg prometheus.Registerer, logger *slog.Logger) (*balancer.Balancer, error) {
+	var deps balancer.Deps
+	if kv != nil {
+		deps.Events = kv
+	}
+	b, idx, err := wire.Balancer(cfg.Balancer, cfg.Prefix, deps, cfg.Models, logger)
 	if err != nil {
 		return nil, err
 	}

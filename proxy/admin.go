@@ -125,6 +125,7 @@ func (s *Server) serveRoute(w http.ResponseWriter, r *http.Request) {
 		writeError(w, s.errorFor(r.Context(), err))
 		return
 	}
+	s.tokenize(r.Context(), &exchange{req: req}, breq)
 	writeJSON(w, http.StatusOK, map[string]any{
 		"requested_model": req.Model,
 		"target_model":    breq.Model,

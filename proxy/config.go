@@ -53,6 +53,11 @@ type Config struct {
 	// the client gets 504. The smaller of this and ResponseHeaderTimeout
 	// applies. 0 means ResponseHeaderTimeout alone. (default 15s)
 	StreamFirstByteTimeout time.Duration `mapstructure:"stream_first_byte_timeout"`
+	// TokenizeTimeout bounds the POST /tokenize a backend is asked before
+	// the pick when the backends publish KV-cache events
+	// (scrape.kv_events): a request whose tokens do not come in time is
+	// matched by the prompt-text index alone. (default 200ms)
+	TokenizeTimeout time.Duration `mapstructure:"tokenize_timeout"`
 	// StreamIdleTimeout bounds the time a streaming response may send
 	// nothing once its headers arrived, the wait for the first event
 	// included: a backend silent for longer has stalled, and the client's
@@ -143,6 +148,7 @@ func DefaultConfig() Config {
 		MaxIdleConnsPerBackend: 256,
 		RequestUsage:           true,
 		StreamFirstByteTimeout: 15 * time.Second,
+		TokenizeTimeout:        200 * time.Millisecond,
 		StreamIdleTimeout:      60 * time.Second,
 		ReadHeaderTimeout:      10 * time.Second,
 		BodyReadTimeout:        30 * time.Second,
@@ -172,6 +178,9 @@ func (c Config) Validate() error {
 	}
 	if c.ResponseHeaderTimeout < 0 {
 		errs = append(errs, fmt.Errorf("proxy.response_header_timeout: must not be negative, got %s", c.ResponseHeaderTimeout))
+	}
+	if c.TokenizeTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("proxy.tokenize_timeout: must be positive, got %s", c.TokenizeTimeout))
 	}
 	if c.RequestTimeout < 0 {
 		errs = append(errs, fmt.Errorf("proxy.request_timeout: must not be negative, got %s", c.RequestTimeout))

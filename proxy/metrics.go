@@ -21,6 +21,7 @@ type metrics struct {
 	reported  *prometheus.CounterVec    // backend
 	retries   *prometheus.CounterVec    // backend (the one that failed)
 	picks     *prometheus.CounterVec    // backend, reason
+	tokenize  *prometheus.CounterVec    // result
 	queueWait prometheus.Histogram
 }
 
@@ -75,6 +76,10 @@ func newMetrics(reg prometheus.Registerer, bal *balancer.Balancer) *metrics {
 		Name: "llmlb_picks_total",
 		Help: "Backends chosen first for a request, by backend and reason (prefix-hit, least-load, lora, affinity, ...).",
 	}, []string{"backend", "reason"})
+	m.tokenize = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "llmlb_tokenize_requests_total",
+		Help: "Prompts sent to a backend's /tokenize before the pick, for the backends' KV-cache events (scrape.kv_events), by result (ok, error: matched by the prompt-text index alone).",
+	}, []string{"result"})
 	m.queueWait = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "llmlb_admission_wait_seconds",
 		Help:    "Time requests waited in the admission queue because every backend was saturated (only requests that waited).",
@@ -87,7 +92,7 @@ func newMetrics(reg prometheus.Registerer, bal *balancer.Balancer) *metrics {
 		}, []string{"backend", "model"})
 		reg.MustRegister(m.tokens[i])
 	}
-	reg.MustRegister(m.requests, m.ttfb, m.ttft, m.itl, m.duration, m.predicted, m.reported, m.retries, m.picks, m.queueWait, &inFlightCollector{bal: bal})
+	reg.MustRegister(m.requests, m.ttfb, m.ttft, m.itl, m.duration, m.predicted, m.reported, m.retries, m.picks, m.tokenize, m.queueWait, &inFlightCollector{bal: bal})
 	return m
 }
 

@@ -45,7 +45,8 @@ type Server struct {
 	auth        auth // the API keys in force; see SetAuth
 	authMetrics *authMetrics
 
-	accessLog, logPrompts bool // set by SetLogging before serving
+	accessLog, logPrompts bool       // set by SetLogging before serving
+	tok                   *tokenizer // set by SetKVEvents before serving; nil tokenizes nothing
 }
 
 // SetLogging turns the access log (one line per request, at info) on or
@@ -158,6 +159,7 @@ func (s *Server) serveModel(k Kind) http.HandlerFunc {
 			s.fail(ex, err)
 			return
 		}
+		s.tokenize(r.Context(), ex, breq)
 		if err := s.pick(ex, breq); err != nil {
 			s.fail(ex, err)
 			return

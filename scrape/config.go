@@ -52,6 +52,12 @@ type BackendConfig struct {
 	Models []string `mapstructure:"models"`
 	// HealthPath overrides scrape.health_path for this backend.
 	HealthPath string `mapstructure:"health_path"`
+	// KVEvents and KVEventsReplay override scrape.kv_events and
+	// scrape.kv_events_replay for this entry's backends: servers that
+	// share a host publish on ports of their own. ({host} is the
+	// backend's host here too.)
+	KVEvents       string `mapstructure:"kv_events"`
+	KVEventsReplay string `mapstructure:"kv_events_replay"`
 	// MetricsPath overrides the engine's metrics path; "none" turns
 	// scraping off for this backend.
 	MetricsPath string `mapstructure:"metrics_path"`
@@ -99,6 +105,63 @@ type Config struct {
 	// ReadmitTimeout bounds that completion, first token to [DONE].
 	// (default 5s)
 	ReadmitTimeout time.Duration `mapstructure:"readmit_timeout"`
+	// KVEvents is where each backend publishes its KV-cache events (vLLM
+	// started with --kv-events-config '{"enable_kv_cache_events": true,
+	// "publisher": "zmq", "endpoint": "tcp://*:5557"}'), as a ZeroMQ
+	// endpoint in which {host} stands for the backend's host, for example
+	// "tcp://{host}:5557". The default policy then knows what every
+	// backend's prefix cache holds, whoever sent the prompts there. ""
+	// subscribes to none. (default "")
+	KVEvents string `mapstructure:"kv_events"`
+	// KVEventsReplay is the backends' replay socket (vLLM's
+	// replay_endpoint, for example "tcp://{host}:5558"), asked for
+	// batches a subscription missed; "" has none, and a missed batch
+	// forgets what that backend holds. (default "")
+	KVEventsReplay string `mapstructure:"kv_events_replay"`
+	// KVEventsTopic is the topic subscribed to (vLLM's topic); "" is
+	// every topic. (default "")
+	KVEventsTopic string `mapstructure:"kv_events_topic"`
+}
+
+// checkKVEvents checks a kv_events and kv_events_replay pair under key.
+func checkKVEvents(key, events, replay string) []error {
+	var errs []error
+	for _, e := range []struct{ key, v string }{{"kv_events", events}, {"kv_events_replay", replay}} {
+		if e.v != "" && !strings.HasPrefix(e.v, "tcp://") && !strings.HasPrefix(e.v, "ipc://") {
+			errs = append(errs, fmt.Errorf("%s.%s: must be a ZeroMQ endpoint, tcp://host:port or ipc://path, got %q", key, e.key, e.v))
+		}
+	}
+	if replay != "" && events == "" {
+		errs = append(errs, fmt.Errorf("%s.kv_events_replay: set without %s.kv_events", key, key))
+	}
+	return errs
+}
+
+// WantsKVEvents reports whether any backend's KV-cache events are to be
+// followed, by scrape.kv_events or a backend's own kv_events.
+func WantsKVEvents(c Config, backends []BackendConfig) bool {
+	if c.KVEvents != "" {
+		return true
+	}
+	for _, b := range backends {
+		if b.KVEvents != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// KVEventsEndpoint returns template with {host} replaced by u's host (a
+// bare IPv6 address in brackets); "" for an empty template.
+func KVEventsEndpoint(template string, u *url.URL) string {
+	if template == "" {
+		return ""
+	}
+	host := u.Hostname()
+	if strings.Contains(host, ":") {
+		host = "[" + host + "]"
+	}
+	return strings.ReplaceAll(template, "{host}", host)
 }
 
 // DefaultConfig returns the scrape defaults.
@@ -147,6 +210,7 @@ func (c Config) Validate() error {
 	if c.ReadmitTokens < 0 {
 		errs = append(errs, fmt.Errorf("scrape.readmit_tokens: must not be negative, got %d", c.ReadmitTokens))
 	}
+	errs = append(errs, checkKVEvents("scrape", c.KVEvents, c.KVEventsReplay)...)
 	if c.StaleAfter <= c.Interval {
 		errs = append(errs, fmt.Errorf("scrape.stale_after: must be longer than scrape.interval (%s), got %s", c.Interval, c.StaleAfter))
 	}
@@ -166,6 +230,7 @@ func ValidateBackends(bs []BackendConfig, engines []string) error {
 				sources++
 			}
 		}
+		errs = append(errs, checkKVEvents(field, b.KVEvents, b.KVEventsReplay)...)
 		switch {
 		case sources == 0:
 			errs = append(errs, fmt.Errorf("%s: needs one of url, dns or srv", field))

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/llmlb/llmlb/balancer"
+	"github.com/llmlb/llmlb/kvevents"
 )
 
 // Setup is what [NewManager] needs.
@@ -42,6 +43,9 @@ type Setup struct {
 	Resolver Resolver
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// KVEvents takes the backends' KV-cache events when
+	// Config.KVEvents names where they are published; nil takes none.
+	KVEvents *kvevents.Store
 }
 
 // deps are what every target shares.
@@ -51,6 +55,7 @@ type deps struct {
 	logger  *slog.Logger
 	metrics *metrics
 	now     func() time.Time
+	kv      *kvevents.Store // nil: no KV-event subscriptions
 }
 
 // Manager runs discovery and one [Target] per backend. Static backends are
@@ -126,6 +131,7 @@ func NewManager(s Setup) (*Manager, error) {
 			logger:  s.Logger,
 			metrics: newMetrics(s.Registerer, s.Balancer, s.Now),
 			now:     s.Now,
+			kv:      s.KVEvents,
 		},
 	}
 	groups, err := m.buildGroups(s.Backends, s.Engines, s.DefaultEngine)

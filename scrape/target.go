@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb/balancer"
+	"github.com/llmlb/llmlb/kvevents"
 )
 
 // maxPageBytes bounds a metrics page. Real pages are tens to hundreds of
@@ -44,6 +45,9 @@ type Target struct {
 	scrapeOff   bool   // metrics_path: none
 	configured  bool   // models come from config, not /v1/models
 	now         func() time.Time
+	kv          *kvevents.Store // nil: no KV-event subscription
+	kvEndpoint  string          // where the backend publishes them; "" none
+	kvReplay    string
 
 	engine       *Engine // the row the page is read with; nil until detected
 	metricsURL   string  // engine's page; empty: scraping off
@@ -80,6 +84,7 @@ func newTarget(cfg Config, id string, u *url.URL, g *group, d deps) *Target {
 		scrapeOff:   bc.MetricsPath == "none",
 		configured:  len(bc.Models) > 0,
 		now:         d.now,
+		kv:          d.kv,
 		spec: balancer.Spec{
 			ID:     id,
 			Name:   bc.Name,
@@ -91,6 +96,13 @@ func newTarget(cfg Config, id string, u *url.URL, g *group, d deps) *Target {
 	}
 	if t.metricsPath == "none" {
 		t.metricsPath = ""
+	}
+	if d.kv != nil {
+		ev, rp := cfg.KVEvents, cfg.KVEventsReplay
+		if bc.KVEvents != "" {
+			ev, rp = bc.KVEvents, bc.KVEventsReplay
+		}
+		t.kvEndpoint, t.kvReplay = KVEventsEndpoint(ev, u), KVEventsEndpoint(rp, u)
 	}
 	if g.engine != nil {
 		t.setEngine(g.engine)
@@ -138,6 +150,10 @@ func (t *Target) jitter() time.Duration {
 func (t *Target) Run(ctx context.Context) {
 	defer t.clearMismatch() // a reload restarts a changed backend under the same ID
 	t.ledger = t.bal.Ledger(t.spec.ID)
+	if t.kv != nil && t.kvEndpoint != "" {
+		stop := t.followKVEvents(ctx)
+		defer stop()
+	}
 	t.probeRound(ctx)
 	t.scrape(ctx)
 	if ctx.Err() != nil {
@@ -644,4 +660,32 @@ func parseModelList(r io.Reader) (served, error) {
 	slices.Sort(sv.owners)
 	slices.SortFunc(sv.adapters, func(a, b balancer.Adapter) int { return strings.Compare(a.Name, b.Name) })
 	return sv, nil
+}
+
+// followKVEvents subscribes to the backend's KV-cache events for as long as
+// ctx lasts; the returned func waits for the subscription to end and
+// forgets what it learned, since a backend watched again (a reload, a
+// rediscovery) starts from nothing.
+func (t *Target) followKVEvents(ctx context.Context) (stop func()) {
+	sub := &kvevents.Subscriber{
+		ID:       t.spec.ID,
+		Endpoint: t.kvEndpoint,
+		Replay:   t.kvReplay,
+		Topic:    t.cfg.KVEventsTopic,
+		Store:    t.kv,
+		Log:      t.logger.With("backend", t.spec.ID),
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := sub.Run(ctx); err != nil && ctx.Err() == nil {
+			t.logger.Warn("kv events: subscription ended", "backend", t.spec.ID, "err", err)
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+		t.kv.Forget(t.spec.ID)
+	}
 }

@@ -1,0 +1,126 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/llmlb/llmlb/balancer"
+	"github.com/llmlb/llmlb/scrape"
+	"github.com/llmlb/llmlb/sim"
+)
+
+// kvBackends starts n emulated vLLM servers that publish their KV-cache
+// events over ZeroMQ, as vLLM does with --kv-events-config, and returns
+// their backend entries.
+func kvBackends(t *testing.T, n int) []scrape.BackendConfig {
+	t.Helper()
+	cfg, err := sim.Preset("h100-8b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []scrape.BackendConfig
+	for range n {
+		live := sim.NewLive(cfg, 100)
+		pub, err := sim.NewKVPublisher(t.Context(), "127.0.0.1:0", "127.0.0.1:0", cfg.BlockSize)
+		if err != nil {
+			t.Fatal(err)
+		}
+		live.PublishKV(pub)
+		s, err := sim.NewServer(sim.ServerConfig{Model: testModel}, live)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(s.Handler())
+		t.Cleanup(srv.Close)
+		out = append(out, scrape.BackendConfig{URL: srv.URL, KVEvents: pub.Endpoint(), KVEventsReplay: pub.ReplayEndpoint()})
+	}
+	return out
+}
+
+// TestReplicasShareWhatTheServersHold: two llmlb instances that never talk
+// front the same four servers, which publish their KV-cache events. A
+// prompt sent through one is, once its server has cached it, matched by
+// the other to that server, token for token as the server's /tokenize
+// counts them, and a longer prompt that extends it goes there through the
+// other; the other's own prompt-text index never saw it.
+func TestReplicasShareWhatTheServersHold(t *testing.T) {
+	backends := kvBackends(t, 4)
+	cfg := testConfig(nil)
+	cfg.Backends = backends
+	a, b := startTest(t, cfg, 4), startTest(t, cfg, 4)
+
+	prompt := strings.Repeat("a long shared document that one replica placed; ", 200) // 2,450 tokens
+	body := func(p string) string {
+		q, _ := json.Marshal(p)
+		return fmt.Sprintf(`{"model":%q,"prompt":%s,"max_tokens":2}`, testModel, q)
+	}
+	resp, err := http.Post("http://"+a.addr+"/v1/completions", "application/json", strings.NewReader(body(prompt)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	holder := resp.Header.Get("x-llmlb-backend")
+	if resp.StatusCode != http.StatusOK || holder == "" {
+		t.Fatalf("through a: status %d, backend %q", resp.StatusCode, holder)
+	}
+	holderURL := ""
+	for i, bc := range backends {
+		if holder == fmt.Sprintf("b%d", i+1) {
+			holderURL = bc.URL
+		}
+	}
+
+	longer := prompt + "and the question that follows it"
+	var route struct {
+		Explanation balancer.Explanation `json:"explanation"`
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Post("http://"+b.adminAddr+"/debug/route", "application/json", strings.NewReader(body(longer)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		route.Explanation = balancer.Explanation{}
+		err = json.NewDecoder(resp.Body).Decode(&route)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		matched := map[string]int{}
+		for _, be := range route.Explanation.Backends {
+			if be.Candidate != nil {
+				matched[be.ID] = be.Candidate.MatchedTokens
+			}
+		}
+		// The server caches whole blocks of 16 tokens, all but the
+		// prompt's last token.
+		if n := matched[holderURL]; n >= len(prompt)/sim.BytesPerToken-16 {
+			for id, m := range matched {
+				if id != holderURL && m > 0 {
+					t.Errorf("b matches %d tokens on %s, which never saw the prompt", m, id)
+				}
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("b never learned that %s holds the prompt: matched %v", holderURL, matched)
+		}
+		time.Sleep(20 * time.Millisecond) // polling for the events to arrive, not timing them
+	}
+	resp, err = http.Post("http://"+b.addr+"/v1/completions", "application/json", strings.NewReader(body(longer)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if got := resp.Header.Get("x-llmlb-backend"); got != holder {
+		t.Errorf("through b the longer prompt went to %s, not to %s, which holds its start", got, holder)
+	}
+}

@@ -1,0 +1,98 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"slices"
+	"sync/atomic"
+
+	"github.com/llmlb/llmlb/balancer"
+	"github.com/llmlb/llmlb/kvevents"
+)
+
+// tokenizer turns a prompt into the token blocks the backends' KV-cache
+// events name, for a balancer that reads them: it asks one backend serving
+// the model for POST /tokenize (vLLM's: a completion's prompt, or a chat's
+// messages rendered by the model's chat template, with the request's tools
+// and template arguments), so the tokens are the engine's own whatever
+// the model, tokenizer or template. The body sent is the request's own:
+// vLLM's tokenize requests accept the fields they do not use.
+type tokenizer struct {
+	store  *kvevents.Store
+	client *http.Client
+	next   atomic.Uint64 // rotates the backends asked
+}
+
+// SetKVEvents makes the server tokenize each completion and chat request
+// before its pick, when the balancer reads store's events. Call it before
+// the handlers serve.
+func (s *Server) SetKVEvents(store *kvevents.Store) {
+	if store == nil {
+		s.tok = nil
+		return
+	}
+	s.tok = &tokenizer{store: store, client: &http.Client{Transport: s.base}}
+}
+
+// tokenize fills breq's token blocks, or leaves them nil when the request
+// cannot be tokenized in proxy.tokenize_timeout (no backend ready, a
+// backend without /tokenize, a cache salt, which the engines hash into
+// their blocks and the index does not), so that its pick reads the
+// prompt-text index alone.
+func (s *Server) tokenize(ctx context.Context, ex *exchange, breq *balancer.Request) {
+	t := s.tok
+	req := ex.req
+	if t == nil || !s.bal.ReadsCacheEvents() || req.Kind == KindOther || req.CacheSalt != "" {
+		return
+	}
+	bs := t.store.BlockSize()
+	if bs <= 0 {
+		return // no backend has stored a block yet
+	}
+	var ready []*balancer.Backend
+	for _, be := range s.bal.Snapshot().Backends {
+		if be.State == balancer.StateReady && be.Serves(breq.Model) {
+			ready = append(ready, be)
+		}
+	}
+	if len(ready) == 0 {
+		return
+	}
+	be := ready[t.next.Add(1)%uint64(len(ready))]
+	lora := ""
+	if !slices.Contains(be.Models, breq.Model) {
+		lora = breq.Model // an adapter: its blocks are keyed by its name
+	}
+	body := req.Body
+	if breq.Model != req.Model {
+		var err error
+		if body, err = setModel(body, breq.Model); err != nil {
+			return
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.TokenizeTimeout)
+	defer cancel()
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, be.URL.JoinPath("tokenize").String(), bytes.NewReader(body))
+	if err != nil {
+		return
+	}
+	hr.Header.Set("Content-Type", "application/json")
+	resp, err := t.client.Do(hr)
+	if err != nil {
+		s.metrics.tokenize.WithLabelValues("error").Inc()
+		return
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Tokens []uint32 `json:"tokens"`
+	}
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(http.MaxBytesReader(nil, resp.Body, 64<<20)).Decode(&out) != nil || len(out.Tokens) == 0 {
+		s.metrics.tokenize.WithLabelValues("error").Inc()
+		return
+	}
+	s.metrics.tokenize.WithLabelValues("ok").Inc()
+	breq.TokenBlocks, breq.TokenBlockSize = kvevents.Blocks(nil, out.Tokens, bs, lora), bs
+	breq.PromptTokens = len(out.Tokens)
+}
