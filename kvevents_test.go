@@ -123,4 +123,7 @@ func TestReplicasShareWhatTheServersHold(t *testing.T) {
 	if got := resp.Header.Get("x-llmlb-backend"); got != holder {
 		t.Errorf("through b the longer prompt went to %s, not to %s, which holds its start", got, holder)
 	}
+	if ok, _ := sum(scrapeAdmin(t, b.adminAddr), "llmlb_tokenize_requests_total", `result="ok"`); ok < 2 {
+		t.Errorf("b counted %v /tokenize requests answered, want 2 or more", ok)
+	}
 }
