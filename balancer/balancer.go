@@ -81,8 +81,8 @@ type Deps struct {
 	// Oracle makes the policy "oracle" available; nil otherwise.
 	Oracle Oracle
 	// Events, when set, is read by the presets that use llmlb's own
-	// prefix index (the default) before that index, for each backend it
-	// has events of. Nil reads none.
+	// prefix index (the default) beside that index: a backend's match is
+	// the longer of the two. Nil reads none.
 	Events CacheEvents
 	// Rand returns uniformly random numbers and must be safe for
 	// concurrent use. Nil uses math/rand/v2.

@@ -863,9 +863,10 @@ func (b *Balancer) applyMatch(s *scratch, p *Pick) {
 			c.MatchedTokens = min(b.pol.oracle.CachedTokens(c.Backend, req), req.PromptTokens)
 			c.MatchedBlocks = c.MatchedTokens
 		case b.pol.events != nil:
-			// What the server's own events say it holds replaces what
-			// this balancer remembers sending it, where they say.
-			if n, ok := b.pol.events.Held(c.Backend, req); ok {
+			// The server's own events add what other balancers sent
+			// there; what this one sent and the server has not yet
+			// computed (queued), which no event has named yet, stays.
+			if n, ok := b.pol.events.Held(c.Backend, req); ok && min(n, req.PromptTokens) > c.MatchedTokens {
 				c.MatchedTokens = min(n, req.PromptTokens)
 				c.MatchedBlocks = (c.MatchedTokens + blockTokens - 1) / blockTokens
 			}
