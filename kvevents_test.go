@@ -123,6 +123,50 @@ func TestReplicasShareWhatTheServersHold(t *testing.T) {
 	if got := resp.Header.Get("x-llmlb-backend"); got != holder {
 		t.Errorf("through b the longer prompt went to %s, not to %s, which holds its start", got, holder)
 	}
+
+	// A chat: its messages go to /tokenize whole and are rendered by the
+	// server's own template, and its next turn is matched through b.
+	doc := strings.Repeat("a contract clause that the whole conversation is about; ", 120)
+	turn1 := fmt.Sprintf(`{"model":%q,"max_tokens":2,"messages":[{"role":"user","content":%q}]}`, testModel, doc)
+	resp, err = http.Post("http://"+a.addr+"/v1/chat/completions", "application/json", strings.NewReader(turn1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	chatHolder := ""
+	for i, bc := range backends {
+		if resp.Header.Get("x-llmlb-backend") == fmt.Sprintf("b%d", i+1) {
+			chatHolder = bc.URL
+		}
+	}
+	turn2 := fmt.Sprintf(`{"model":%q,"max_tokens":2,"messages":[{"role":"user","content":%q},{"role":"assistant","content":"noted"},{"role":"user","content":"and clause two?"}]}`, testModel, doc)
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Post("http://"+b.adminAddr+"/debug/route", "application/json", strings.NewReader(turn2))
+		if err != nil {
+			t.Fatal(err)
+		}
+		route.Explanation = balancer.Explanation{}
+		err = json.NewDecoder(resp.Body).Decode(&route)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := 0
+		for _, be := range route.Explanation.Backends {
+			if be.ID == chatHolder && be.Candidate != nil {
+				got = be.Candidate.MatchedTokens
+			}
+		}
+		if got >= len(doc)/sim.BytesPerToken-16 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("b never learned that %s holds the chat's first turn: %d tokens matched", chatHolder, got)
+		}
+		time.Sleep(20 * time.Millisecond) // polling for the events to arrive, not timing them
+	}
 	if ok, _ := sum(scrapeAdmin(t, b.adminAddr), "llmlb_tokenize_requests_total", `result="ok"`); ok < 2 {
 		t.Errorf("b counted %v /tokenize requests answered, want 2 or more", ok)
 	}

@@ -17,8 +17,10 @@ import (
 // the model for POST /tokenize (vLLM's: a completion's prompt, or a chat's
 // messages rendered by the model's chat template, with the request's tools
 // and template arguments), so the tokens are the engine's own whatever
-// the model, tokenizer or template. The body sent is the request's own:
-// vLLM's tokenize requests accept the fields they do not use.
+// the model, tokenizer or template. A completion sends its model and
+// prompt alone; a chat its whole body, whose fields the tokenizer does not
+// use vLLM accepts (vllm/entrypoints/openai: OpenAIBaseModel allows extra
+// fields and logs them).
 type tokenizer struct {
 	store  *kvevents.Store
 	client *http.Client
@@ -65,11 +67,25 @@ func (s *Server) tokenize(ctx context.Context, ex *exchange, breq *balancer.Requ
 	if !slices.Contains(be.Models, breq.Model) {
 		lora = breq.Model // an adapter: its blocks are keyed by its name
 	}
-	body := req.Body
-	if breq.Model != req.Model {
-		var err error
-		if body, err = setModel(body, breq.Model); err != nil {
-			return
+	var body []byte
+	if req.Kind == KindCompletion {
+		// Only what the tokenizer reads: vLLM logs every field it
+		// ignores, and a completion's tokens depend on nothing else.
+		if len(req.Prompt) == 0 || req.Prompt[0] != '"' {
+			return // token ids or a batch: /tokenize takes one string
+		}
+		m, _ := json.Marshal(breq.Model)
+		body = slices.Concat([]byte(`{"model":`), m, []byte(`,"prompt":`), req.Prompt, []byte(`}`))
+	} else {
+		// A chat's tokens depend on its tools and template arguments
+		// too; the body goes whole, its sampling fields ignored (and
+		// logged) by the server.
+		body = req.Body
+		if breq.Model != req.Model {
+			var err error
+			if body, err = setModel(body, breq.Model); err != nil {
+				return
+			}
 		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.TokenizeTimeout)
