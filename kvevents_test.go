@@ -167,7 +167,14 @@ func TestReplicasShareWhatTheServersHold(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond) // polling for the events to arrive, not timing them
 	}
-	if ok, _ := sum(scrapeAdmin(t, b.adminAddr), "llmlb_tokenize_requests_total", `result="ok"`); ok < 2 {
+	ss := scrapeAdmin(t, b.adminAddr)
+	if ok, _ := sum(ss, "llmlb_tokenize_requests_total", `result="ok"`); ok < 2 {
 		t.Errorf("b counted %v /tokenize requests answered, want 2 or more", ok)
+	}
+	if n, _ := sum(ss, "llmlb_kv_event_batches_total", holderURL); n < 1 {
+		t.Errorf("b counted %v event batches from %s", n, holderURL)
+	}
+	if n, _ := sum(ss, "llmlb_kv_event_blocks", holderURL); n < float64(len(prompt)/sim.BytesPerToken/16) {
+		t.Errorf("b's gauge says %s holds %v blocks, fewer than the prompt's", holderURL, n)
 	}
 }

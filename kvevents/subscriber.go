@@ -36,6 +36,10 @@ type Subscriber struct {
 	// OnBatch, if set, is called after each batch is entered, with its
 	// number and its events (for metrics); it must not block.
 	OnBatch func(seq int64, events int)
+	// OnReset, if set, is called when the server's table is forgotten
+	// for want of events: "restart", "gap" or "unreadable"; it must not
+	// block.
+	OnReset func(reason string)
 }
 
 // seqEnd is the sequence number that ends a replay (vLLM's END_SEQ, -1).
@@ -102,7 +106,7 @@ func (st *stream) receive(ctx context.Context, frames [][]byte) {
 		return
 	case st.last >= 0 && seq <= st.last:
 		st.log.Warn("kv events: the server restarted its numbering; forgetting its cache", "backend", st.s.ID, "seq", seq, "last", st.last)
-		st.s.Store.Clear(st.s.ID)
+		st.reset("restart")
 		st.last = -1
 		fallthrough
 	case st.last < 0:
@@ -115,7 +119,7 @@ func (st *stream) receive(ctx context.Context, frames [][]byte) {
 	case seq > st.last+1:
 		if st.s.Replay == "" || !st.replay(ctx, st.last+1, seq) {
 			st.log.Warn("kv events: batches lost; forgetting the server's cache", "backend", st.s.ID, "from", st.last+1, "to", seq-1)
-			st.s.Store.Clear(st.s.ID)
+			st.reset("gap")
 		}
 	}
 	st.apply(seq, frames[2])
@@ -142,7 +146,15 @@ func (st *stream) fail(err error) {
 		st.log.Warn("kv events: unreadable message; forgetting the server's cache (logged once)", "backend", st.s.ID, "err", err)
 		st.bad = true
 	}
+	st.reset("unreadable")
+}
+
+// reset forgets the server's table.
+func (st *stream) reset(reason string) {
 	st.s.Store.Clear(st.s.ID)
+	if st.s.OnReset != nil {
+		st.s.OnReset(reason)
+	}
 }
 
 // replay asks for batches from, applies those before until and reports

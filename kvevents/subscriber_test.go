@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -162,7 +163,8 @@ func TestSubscriberReplaysMissedBatches(t *testing.T) {
 func TestStreamGapsAndRestarts(t *testing.T) {
 	const bs = 2
 	store := NewStore()
-	st := stream{s: &Subscriber{ID: "a", Store: store}, log: discard(), last: -1}
+	var resets []string
+	st := stream{s: &Subscriber{ID: "a", Store: store, OnReset: func(r string) { resets = append(resets, r) }}, log: discard(), last: -1}
 	evs, tokens := chain(6, 2, bs, "")
 	blocks := Blocks(nil, tokens, bs, "")
 	msg := func(seq uint64, evs []sim.KVEvent) [][]byte {
@@ -196,5 +198,8 @@ func TestStreamGapsAndRestarts(t *testing.T) {
 	st.receive(t.Context(), [][]byte{{1}})
 	if st.last != 2 {
 		t.Fatal("a malformed message moved the numbering")
+	}
+	if want := []string{"gap", "restart", "unreadable", "unreadable"}; !slices.Equal(resets, want) {
+		t.Errorf("resets %v, want %v", resets, want)
 	}
 }

@@ -16,6 +16,9 @@ type metrics struct {
 	mismatch   *prometheus.GaugeVec     // backend, declared, detected
 	dnsErrors  *prometheus.CounterVec   // name
 	dnsTargets *prometheus.GaugeVec     // name
+	kvBatches  *prometheus.CounterVec   // backend
+	kvResets   *prometheus.CounterVec   // backend, reason
+	kvBlocks   *prometheus.GaugeVec     // backend
 }
 
 func newMetrics(reg prometheus.Registerer, bal *balancer.Balancer, now func() time.Time) *metrics {
@@ -45,9 +48,21 @@ func newMetrics(reg prometheus.Registerer, bal *balancer.Balancer, now func() ti
 			Name: "llmlb_discovery_dns_backends",
 			Help: "Backends the last good DNS answer of a backends entry gave.",
 		}, []string{"name"}),
+		kvBatches: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmlb_kv_event_batches_total",
+			Help: "Batches of KV-cache events entered from each backend (scrape.kv_events).",
+		}, []string{"backend"}),
+		kvResets: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmlb_kv_event_resets_total",
+			Help: "Times what a backend's events said it holds was forgotten for want of events, by reason (restart, gap: batches lost and not replayed, unreadable).",
+		}, []string{"backend", "reason"}),
+		kvBlocks: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "llmlb_kv_event_blocks",
+			Help: "Blocks a backend's KV-cache events say its prefix cache holds, as of the last batch.",
+		}, []string{"backend"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.duration, m.errors, m.missing, m.mismatch, m.dnsErrors, m.dnsTargets, &ageCollector{bal: bal, now: now})
+		reg.MustRegister(m.duration, m.errors, m.missing, m.mismatch, m.dnsErrors, m.dnsTargets, m.kvBatches, m.kvResets, m.kvBlocks, &ageCollector{bal: bal, now: now})
 	}
 	return m
 }

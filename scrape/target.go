@@ -674,6 +674,11 @@ func (t *Target) followKVEvents(ctx context.Context) (stop func()) {
 		Topic:    t.cfg.KVEventsTopic,
 		Store:    t.kv,
 		Log:      t.logger.With("backend", t.spec.ID),
+		OnBatch: func(int64, int) {
+			t.metrics.kvBatches.WithLabelValues(t.spec.ID).Inc()
+			t.metrics.kvBlocks.WithLabelValues(t.spec.ID).Set(float64(t.kv.Stats(t.spec.ID).Blocks))
+		},
+		OnReset: func(reason string) { t.metrics.kvResets.WithLabelValues(t.spec.ID, reason).Inc() },
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
@@ -687,5 +692,6 @@ func (t *Target) followKVEvents(ctx context.Context) (stop func()) {
 		cancel()
 		<-done
 		t.kv.Forget(t.spec.ID)
+		t.metrics.kvBlocks.DeleteLabelValues(t.spec.ID)
 	}
 }
