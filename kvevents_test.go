@@ -6,7 +6,10 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -176,5 +179,68 @@ func TestReplicasShareWhatTheServersHold(t *testing.T) {
 	}
 	if n, _ := sum(ss, "llmlb_kv_event_blocks", holderURL); n < float64(len(prompt)/sim.BytesPerToken/16) {
 		t.Errorf("b's gauge says %s holds %v blocks, fewer than the prompt's", holderURL, n)
+	}
+}
+
+// TestTokenizeFailuresPause: servers that cannot tokenize (no /tokenize,
+// as an older vLLM or another engine) cost one request a round trip, not
+// every request: after a failure llmlb stops asking for a while.
+func TestTokenizeFailuresPause(t *testing.T) {
+	backends := kvBackends(t, 2)
+	var calls atomic.Int64
+	for i, bc := range backends {
+		u, err := url.Parse(bc.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rp := httputil.NewSingleHostReverseProxy(u)
+		front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/tokenize" {
+				calls.Add(1)
+				http.NotFound(w, r)
+				return
+			}
+			rp.ServeHTTP(w, r)
+		}))
+		t.Cleanup(front.Close)
+		backends[i].URL = front.URL
+	}
+	cfg := testConfig(nil)
+	cfg.Backends = backends
+	inst := startTest(t, cfg, 2)
+	send := func(p string) {
+		t.Helper()
+		resp, err := http.Post("http://"+inst.addr+"/v1/completions", "application/json",
+			strings.NewReader(fmt.Sprintf(`{"model":%q,"prompt":%q,"max_tokens":2}`, testModel, p)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	send(strings.Repeat("fill a cache block or two; ", 40))
+	deadline := time.Now().Add(30 * time.Second)
+	for { // tokenizing starts once some backend has stored a block
+		if n, _ := sum(scrapeAdmin(t, inst.adminAddr), "llmlb_kv_event_blocks"); n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no backend's events stored a block within 30s")
+		}
+		time.Sleep(20 * time.Millisecond) // polling for the events to arrive, not timing them
+	}
+	for i := range 5 {
+		send(fmt.Sprintf("prompt %d: %s", i, strings.Repeat("x", 200)))
+	}
+	// One call, then a pause of a second; a second call only if the
+	// five took longer than that on a loaded machine.
+	if n := calls.Load(); n < 1 || n > 2 {
+		t.Errorf("/tokenize asked %d times for 5 requests, want 1 (then paused)", n)
+	}
+	if n, _ := sum(scrapeAdmin(t, inst.adminAddr), "llmlb_tokenize_requests_total", `result="error"`); n != float64(calls.Load()) {
+		t.Errorf("llmlb_tokenize_requests_total{result=error} = %v, want %d", n, calls.Load())
 	}
 }

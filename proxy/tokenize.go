@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"slices"
 	"sync/atomic"
+	"time"
 
 	"github.com/llmlb/llmlb/balancer"
 	"github.com/llmlb/llmlb/kvevents"
@@ -25,6 +27,19 @@ type tokenizer struct {
 	store  *kvevents.Store
 	client *http.Client
 	next   atomic.Uint64 // rotates the backends asked
+	// After a failure no request is tokenized until pauseUntil (unix
+	// nanoseconds): a fleet whose servers cannot tokenize (no /tokenize,
+	// overloaded) would otherwise cost every request a round trip or a
+	// whole proxy.tokenize_timeout. The pause doubles with each failure in
+	// a row, from 1s to 30s.
+	pauseUntil atomic.Int64
+	failures   atomic.Int64 // in a row
+}
+
+// failed records a failure and pauses tokenizing.
+func (t *tokenizer) failed(now time.Time) {
+	n := min(t.failures.Add(1), 6)
+	t.pauseUntil.Store(now.Add(min(time.Second<<(n-1), 30*time.Second)).UnixNano())
 }
 
 // SetKVEvents makes the server tokenize each completion and chat request
@@ -52,6 +67,10 @@ func (s *Server) tokenize(ctx context.Context, ex *exchange, breq *balancer.Requ
 	bs := t.store.BlockSize()
 	if bs <= 0 {
 		return // no backend has stored a block yet
+	}
+	now := time.Now()
+	if now.UnixNano() < t.pauseUntil.Load() {
+		return
 	}
 	var ready []*balancer.Backend
 	for _, be := range s.bal.Snapshot().Backends {
@@ -97,6 +116,9 @@ func (s *Server) tokenize(ctx context.Context, ex *exchange, breq *balancer.Requ
 	hr.Header.Set("Content-Type", "application/json")
 	resp, err := t.client.Do(hr)
 	if err != nil {
+		if ctx.Err() == nil || errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			t.failed(now) // not the client going away
+		}
 		s.metrics.tokenize.WithLabelValues("error").Inc()
 		return
 	}
@@ -105,9 +127,13 @@ func (s *Server) tokenize(ctx context.Context, ex *exchange, breq *balancer.Requ
 		Tokens []uint32 `json:"tokens"`
 	}
 	if resp.StatusCode != http.StatusOK || json.NewDecoder(http.MaxBytesReader(nil, resp.Body, 64<<20)).Decode(&out) != nil || len(out.Tokens) == 0 {
+		if resp.StatusCode < 400 || resp.StatusCode == http.StatusNotFound || resp.StatusCode >= 500 {
+			t.failed(now) // not this prompt's fault (400: too long, say), the server's
+		}
 		s.metrics.tokenize.WithLabelValues("error").Inc()
 		return
 	}
+	t.failures.Store(0)
 	s.metrics.tokenize.WithLabelValues("ok").Inc()
 	breq.TokenBlocks, breq.TokenBlockSize = kvevents.Blocks(nil, out.Tokens, bs, lora), bs
 	breq.PromptTokens = len(out.Tokens)
