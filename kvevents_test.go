@@ -73,49 +73,16 @@ func TestReplicasShareWhatTheServersHold(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || holder == "" {
 		t.Fatalf("through a: status %d, backend %q", resp.StatusCode, holder)
 	}
-	holderURL := ""
-	for i, bc := range backends {
-		if holder == fmt.Sprintf("b%d", i+1) {
-			holderURL = bc.URL
-		}
-	}
+	holderURL := backendURL(backends, holder)
 
 	longer := prompt + "and the question that follows it"
-	var route struct {
-		Explanation balancer.Explanation `json:"explanation"`
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp, err := http.Post("http://"+b.adminAddr+"/debug/route", "application/json", strings.NewReader(body(longer)))
-		if err != nil {
-			t.Fatal(err)
+	// The server caches whole blocks of 16 tokens, all but the prompt's
+	// last token.
+	matched := waitMatched(t, b.adminAddr, body(longer), holderURL, len(prompt)/sim.BytesPerToken-16, "the prompt")
+	for id, m := range matched {
+		if id != holderURL && m > 0 {
+			t.Errorf("b matches %d tokens on %s, which never saw the prompt", m, id)
 		}
-		route.Explanation = balancer.Explanation{}
-		err = json.NewDecoder(resp.Body).Decode(&route)
-		resp.Body.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		matched := map[string]int{}
-		for _, be := range route.Explanation.Backends {
-			if be.Candidate != nil {
-				matched[be.ID] = be.Candidate.MatchedTokens
-			}
-		}
-		// The server caches whole blocks of 16 tokens, all but the
-		// prompt's last token.
-		if n := matched[holderURL]; n >= len(prompt)/sim.BytesPerToken-16 {
-			for id, m := range matched {
-				if id != holderURL && m > 0 {
-					t.Errorf("b matches %d tokens on %s, which never saw the prompt", m, id)
-				}
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("b never learned that %s holds the prompt: matched %v", holderURL, matched)
-		}
-		time.Sleep(20 * time.Millisecond) // polling for the events to arrive, not timing them
 	}
 	resp, err = http.Post("http://"+b.addr+"/v1/completions", "application/json", strings.NewReader(body(longer)))
 	if err != nil {
@@ -137,39 +104,9 @@ func TestReplicasShareWhatTheServersHold(t *testing.T) {
 	}
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	chatHolder := ""
-	for i, bc := range backends {
-		if resp.Header.Get("x-llmlb-backend") == fmt.Sprintf("b%d", i+1) {
-			chatHolder = bc.URL
-		}
-	}
+	chatHolder := backendURL(backends, resp.Header.Get("x-llmlb-backend"))
 	turn2 := fmt.Sprintf(`{"model":%q,"max_tokens":2,"messages":[{"role":"user","content":%q},{"role":"assistant","content":"noted"},{"role":"user","content":"and clause two?"}]}`, testModel, doc)
-	deadline = time.Now().Add(30 * time.Second)
-	for {
-		resp, err := http.Post("http://"+b.adminAddr+"/debug/route", "application/json", strings.NewReader(turn2))
-		if err != nil {
-			t.Fatal(err)
-		}
-		route.Explanation = balancer.Explanation{}
-		err = json.NewDecoder(resp.Body).Decode(&route)
-		resp.Body.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		got := 0
-		for _, be := range route.Explanation.Backends {
-			if be.ID == chatHolder && be.Candidate != nil {
-				got = be.Candidate.MatchedTokens
-			}
-		}
-		if got >= len(doc)/sim.BytesPerToken-16 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("b never learned that %s holds the chat's first turn: %d tokens matched", chatHolder, got)
-		}
-		time.Sleep(20 * time.Millisecond) // polling for the events to arrive, not timing them
-	}
+	waitMatched(t, b.adminAddr, turn2, chatHolder, len(doc)/sim.BytesPerToken-16, "the chat's first turn")
 	ss := scrapeAdmin(t, b.adminAddr)
 	if ok, _ := sum(ss, "llmlb_tokenize_requests_total", `result="ok"`); ok < 2 {
 		t.Errorf("b counted %v /tokenize requests answered, want 2 or more", ok)
@@ -179,6 +116,52 @@ func TestReplicasShareWhatTheServersHold(t *testing.T) {
 	}
 	if n, _ := sum(ss, "llmlb_kv_event_blocks", holderURL); n < float64(len(prompt)/sim.BytesPerToken/16) {
 		t.Errorf("b's gauge says %s holds %v blocks, fewer than the prompt's", holderURL, n)
+	}
+}
+
+// backendURL is the URL of the backend llmlb names name (b1, b2, ... in
+// config order).
+func backendURL(backends []scrape.BackendConfig, name string) string {
+	for i, bc := range backends {
+		if name == fmt.Sprintf("b%d", i+1) {
+			return bc.URL
+		}
+	}
+	return ""
+}
+
+// waitMatched asks adminAddr's /debug/route for body until the backend at
+// url is matched at least want tokens, and returns every backend's match
+// then; what is for the failure message.
+func waitMatched(t *testing.T, adminAddr, body, url string, want int, what string) map[string]int {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Post("http://"+adminAddr+"/debug/route", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var route struct {
+			Explanation balancer.Explanation `json:"explanation"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&route)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		matched := map[string]int{}
+		for _, be := range route.Explanation.Backends {
+			if be.Candidate != nil {
+				matched[be.ID] = be.Candidate.MatchedTokens
+			}
+		}
+		if matched[url] >= want {
+			return matched
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("never learned that %s holds %s: matched %v", url, what, matched)
+		}
+		time.Sleep(20 * time.Millisecond) // polling for the events to arrive, not timing them
 	}
 }
 

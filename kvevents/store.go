@@ -3,6 +3,7 @@ package kvevents
 import (
 	"encoding/binary"
 	"sync"
+	"sync/atomic"
 
 	"github.com/cespare/xxhash/v2"
 
@@ -61,8 +62,9 @@ const maxBlocks = 1 << 22
 // read concurrently. Each server's table has its own lock, held only for
 // map reads and writes.
 type Store struct {
-	mu     sync.RWMutex
-	tables map[string]*table // guarded by mu
+	mu        sync.RWMutex
+	tables    map[string]*table // guarded by mu
+	blockSize atomic.Int64      // see BlockSize
 }
 
 // NewStore returns an empty store.
@@ -99,6 +101,9 @@ func (s *Store) Apply(id string, b Batch) {
 	defer t.mu.Unlock()
 	for i := range b.Events {
 		t.applyLocked(&b.Events[i])
+	}
+	if t.blockSize > 0 {
+		s.blockSize.Store(int64(t.blockSize))
 	}
 	if len(t.engine) > maxBlocks {
 		t.clearLocked()
@@ -211,6 +216,7 @@ func (s *Store) StoreBlock(id string, hash, parent uint64, hasParent bool, token
 		return
 	}
 	t.blockSize = len(tokens)
+	s.blockSize.Store(int64(len(tokens)))
 	t.storeLocked(hash, prev, tokens)
 }
 
@@ -266,7 +272,7 @@ func (s *Store) Held(be *balancer.Backend, req *balancer.Request) (int, bool) {
 	return t.matchLocked(req.TokenBlocks) * t.blockSize, true
 }
 
-// Stats is what one server's table holds, for /debug/backends and tests.
+// Stats is what one server's table holds, for metrics and tests.
 type Stats struct {
 	Blocks    int    // distinct blocks held
 	BlockSize int    // tokens per block, 0 before the first stored block
@@ -284,24 +290,8 @@ func (s *Store) Stats(id string) Stats {
 	return Stats{Blocks: len(t.held), BlockSize: t.blockSize, Orphans: t.orphans}
 }
 
-// BlockSize returns the block size most of the servers' events give, 0 if
-// none has stored a block.
-func (s *Store) BlockSize() int {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	counts := map[int]int{}
-	best := 0
-	for _, t := range s.tables {
-		t.mu.RLock()
-		bs := t.blockSize
-		t.mu.RUnlock()
-		if bs <= 0 {
-			continue
-		}
-		counts[bs]++
-		if counts[bs] > counts[best] || counts[bs] == counts[best] && bs < best {
-			best = bs
-		}
-	}
-	return best
-}
+// BlockSize returns the tokens a block held in the last block any server's
+// events stored, 0 before the first: what a prompt is cut by before its
+// pick. [Store.Held] compares it with each server's own, so a fleet whose
+// servers differ matches only those of the size the prompt was cut by.
+func (s *Store) BlockSize() int { return int(s.blockSize.Load()) }

@@ -36,6 +36,31 @@ type tokenizer struct {
 	failures   atomic.Int64 // in a row
 }
 
+// backend returns the next of snap's ready backends serving model in turn,
+// nil if there is none; it allocates nothing.
+func (t *tokenizer) backend(snap *balancer.Snapshot, model string) *balancer.Backend {
+	ready := func(be *balancer.Backend) bool { return be.State == balancer.StateReady && be.Serves(model) }
+	n := 0
+	for _, be := range snap.Backends {
+		if ready(be) {
+			n++
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	k := int(t.next.Add(1) % uint64(n))
+	for _, be := range snap.Backends {
+		if ready(be) {
+			if k == 0 {
+				return be
+			}
+			k--
+		}
+	}
+	return nil
+}
+
 // failed records a failure and pauses tokenizing.
 func (t *tokenizer) failed(now time.Time) {
 	n := min(t.failures.Add(1), 6)
@@ -72,16 +97,10 @@ func (s *Server) tokenize(ctx context.Context, ex *exchange, breq *balancer.Requ
 	if now.UnixNano() < t.pauseUntil.Load() {
 		return
 	}
-	var ready []*balancer.Backend
-	for _, be := range s.bal.Snapshot().Backends {
-		if be.State == balancer.StateReady && be.Serves(breq.Model) {
-			ready = append(ready, be)
-		}
-	}
-	if len(ready) == 0 {
+	be := t.backend(s.bal.Snapshot(), breq.Model)
+	if be == nil {
 		return
 	}
-	be := ready[t.next.Add(1)%uint64(len(ready))]
 	lora := ""
 	if !slices.Contains(be.Models, breq.Model) {
 		lora = breq.Model // an adapter: its blocks are keyed by its name

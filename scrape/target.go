@@ -680,6 +680,9 @@ func (t *Target) followKVEvents(ctx context.Context) (stop func()) {
 		},
 		OnReset: func(reason string) { t.metrics.kvResets.WithLabelValues(t.spec.ID, reason).Inc() },
 	}
+	// Said once, since a subscription that never connects is silent: no
+	// batches (llmlb_kv_event_batches_total) is how it shows.
+	t.logger.Info("kv events: subscribing", "backend", t.spec.ID, "endpoint", sub.Endpoint, "replay", sub.Replay)
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
