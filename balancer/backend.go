@@ -198,6 +198,11 @@ type Ledger struct {
 	// (Unix nanoseconds; 0 never set): each attach extends it by the
 	// request's estimated prefill time ([Work.PrefillSeconds]).
 	drainAt atomic.Int64
+	// sentSize is the mean uncached prompt tokens of the requests sent
+	// here, each new one weighted sentSizeWeight (float64 bits; 0 before
+	// the first): the size a queued request this balancer did not send
+	// is guessed at ([Candidate.AheadTokens]).
+	sentSize atomic.Uint64
 
 	est estimator
 
@@ -268,6 +273,41 @@ func (l *Ledger) aheadTokens(requests, tokens int64, now time.Time) float64 {
 	}
 	rest := all - all/float64(requests) // the others, not started
 	return min(all, max(rest, left*est.Rate))
+}
+
+// sentSizeWeight is the weight of each new request in [Ledger.sentSize]:
+// the mean follows the last ten or so requests sent to the backend.
+const sentSizeWeight = 0.1
+
+// noteSent adds a request of uncached prompt tokens to the mean size of
+// the requests sent here.
+func (l *Ledger) noteSent(tokens int) {
+	v := float64(max(tokens, 1))
+	for {
+		old := l.sentSize.Load()
+		next := v
+		if old != 0 {
+			m := math.Float64frombits(old)
+			next = m + sentSizeWeight*(v-m)
+		}
+		if l.sentSize.CompareAndSwap(old, math.Float64bits(next)) {
+			return
+		}
+	}
+}
+
+// queuedSize is the size a request queued on the backend that this
+// balancer did not send is guessed at: the mean of our own pending
+// requests when there are any (they share its queue now), else the
+// recent mean of what we sent there, else def.
+func (l *Ledger) queuedSize(pending, pendingTok int64, def int) float64 {
+	if pending > 0 {
+		return float64(pendingTok) / float64(pending)
+	}
+	if b := l.sentSize.Load(); b != 0 {
+		return math.Float64frombits(b)
+	}
+	return float64(def)
 }
 
 // extendDrain adds a request's prefill time to the drain time.

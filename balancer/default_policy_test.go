@@ -651,3 +651,46 @@ func TestShortFirstMessagesKeepConversationsApart(t *testing.T) {
 		}
 	}
 }
+
+// Requests queued on a server that another balancer sent are guessed to
+// be the size of what this one sends there, not this prompt's: a holder
+// whose queue is of hits keeps a long prompt it holds (8 replicas,
+// mooncake-synthetic: each of a holder's two or three queued requests
+// counted at the whole 15,000-30,000-token prompt sent requests off their
+// holders, and the replicas kept 0.84-0.92 of one's hit rate).
+func TestQueuedRequestsOfOtherBalancersAreGuessedAtWhatWeSendThere(t *testing.T) {
+	system := strings.Repeat("s", 4*16000)
+	req := &Request{Model: "m", Prompt: []byte(system), PromptTokens: 16000, MaxTokens: 100}
+	pick := func(sent int) Explanation {
+		t.Helper()
+		b := newBal(t, "ttft")
+		// The holder's server reports two requests waiting, none of them ours.
+		b.Update(busy("holder", 2, 4, 0.1), busy("x", 0, 4, 0.1))
+		learnRate(t, b, "holder", 30000)
+		learnRate(t, b, "x", 30000)
+		b.pol.index.Insert(backend(t, b, "holder").slot, b.pol.index.AppendHashes(nil, 0, []byte(system)))
+		for range sent {
+			// What we sent the holder lately: hits, 300 tokens to prefill.
+			g := b.NewGuard()
+			g.Attach(backend(t, b, "holder"), Work{UncachedTokens: 300}, time.Now())
+			g.FirstByte(time.Now())
+			g.Release()
+		}
+		return b.Explain(req)
+	}
+	ex := pick(20)
+	if ex.Chosen[0] != "holder" {
+		t.Errorf("two queued at the holder, where we send 300-token hits: went to %s (%s), want holder: %+v", ex.Chosen[0], ex.Reason, ex.Backends)
+	}
+	for _, be := range ex.Backends {
+		if be.ID == "holder" && (be.AheadTokens < 500 || be.AheadTokens > 700) {
+			t.Errorf("holder's two queued requests count %v tokens ahead, want about 600", be.AheadTokens)
+		}
+	}
+	// Before we sent anything there, they are guessed at this prompt's size.
+	for _, be := range pick(0).Backends {
+		if be.ID == "holder" && be.AheadTokens != 32000 {
+			t.Errorf("nothing sent yet: holder's two queued requests count %v tokens ahead, want 32,000", be.AheadTokens)
+		}
+	}
+}

@@ -74,6 +74,7 @@ func (g *Guard) Attach(be *Backend, w Work, now time.Time) {
 	l.pendingTokens.Add(int64(w.UncachedTokens))
 	l.openTokens.Add(int64(w.UncachedTokens + w.DecodeTokens))
 	l.extendDrain(w.PrefillSeconds, now)
+	l.noteSent(w.UncachedTokens)
 	l.addAdapter(w.Adapter, 1, 0)
 	g.backend, g.work, g.attached, g.first = be, w, now, false
 }

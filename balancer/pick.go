@@ -170,8 +170,11 @@ type Candidate struct {
 	// PendingTokens are prompt tokens we sent that are not prefilled yet.
 	PendingTokens int64 `json:"pending_tokens"`
 	// AheadTokens estimates the prefill work queued before this request:
-	// our pending prompts plus the server's other queued requests at the
-	// mean size of ours (this prompt's when none is pending).
+	// our pending prompts plus the server's other queued requests, each
+	// at the mean uncached size of our pending ones, or when none is
+	// pending of the last ten or so we sent there (this prompt's before
+	// the first): what another balancer sends a server is guessed to
+	// look like what this one sends it, not like this prompt.
 	AheadTokens float64 `json:"ahead_tokens"`
 	// MatchedBlocks of the request's PromptBlocks the backend is believed
 	// to hold, MatchedTokens their tokens, UncachedTokens the rest.
@@ -725,11 +728,7 @@ func (b *Balancer) fill(c *Candidate, be *Backend, req *Request, now time.Time) 
 	c.Saturated = (sat.Queue > 0 && scraped && m.Queued.Known && c.Queued >= float64(sat.Queue)) ||
 		(sat.KV > 0 && c.KVUsage.Known && c.KVUsage.V >= sat.KV)
 	c.UncachedTokens = req.PromptTokens
-	mean := float64(req.PromptTokens)
-	if pending > 0 {
-		mean = float64(pendingTok) / float64(pending)
-	}
-	c.AheadTokens = l.aheadTokens(pending, pendingTok, now) + max(0, c.Queued-float64(pending))*mean
+	c.AheadTokens = l.aheadTokens(pending, pendingTok, now) + max(0, c.Queued-float64(pending))*l.queuedSize(pending, pendingTok, req.PromptTokens)
 }
 
 // loraState says how ready be is to run model if model is one of its

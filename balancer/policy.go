@@ -65,7 +65,11 @@ func reasonFor(p *Pick, i int) string {
 //
 // ttft is the request's own time to first token: ahead is the prefill
 // tokens queued before it (our own pending prompts plus the server's other
-// queued requests at the mean prompt size), uncached is the prompt less the
+// queued requests, each at the mean uncached size of ours pending there, or
+// of the last ten or so we sent there when none is: another replica's
+// requests to a server are guessed to look like ours to it, since this
+// prompt's size counted a holder's queue of hits as misses and sent
+// requests off their holders; [Ledger.queuedSize]), uncached is the prompt less the
 // blocks the prefix index says the backend holds, rate, base and wait are
 // learned per backend from measured times to first byte
 // ([Ledger.Estimate]), leaving out those that may include a wait for a

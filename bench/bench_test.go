@@ -305,7 +305,10 @@ func TestPerturbChangesTheEnginesNotTheBalancer(t *testing.T) {
 // TestKVEventsKeepReplicasTogether: on the Mooncake conversation trace,
 // whose prompts carry no conversation key, eight replicas that read the
 // servers' KV events keep most of one replica's hit rate, where eight that
-// know only their own picks lose half of it.
+// know only their own picks lose half of it. A twentieth of the trace is
+// a noisy draw: 8 replicas with events keep 0.78-0.92 of one replica's
+// hit rate at seeds 1-4 here (0.96-0.98 on the whole trace), those
+// without them about 0.4.
 func TestKVEventsKeepReplicasTogether(t *testing.T) {
 	w, err := Build("mooncake-conversation", Params{Scale: 0.05, Seed: 1})
 	if err != nil {
@@ -323,7 +326,7 @@ func TestKVEventsKeepReplicasTogether(t *testing.T) {
 	}
 	one, eight, eightEvents := hit(1, true), hit(8, false), hit(8, true)
 	t.Logf("hit rate: 1 replica with events %.3f, 8 without %.3f, 8 with %.3f", one, eight, eightEvents)
-	if eightEvents < 0.85*one || eightEvents < 1.5*eight {
+	if eightEvents < 0.75*one || eightEvents < 1.5*eight {
 		t.Errorf("8 replicas reading events kept %.3f of one replica's hit rate (%.3f against %.3f); 8 without them %.3f", eightEvents/one, eightEvents, one, eight)
 	}
 }
