@@ -203,6 +203,12 @@ type Ledger struct {
 	// the first): the size a queued request this balancer did not send
 	// is guessed at ([Candidate.AheadTokens]).
 	sentSize atomic.Uint64
+	// eventsAt is the step time (Unix nanoseconds) of the last prefills
+	// the backend's KV events showed that a pick read, and
+	// eventsPrefilled the prefilled count when it first read them: our
+	// requests that left the queue since were among those prefills.
+	eventsAt        atomic.Int64
+	eventsPrefilled atomic.Int64
 
 	est estimator
 

@@ -69,6 +69,20 @@ type Oracle interface {
 // during picks, concurrently, and must not block on I/O.
 type CacheEvents interface {
 	Held(be *Backend, req *Request) (tokens int, ok bool)
+	// Prefilling tells the prefills the backend's events showed in
+	// progress at the last step they reported; ok is false before any.
+	// They include what other balancers sent it, which this one's ledger
+	// cannot see.
+	Prefilling(be *Backend) (p Prefills, ok bool)
+}
+
+// Prefills are the prefills a backend's KV events showed in progress at
+// one step.
+type Prefills struct {
+	Sequences int       // sequences prefilling
+	Done      int       // prompt tokens they had prefilled, together
+	Step      int       // of those, the tokens the step prefilled
+	At        time.Time // when the step was reported
 }
 
 // Deps are what a Balancer is built with besides its Config.

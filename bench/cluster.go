@@ -283,6 +283,9 @@ type run struct {
 	// at the same lag, so their contents are the same.
 	kv     *kvevents.Store
 	kvTake []sim.KVEvent
+	// A batch's events and hashes as kvevents reads them, reused.
+	kvEvents []kvevents.Event
+	kvHashes []uint64
 }
 
 // Run replays w through the cluster in virtual time and reports what
@@ -373,6 +376,7 @@ func (r *run) build() error {
 		if r.c.KVEvents {
 			if r.kv == nil {
 				r.kv = kvevents.NewStore()
+				r.kv.Now = r.clock
 			}
 			deps.Events = r.kv
 		}
@@ -688,13 +692,23 @@ func (r *run) deliverKV(i int) {
 	s := r.servers[i]
 	n := 0
 	for ; n < len(s.kv) && s.kv[n].at <= r.now; n++ {
-		for _, e := range s.kv[n].events {
-			if e.Stored {
-				r.kv.StoreBlock(s.id, e.Hash, e.Parent, e.HasParent, e.Tokens, e.Adapter)
-			} else {
-				r.kv.RemoveBlock(s.id, e.Hash)
-			}
+		// One step's events are one batch, as vLLM publishes them.
+		evs := s.kv[n].events
+		r.kvHashes = r.kvHashes[:0]
+		for _, e := range evs {
+			r.kvHashes = append(r.kvHashes, e.Hash)
 		}
+		b := kvevents.Batch{Events: r.kvEvents[:0], Rank: -1}
+		for j, e := range evs {
+			ke := kvevents.Event{Kind: kvevents.Removed, Hashes: r.kvHashes[j : j+1 : j+1]}
+			if e.Stored {
+				ke = kvevents.Event{Kind: kvevents.Stored, Hashes: ke.Hashes, Parent: e.Parent, HasParent: e.HasParent,
+					Tokens: e.Tokens, BlockSize: len(e.Tokens), LoRA: e.Adapter}
+			}
+			b.Events = append(b.Events, ke)
+		}
+		r.kv.Apply(s.id, b)
+		r.kvEvents = b.Events
 	}
 	s.kv = s.kv[n:]
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/cespare/xxhash/v2"
 
@@ -62,6 +63,10 @@ const maxBlocks = 1 << 22
 // read concurrently. Each server's table has its own lock, held only for
 // map reads and writes.
 type Store struct {
+	// Now tells the time a batch is applied at; nil is time.Now (the
+	// benchmark sets its virtual clock). Set before the first Apply.
+	Now func() time.Time
+
 	mu        sync.RWMutex
 	tables    map[string]*table // guarded by mu
 	blockSize atomic.Int64      // see BlockSize
@@ -76,7 +81,27 @@ type table struct {
 	engine    map[uint64]uint64 // engine hash -> chain hash; guarded by mu
 	held      map[uint64]int32  // chain hash -> engine blocks naming it; guarded by mu
 	orphans   uint64            // guarded by mu: stored blocks whose parent was never seen
+
+	// The prefills the last batch that stored blocks shows in progress
+	// ([Store.Prefilling]); all guarded by mu.
+	runs       map[uint64]run // engine hash of a run's last block in the last such batch -> the run
+	next       map[uint64]run // the same for the batch being applied
+	prefilling int            // tokens stored by the runs that grew by 2 blocks or more in it
+	prefills   int            // those runs
+	stepped    int            // tokens those runs stored in it
+	at         time.Time      // when it was applied
 }
+
+// run is the blocks one sequence stored in consecutive batches: a prefill
+// in chunks, one batch a step, or a decode's block every few steps.
+type run struct {
+	tokens int // stored since the run began
+	grew   int // blocks stored in the batch being applied
+}
+
+// minPrefillBlocks is the blocks a run must store in one batch to count as
+// a prefill in progress: a decode stores one block in a step at most.
+const minPrefillBlocks = 2
 
 func (s *Store) table(id string, create bool) *table {
 	s.mu.RLock()
@@ -88,7 +113,7 @@ func (s *Store) table(id string, create bool) *table {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if t = s.tables[id]; t == nil {
-		t = &table{engine: make(map[uint64]uint64), held: make(map[uint64]int32)}
+		t = &table{engine: make(map[uint64]uint64), held: make(map[uint64]int32), runs: make(map[uint64]run), next: make(map[uint64]run)}
 		s.tables[id] = t
 	}
 	return t
@@ -102,6 +127,7 @@ func (s *Store) Apply(id string, b Batch) {
 	for i := range b.Events {
 		t.applyLocked(&b.Events[i])
 	}
+	t.endBatchLocked(s.now())
 	if t.blockSize > 0 {
 		s.blockSize.Store(int64(t.blockSize))
 	}
@@ -129,6 +155,55 @@ func (s *Store) Forget(id string) {
 func (t *table) clearLocked() {
 	clear(t.engine)
 	clear(t.held)
+	clear(t.runs)
+	clear(t.next)
+	t.prefilling, t.prefills, t.stepped, t.at = 0, 0, 0, time.Time{}
+}
+
+func (s *Store) now() time.Time {
+	if s.Now != nil {
+		return s.Now()
+	}
+	return time.Now()
+}
+
+// trackLocked follows the run a stored event extends: the run whose last
+// block is its parent, in this batch or the one before; else it starts
+// one (a prompt's first uncached block, whatever its cached parent).
+func (t *table) trackLocked(e *Event) {
+	var r run
+	if e.HasParent {
+		if p, ok := t.next[e.Parent]; ok {
+			r = p
+			delete(t.next, e.Parent)
+		} else if p, ok := t.runs[e.Parent]; ok {
+			r.tokens = p.tokens
+		}
+	}
+	r.tokens += len(e.Hashes) * e.BlockSize
+	r.grew += len(e.Hashes)
+	t.next[e.Hashes[len(e.Hashes)-1]] = r
+}
+
+// endBatchLocked ends a batch: when it stored blocks, the runs it grew
+// by minPrefillBlocks or more are the prefills in progress at now, and
+// its runs are the ones the next batch may extend. A run not extended
+// by a batch that stores blocks has ended.
+func (t *table) endBatchLocked(now time.Time) {
+	if len(t.next) == 0 {
+		return
+	}
+	t.prefilling, t.prefills, t.stepped = 0, 0, 0
+	for _, r := range t.next {
+		if r.grew >= minPrefillBlocks {
+			t.prefilling += r.tokens
+			t.prefills++
+			t.stepped += r.grew * t.blockSize
+		}
+	}
+	t.at = now
+	t.runs, t.next = t.next, t.runs
+	clear(t.next)
 }
 
 func (t *table) applyLocked(e *Event) {
@@ -143,9 +218,10 @@ func (t *table) applyLocked(e *Event) {
 			t.removeLocked(h)
 		}
 	case Stored:
-		if e.Other {
+		if e.Other || len(e.Hashes) == 0 {
 			return
 		}
+		t.trackLocked(e)
 		prev, ok := t.parentLocked(e.Parent, e.HasParent, e.LoRA)
 		if !ok {
 			t.orphans += uint64(len(e.Hashes))
@@ -203,32 +279,6 @@ func (t *table) dropLocked(c uint64) {
 	}
 }
 
-// StoreBlock enters one block server id stored: a BlockStored event of
-// one block, for a caller that has the engine's events already decoded
-// (the benchmark's emulated engines).
-func (s *Store) StoreBlock(id string, hash, parent uint64, hasParent bool, tokens []uint32, lora string) {
-	t := s.table(id, true)
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	prev, ok := t.parentLocked(parent, hasParent, lora)
-	if !ok {
-		t.orphans++
-		return
-	}
-	t.blockSize = len(tokens)
-	s.blockSize.Store(int64(len(tokens)))
-	t.storeLocked(hash, prev, tokens)
-}
-
-// RemoveBlock forgets one block server id evicted.
-func (s *Store) RemoveBlock(id string, hash uint64) {
-	if t := s.table(id, false); t != nil {
-		t.mu.Lock()
-		t.removeLocked(hash)
-		t.mu.Unlock()
-	}
-}
-
 // Match returns how many leading blocks of blocks server id holds.
 func (s *Store) Match(id string, blocks []uint64) int {
 	t := s.table(id, false)
@@ -270,6 +320,20 @@ func (s *Store) Held(be *balancer.Backend, req *balancer.Request) (int, bool) {
 		return 0, false
 	}
 	return t.matchLocked(req.TokenBlocks) * t.blockSize, true
+}
+
+// Prefilling implements [balancer.CacheEvents]: the sequences backend be's
+// last batch of stored blocks showed it prefilling (runs of 2 blocks or
+// more a batch), the prompt tokens they have stored since each began, and
+// when that batch was applied.
+func (s *Store) Prefilling(be *balancer.Backend) (balancer.Prefills, bool) {
+	t := s.table(be.ID, false)
+	if t == nil {
+		return balancer.Prefills{}, false
+	}
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return balancer.Prefills{Sequences: t.prefills, Done: t.prefilling, Step: t.stepped, At: t.at}, !t.at.IsZero()
 }
 
 // Stats is what one server's table holds, for metrics and tests.
