@@ -69,10 +69,9 @@ func reasonFor(p *Pick, i int) string {
 // of the last ten or so we sent there when none is: another replica's
 // requests to a server are guessed to look like ours to it, since this
 // prompt's size counted a holder's queue of hits as misses and sent
-// requests off their holders; [Ledger.queuedSize]; with KV events, our
-// pending prompts or, when more, the prefills the events show in progress,
-// which include other balancers': [Balancer.othersPrefilling]), uncached is
-// the prompt less the
+// requests off their holders; [Ledger.queuedSize]; with KV events, plus
+// the share of the prefills the events show in progress that are not
+// ours: [Balancer.othersPrefilling]), uncached is the prompt less the
 // blocks the prefix index says the backend holds, rate, base and wait are
 // learned per backend from measured times to first byte
 // ([Ledger.Estimate]), leaving out those that may include a wait for a
