@@ -693,6 +693,8 @@ func (r *run) deliverKV(i int) {
 	n := 0
 	for ; n < len(s.kv) && s.kv[n].at <= r.now; n++ {
 		// One step's events are one batch, as vLLM publishes them.
+		// The hashes are gathered first, so that the one-hash slices the
+		// events take of them do not move as the slice grows.
 		evs := s.kv[n].events
 		r.kvHashes = r.kvHashes[:0]
 		for _, e := range evs {

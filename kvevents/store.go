@@ -97,6 +97,7 @@ type table struct {
 type run struct {
 	tokens int // stored since the run began
 	grew   int // blocks stored in the batch being applied
+	step   int // their tokens
 }
 
 // minPrefillBlocks is the blocks a run must store in one batch to count as
@@ -182,6 +183,7 @@ func (t *table) trackLocked(e *Event) {
 	}
 	r.tokens += len(e.Hashes) * e.BlockSize
 	r.grew += len(e.Hashes)
+	r.step += len(e.Hashes) * e.BlockSize
 	t.next[e.Hashes[len(e.Hashes)-1]] = r
 }
 
@@ -198,7 +200,7 @@ func (t *table) endBatchLocked(now time.Time) {
 		if r.grew >= minPrefillBlocks {
 			t.prefilling += r.tokens
 			t.prefills++
-			t.stepped += r.grew * t.blockSize
+			t.stepped += r.step
 		}
 	}
 	t.at = now
