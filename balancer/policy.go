@@ -83,7 +83,9 @@ func reasonFor(p *Pick, i int) string {
 // only while none has. kv is a penalty rising from KVSoft to
 // KVPenalty at a full cache plus KVPenalty again when the request would
 // not fit; lora is 0 for a loaded adapter, LoRALoadDelay for a free slot
-// or unknown state, LoRASlotWait when requests already wait for it and
+// or unknown state (for a free slot when another candidate runs the
+// adapter, plus LoRASlotWait times the share of servers whose slots are
+// full: [slotsTaken]), LoRASlotWait when requests already wait for it and
 // twice that with no free slot; slowdown is what the request's decode
 // loses to the backend's batch (DecodeCost).
 //
@@ -209,6 +211,7 @@ func (pr *priors) of(p *Pick, i int, cfg *TTFTConfig) (inv, base float64) {
 // seconds, converted once per pick rather than once per candidate.
 type scoreConsts struct {
 	kvPen, loraLoad, loraWait, decode float64 // seconds
+	loraCopy                          float64 // a free slot's LoRA penalty: [slotsTaken]
 	out, need                         int     // output tokens; KV tokens needed besides the uncached prompt
 }
 
@@ -217,10 +220,47 @@ func (s *TTFTScorer) consts(p *Pick) scoreConsts {
 	if out <= 0 {
 		out = s.cfg.DefaultMaxTokens
 	}
-	return scoreConsts{
+	k := scoreConsts{
 		kvPen: s.cfg.KVPenalty.Seconds(), loraLoad: s.cfg.LoRALoadDelay.Seconds(), loraWait: s.cfg.LoRASlotWait.Seconds(),
 		decode: s.cfg.DecodeCost.Seconds(), out: out, need: max(p.Req.MaxTokens, s.cfg.DefaultMaxTokens),
 	}
+	k.loraCopy = k.loraLoad + k.loraWait*slotsTaken(p)
+	return k
+}
+
+// slotsTaken is, for a request for an adapter that a candidate runs, the
+// share of the candidates whose adapter slots the last scrape showed all
+// in use; else 0. A free slot taken for such an adapter is a copy of it:
+// both servers keep it while its requests keep coming to either, and the
+// next adapter that runs nowhere then finds one slot fewer, and where
+// every slot is taken it waits for one ([TTFTConfig.LoRASlotWait]). The
+// share of full servers is taken as the chance it does. Without this
+// charge a copy cost only the load delay, so a popular adapter's holders,
+// a little busier than a server with a free slot, spread it over the
+// fleet: on 4 servers with 4 slots each for 16 adapters, at 8 replicas,
+// the most popular ran on all four, and the rarer ones waited seconds
+// for slots (lora, TTFT p90 0.21-1.92 s at seeds 1-8). Read from the
+// scrape, which every replica reads alike.
+func slotsTaken(p *Pick) float64 {
+	running := false
+	full, known := 0, 0
+	for i := range p.Cands {
+		c := &p.Cands[i]
+		if c.LoRA == LoRANone {
+			return 0
+		}
+		running = running || c.LoRA == LoRARunning
+		if info := c.Backend.Metrics.LoRA; info != nil && info.Max > 0 {
+			known++
+			if len(info.Running) >= info.Max {
+				full++
+			}
+		}
+	}
+	if !running || known == 0 {
+		return 0
+	}
+	return float64(full) / float64(known)
 }
 
 // estimate fills in c's estimate fields from its learned model est, with
@@ -245,7 +285,9 @@ func (s *TTFTScorer) estimate(p *Pick, c *Candidate, est Estimate, inv, base flo
 		}
 	}
 	switch c.LoRA {
-	case LoRAFree, LoRAUnknown:
+	case LoRAFree:
+		c.LoRAPenalty = k.loraCopy
+	case LoRAUnknown:
 		c.LoRAPenalty = k.loraLoad
 	case LoRAWaiting:
 		c.LoRAPenalty = k.loraWait

@@ -404,6 +404,49 @@ func TestLoRAAffinity(t *testing.T) {
 	}
 }
 
+// A popular adapter stays on the server running it, a little busier than
+// a server with a free slot, while most servers' slots are full: a copy
+// takes a slot the next adapter that runs nowhere would wait for. With
+// slots to spare, the free server takes it.
+func TestLoRACopyCostsASlotWhenSlotsAreScarce(t *testing.T) {
+	lora := func(id string, queued float64, running ...string) Spec {
+		s := loraSpec(id, &LoRAInfo{Max: 2, Running: running})
+		s.Metrics.Queued = Known(queued)
+		return s
+	}
+	instructions := strings.Repeat("You translate questions into SQL. ", 60)
+	ask := func(b *Balancer, q string) string {
+		t.Helper()
+		d, err := b.Pick(&Request{Model: "sql", Prompt: []byte(instructions + q), PromptTokens: 1000}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d.Candidates[0].ID
+	}
+	for _, tc := range []struct {
+		name  string
+		fleet []Spec
+		want  func(string) bool
+	}{
+		{"three servers of four full", []Spec{
+			lora("holder", 2, "sql", "a"), lora("full1", 0, "b", "c"), lora("full2", 0, "d", "e"), lora("free", 0, "f"),
+		}, func(id string) bool { return id == "holder" }},
+		{"no server full", []Spec{
+			lora("holder", 2, "sql"), lora("full1", 0, "b"), lora("full2", 0, "d"), lora("free", 0, "f"),
+		}, func(id string) bool { return id != "holder" }},
+	} {
+		b := newBal(t, "ttft")
+		b.Update(tc.fleet[0])
+		if id := ask(b, "How many users?"); id != "holder" {
+			t.Fatalf("%s: first request went to %s", tc.name, id)
+		}
+		b.Update(tc.fleet...)
+		if id := ask(b, "Which users joined today?"); !tc.want(id) {
+			t.Errorf("%s: the adapter's next request went to %s", tc.name, id)
+		}
+	}
+}
+
 // A first byte that may include a wait for a LoRA slot does not teach
 // the backend's prefill estimate: on the emulated 4-server fleet, rare
 // adapters waited seconds for a slot behind popular ones, and those times
