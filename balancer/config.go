@@ -63,7 +63,10 @@ type TTFTConfig struct {
 	// backend where requests for its adapter already wait; twice that
 	// where every slot holds another adapter. A slot frees only when the
 	// requests of the adapter in it have all finished, so this is of the
-	// order of a request's decode, not of a load. (default 500ms)
+	// order of a request's decode, not of a load. A free slot for an
+	// adapter another backend runs costs LoRALoadDelay plus this times the
+	// share of backends whose slots are all in use: such a copy keeps a
+	// slot the next adapter may wait for. (default 500ms)
 	LoRASlotWait time.Duration `mapstructure:"lora_slot_wait"`
 	// TieTolerance makes estimates within this fraction of the best a tie,
 	// broken by a hash of the prompt's first block and the backend, so that
