@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"flag"
@@ -17,8 +18,8 @@ import (
 // cmdBench replays workloads through every policy on an emulated cluster in
 // virtual time and prints one table per workload; with --target it replays
 // them in real time over HTTP against a running balancer instead.
-func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("bench", "llmlb bench [--workload W,...] [--policy P,...] [--backends N] [--slow N] [--rate X] [--scale F] [--seed S] [--clients N] [--engine E] [--sweep [--rates F,...] [--seeds N]] [--replicas R] [--scenario NAME] [--json FILE] [--plot FILE.png] [--quiet] [--target URL [--model M] [--label L]]", stderr)
+func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr error) {
+	fs := newFlagSet("bench", "llmlb bench [--workload W,...] [--policy P,...] [--backends N] [--slow N] [--rate X] [--scale F] [--seed S] [--clients N] [--engine E] [--sweep [--rates F,...] [--seeds N]] [--replicas R] [--scenario NAME] [--json FILE] [--plot FILE.png] [--trace FILE] [--quiet] [--target URL [--model M] [--label L]]", stderr)
 	workloads := fs.String("workload", strings.Join(bench.WorkloadNames(), ","), "comma-separated workloads")
 	policies := fs.String("policy", strings.Join(bench.DefaultPolicies(), ","), "comma-separated policies; default is llmlb's default; ttft-true-cache and llm-d-precise know every cache")
 	backends := fs.Int("backends", 8, "emulated servers; with --target, the backends behind it (for imbalance; default: those that answered)")
@@ -40,9 +41,13 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	replicas := fs.Int("replicas", 1, "independent balancers in front of the cluster, each arrival to one at random; above 1 also prints the table against one replica")
 	kvEvents := fs.Bool("kv-events", false, "the emulated servers publish their KV-cache events, as vLLM does with --kv-events-config, and llmlb's default reads them (each request tokenized first, at a cost); the peers run as without")
 	perturb := fs.String("perturb", "", "scale the emulated engines' costs without telling the balancer: prefill=F (prefill per token and attention), request=F (per-request intake), tokens=F (the prompt tokens the balancer is told, as another tokenizer counts them), comma-separated")
+	traceFile := fs.String("trace", "", "also write one JSON line per served request of each emulated run to this file: its server and reason, what every server's cache held of its prompt and the prefill work truly queued at the pick, and its time to first token (not with --sweep, --scenario or --target)")
 	scenario := fs.String("scenario", "", "replay a published experiment and print its published figures beside ours: llm-d-kv-cache-wins or sglang-v04-shared-prefix")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *traceFile != "" && (*sweep || *scenario != "" || *target != "") {
+		return fmt.Errorf("bench: --trace records single runs: not with --sweep, --scenario or --target")
 	}
 	if *scenario != "" {
 		sc, err := bench.LookupExperiment(*scenario)
@@ -95,6 +100,14 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if !*quiet {
 		opts.Progress = stderr
+	}
+	if *traceFile != "" {
+		tr, err := newTraceWriter(*traceFile, *seed)
+		if err != nil {
+			return err
+		}
+		defer tr.close(&retErr)
+		opts.Trace = tr.write
 	}
 	if *seeds < 1 || *seeds > 1 && !*sweep {
 		return fmt.Errorf("bench: --seeds %d: give a count of at least 1, with --sweep", *seeds)
@@ -213,6 +226,57 @@ func writeReport(rep bench.Report, jsonFile, plotFile string, stdout io.Writer) 
 		}
 	}
 	return nil
+}
+
+// traceWriter writes --trace's JSON lines.
+type traceWriter struct {
+	f    *os.File
+	w    *bufio.Writer
+	enc  *json.Encoder
+	seed uint64
+	err  error
+}
+
+// traceLine is one line of --trace: the run, then its request's record.
+type traceLine struct {
+	Workload string `json:"workload"`
+	Policy   string `json:"policy"`
+	Replicas int    `json:"replicas"`
+	Seed     uint64 `json:"seed"`
+	bench.TraceRecord
+}
+
+func newTraceWriter(file string, seed uint64) (*traceWriter, error) {
+	f, err := os.Create(file)
+	if err != nil {
+		return nil, fmt.Errorf("bench: --trace: %w", err)
+	}
+	w := bufio.NewWriter(f)
+	return &traceWriter{f: f, w: w, enc: json.NewEncoder(w), seed: seed}, nil
+}
+
+func (t *traceWriter) write(run bench.TraceRun) {
+	for _, rec := range run.Records {
+		if t.err != nil {
+			return
+		}
+		t.err = t.enc.Encode(traceLine{Workload: run.Workload, Policy: run.Policy, Replicas: run.Replicas, Seed: t.seed, TraceRecord: rec})
+	}
+}
+
+// close flushes and closes the file, setting *err to the first error if
+// it is nil.
+func (t *traceWriter) close(err *error) {
+	e := t.err
+	if ferr := t.w.Flush(); e == nil {
+		e = ferr
+	}
+	if cerr := t.f.Close(); e == nil {
+		e = cerr
+	}
+	if e != nil && *err == nil {
+		*err = fmt.Errorf("bench: --trace: %w", e)
+	}
 }
 
 // writeJSON writes v, indented, to file; "" writes nothing.

@@ -822,6 +822,53 @@ func TestBenchCommand(t *testing.T) {
 	}
 }
 
+// TestBenchTraceCommand: --trace writes a JSON line a served request of
+// each run, naming its run (workload, policy, replicas, seed); with
+// --replicas both the one-replica run and the R-replica run are there;
+// --sweep refuses it.
+func TestBenchTraceCommand(t *testing.T) {
+	dir := t.TempDir()
+	var out, errb strings.Builder
+	args := []string{"bench", "--workload", "burst", "--policy", "default,round-robin", "--backends", "3", "--scale", "0.05",
+		"--clients", "0", "--replicas", "2", "--seed", "4", "--quiet", "--trace", dir + "/t.jsonl"}
+	if err := run(context.Background(), args, nil, &out, &errb); err != nil {
+		t.Fatalf("%v\n%s", err, errb.String())
+	}
+	b, err := os.ReadFile(dir + "/t.jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := map[string]int{}
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var r struct {
+			Workload string   `json:"workload"`
+			Policy   string   `json:"policy"`
+			Replicas int      `json:"replicas"`
+			Seed     uint64   `json:"seed"`
+			Server   string   `json:"server"`
+			TTFT     *float64 `json:"ttft_s"`
+			Held     *int     `json:"held_tokens"`
+			Best     *int     `json:"best_held_tokens"`
+			Left     *int     `json:"best_prefill_left_tokens"`
+		}
+		if err := json.Unmarshal([]byte(line), &r); err != nil || r.Workload != "burst" || r.Seed != 4 || r.Server == "" ||
+			r.TTFT == nil || r.Held == nil || r.Best == nil || r.Left == nil || *r.Held > *r.Best {
+			t.Fatalf("line %s: %v", line, err)
+		}
+		runs[fmt.Sprintf("%s/%d", r.Policy, r.Replicas)]++
+	}
+	if len(runs) != 4 || runs["default/1"] == 0 || runs["default/1"] != runs["round-robin/2"] {
+		t.Errorf("lines by policy/replicas: %v", runs)
+	}
+	err = run(context.Background(), []string{"bench", "--sweep", "--trace", dir + "/s.jsonl"}, nil, &out, &errb)
+	if err == nil || !strings.Contains(err.Error(), "--trace") {
+		t.Errorf("--sweep --trace: %v", err)
+	}
+	if _, err := os.Stat(dir + "/s.jsonl"); err == nil {
+		t.Error("--sweep --trace created its file")
+	}
+}
+
 // TestBenchTargetCommand replays a workload over HTTP through a running
 // balancer in front of two emulated servers on the engine model: both
 // serve, the table and the JSON are written, nothing fails.

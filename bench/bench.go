@@ -43,6 +43,18 @@ type Options struct {
 	Loads []*Workload
 	// Progress, if set, gets a progress line as runs finish.
 	Progress io.Writer
+	// Trace, if set, gets each open-loop run's [TraceRecord]s, by request,
+	// as the run finishes; calls do not overlap.
+	Trace func(TraceRun)
+}
+
+// TraceRun is one traced run: its workload, policy and replicas, and a
+// record a served request in the workload's order.
+type TraceRun struct {
+	Workload string
+	Policy   string
+	Replicas int
+	Records  []TraceRecord
 }
 
 // DefaultPolicies are the rows of a benchmark table: llmlb's default, every
@@ -134,6 +146,7 @@ func Bench(ctx context.Context, o Options) (Report, error) {
 				if j.closed {
 					c.Clients = o.Clients
 				}
+				c.Trace = o.Trace != nil && !j.closed
 				res, err := Run(c, loads[j.w])
 				res.Policy = o.Policies[j.p]
 				mu.Lock()
@@ -149,6 +162,10 @@ func Bench(ctx context.Context, o Options) (Report, error) {
 					row.Saturated = sat
 					slices.Sort(res.TTFT)
 					rep.Workloads[j.w].ttfts[j.p] = res.TTFT
+				}
+				if c.Trace && err == nil {
+					slices.SortFunc(res.Trace, func(a, b TraceRecord) int { return a.Request - b.Request })
+					o.Trace(TraceRun{Workload: loads[j.w].Name, Policy: o.Policies[j.p], Replicas: max(1, o.Replicas), Records: res.Trace})
 				}
 				done++
 				if o.Progress != nil {

@@ -79,6 +79,9 @@ type Cluster struct {
 	// concurrency limit does. The cluster then runs as fast as it can, so
 	// the output tokens per second measure what routing lets it serve.
 	Clients int
+	// Trace records each served request's pick in [Result.Trace]: the
+	// caches and prefill work the servers held then ([TraceRecord]).
+	Trace bool
 }
 
 // Perturb is a change to the emulated engines the balancer is not told
@@ -169,6 +172,9 @@ type Result struct {
 	Refused      int   // the admission queue refused or timed out
 	Failed       int   // no backend, or a server refused the request
 	Preemptions  int64
+	// Trace holds one record a served request, in first-token order,
+	// when the run was traced ([Cluster.Trace]).
+	Trace []TraceRecord
 }
 
 // event kinds
@@ -244,7 +250,8 @@ type flight struct {
 	seq     *sim.Seq
 	srv     int
 	arrived time.Duration
-	tokens  []uint32 // the prompt's token ids, when its replica reads KV events
+	tokens  []uint32     // the prompt's token ids, when its replica reads KV events
+	trace   *TraceRecord // when the run is traced: the pick's record, until the first token
 }
 
 // run is the state of one replay.
@@ -578,6 +585,9 @@ func (r *run) dispatch(f *flight) bool {
 	}
 	f.srv = r.byID[dec.Candidates[0].ID]
 	s := r.servers[f.srv]
+	if r.c.Trace {
+		r.tracePick(f, &dec)
+	}
 	f.seq = &sim.Seq{
 		Hashes:       slices.Clone(r.engineHashes(f.breq.Model, s.block)),
 		PromptTokens: f.req.Tokens(),
@@ -658,6 +668,7 @@ func (r *run) step(i int) {
 		if o.First {
 			f.guard.FirstByte(r.clock())
 			r.ttft[f.idx] = r.now - f.arrived
+			r.traceFirst(f, r.ttft[f.idx], o.Seq.CachedTokens)
 			r.res.PromptTokens += int64(o.Seq.PromptTokens)
 			r.res.CachedTokens += int64(o.Seq.CachedTokens)
 		}

@@ -437,6 +437,22 @@ func remove(list []*Seq, s *Seq) []*Seq {
 // Busy reports whether the engine has work queued, running or in a step.
 func (e *Engine) Busy() bool { return len(e.waiting)+len(e.running)+len(e.batch) > 0 }
 
+// PrefillLeft returns the prompt tokens the engine has still to prefill:
+// each waiting request's prompt less what the prefix cache holds of it
+// now, and each running request's prompt tokens not computed yet (a step
+// in progress counts as not run). What no balancer can read from a
+// server; the benchmark's trace reports it at each pick.
+func (e *Engine) PrefillLeft() int {
+	n := 0
+	for _, s := range e.waiting {
+		n += max(0, s.PromptTokens-e.Holds(s.Hashes))
+	}
+	for _, s := range e.running {
+		n += max(0, s.PromptTokens-s.computed)
+	}
+	return n
+}
+
 // Step ends the step in progress, appending what it produced to out, and
 // schedules the next one, returning how long it takes; 0 means there is
 // nothing to run until a sequence is added.

@@ -395,3 +395,50 @@ func TestEngineRecordsKVEvents(t *testing.T) {
 		t.Fatalf("first prompt holds %d blocks after %d removals", held, len(removed))
 	}
 }
+
+// TestEnginePrefillLeft: the prompt tokens still to prefill count a
+// waiting prompt less what the cache holds of it, and a running one's
+// uncomputed tokens; a step in progress has not run yet.
+func TestEnginePrefillLeft(t *testing.T) {
+	cfg, _ := Preset("h100-8b")
+	cfg.MaxBatchedTokens = 2048
+	e := NewEngine(cfg)
+	if n := e.PrefillLeft(); n != 0 {
+		t.Fatalf("idle engine: %d tokens left", n)
+	}
+	a := &Seq{Hashes: prompt(cfg, "g", 4000, 8000, "a"), PromptTokens: 8000, MaxTokens: 4}
+	if err := e.Add(a); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.PrefillLeft(); n != 8000 {
+		t.Fatalf("one waiting prompt: %d left, want 8000", n)
+	}
+	var out []Output
+	out, _ = e.Step(out[:0]) // schedules the first chunk
+	if n := e.PrefillLeft(); n != 8000 {
+		t.Fatalf("first chunk scheduled, not run: %d left, want 8000", n)
+	}
+	out, _ = e.Step(out[:0]) // the first chunk ran
+	if n := e.PrefillLeft(); n != 8000-2048 {
+		t.Fatalf("after one chunk: %d left, want %d", n, 8000-2048)
+	}
+	// b shares a's first 4,000 tokens, of which a has computed the first
+	// 2,048 (128 blocks), cached as they were scheduled.
+	b := &Seq{Hashes: prompt(cfg, "g", 4000, 6000, "b"), PromptTokens: 6000, MaxTokens: 4}
+	if err := e.Add(b); err != nil {
+		t.Fatal(err)
+	}
+	held := e.Holds(b.Hashes)
+	if held < 2048 || held > 4000 {
+		t.Fatalf("b's prefix held: %d tokens", held)
+	}
+	if n, want := e.PrefillLeft(), 8000-2048+6000-held; n != want {
+		t.Fatalf("with b waiting: %d left, want %d", n, want)
+	}
+	for e.Busy() {
+		out, _ = e.Step(out[:0])
+	}
+	if n := e.PrefillLeft(); n != 0 {
+		t.Fatalf("drained engine: %d left", n)
+	}
+}
