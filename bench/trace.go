@@ -46,6 +46,11 @@ type TraceRecord struct {
 	// requests still in a server's intake are not in it yet).
 	LeftTokens     int `json:"prefill_left_tokens"`
 	BestLeftTokens int `json:"best_prefill_left_tokens"`
+	// LeastLeftTokens is the least prefill work left on any server then,
+	// on LeastServer (the chosen one when it ties): whether a server with
+	// less queued was there to go to.
+	LeastLeftTokens int    `json:"least_prefill_left_tokens"`
+	LeastServer     string `json:"least_server"`
 }
 
 // tracePick fills in what the servers held and had left when f was
@@ -53,7 +58,8 @@ type TraceRecord struct {
 func (r *run) tracePick(f *flight, dec *balancer.Decision) {
 	t := &TraceRecord{Request: f.idx, Replica: f.rep, Server: r.servers[f.srv].id, Reason: dec.Reason,
 		ArrivedS: f.arrived.Seconds(), AheadTokens: dec.Work[0].AheadTokens}
-	best := f.srv
+	best, least := f.srv, f.srv
+	lefts := make([]int, len(r.servers))
 	for i, s := range r.servers {
 		held := s.eng.Holds(r.engineHashes(f.breq.Model, s.block))
 		if i == f.srv {
@@ -62,10 +68,15 @@ func (r *run) tracePick(f *flight, dec *balancer.Decision) {
 		if held > t.BestHeldTokens || held == t.BestHeldTokens && i == f.srv {
 			t.BestHeldTokens, best = held, i
 		}
+		lefts[i] = s.eng.PrefillLeft()
 	}
-	t.BestServer = r.servers[best].id
-	t.LeftTokens = r.servers[f.srv].eng.PrefillLeft()
-	t.BestLeftTokens = r.servers[best].eng.PrefillLeft()
+	for i, n := range lefts {
+		if n < lefts[least] {
+			least = i
+		}
+	}
+	t.BestServer, t.LeastServer = r.servers[best].id, r.servers[least].id
+	t.LeftTokens, t.BestLeftTokens, t.LeastLeftTokens = lefts[f.srv], lefts[best], lefts[least]
 	f.trace = t
 }
 

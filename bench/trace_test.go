@@ -52,6 +52,10 @@ func TestTraceRecordsEveryServedRequest(t *testing.T) {
 			r.TTFTS <= 0 || r.LeftTokens < 0 || r.BestLeftTokens < 0 || r.CachedTokens > r.PromptTokens {
 			t.Fatalf("record %+v", r)
 		}
+		if r.LeastLeftTokens > r.LeftTokens || r.LeastLeftTokens > r.BestLeftTokens || r.LeastServer == "" ||
+			r.LeastLeftTokens == r.LeftTokens && r.LeastServer != r.Server {
+			t.Fatalf("least prefill left: %+v", r)
+		}
 		if r.HeldTokens == r.BestHeldTokens && r.BestServer != r.Server {
 			t.Fatalf("a tie names another server as best: %+v", r)
 		}
