@@ -228,13 +228,17 @@ func writeReport(rep bench.Report, jsonFile, plotFile string, stdout io.Writer) 
 	return nil
 }
 
-// traceWriter writes --trace's JSON lines.
+// traceWriter writes --trace's JSON lines. The file is opened at once,
+// so that a path it cannot write is refused before any run, but emptied
+// only when the first run's records come: a command refused for a bad
+// flag leaves a trace already there as it was.
 type traceWriter struct {
-	f    *os.File
-	w    *bufio.Writer
-	enc  *json.Encoder
-	seed uint64
-	err  error
+	f       *os.File
+	w       *bufio.Writer
+	enc     *json.Encoder
+	seed    uint64
+	started bool
+	err     error
 }
 
 // traceLine is one line of --trace: the run, then its request's record.
@@ -247,7 +251,7 @@ type traceLine struct {
 }
 
 func newTraceWriter(file string, seed uint64) (*traceWriter, error) {
-	f, err := os.Create(file)
+	f, err := os.OpenFile(file, os.O_WRONLY|os.O_CREATE, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("bench: --trace: %w", err)
 	}
@@ -256,6 +260,10 @@ func newTraceWriter(file string, seed uint64) (*traceWriter, error) {
 }
 
 func (t *traceWriter) write(run bench.TraceRun) {
+	if !t.started && t.err == nil {
+		t.started = true
+		t.err = t.f.Truncate(0)
+	}
 	for _, rec := range run.Records {
 		if t.err != nil {
 			return

@@ -867,6 +867,14 @@ func TestBenchTraceCommand(t *testing.T) {
 	if _, err := os.Stat(dir + "/s.jsonl"); err == nil {
 		t.Error("--sweep --trace created its file")
 	}
+	// A command refused for another flag leaves a trace already there.
+	err = run(context.Background(), []string{"bench", "--seeds", "3", "--trace", dir + "/t.jsonl"}, nil, &out, &errb)
+	if err == nil || !strings.Contains(err.Error(), "--seeds") {
+		t.Errorf("--seeds 3 without --sweep: %v", err)
+	}
+	if after, err := os.ReadFile(dir + "/t.jsonl"); err != nil || !bytes.Equal(after, b) {
+		t.Errorf("a refused command changed the trace already there (%d bytes, was %d): %v", len(after), len(b), err)
+	}
 }
 
 // TestBenchTargetCommand replays a workload over HTTP through a running
