@@ -860,6 +860,14 @@ func TestBenchTraceCommand(t *testing.T) {
 	if len(runs) != 4 || runs["default/1"] == 0 || runs["default/1"] != runs["round-robin/2"] {
 		t.Errorf("lines by policy/replicas: %v", runs)
 	}
+	// The same command writes the same file, whichever run ends first.
+	again := append(slices.Clone(args[:len(args)-1]), dir+"/t2.jsonl")
+	if err := run(context.Background(), again, nil, &out, &errb); err != nil {
+		t.Fatal(err)
+	}
+	if b2, err := os.ReadFile(dir + "/t2.jsonl"); err != nil || !bytes.Equal(b, b2) {
+		t.Errorf("the same command wrote another trace (%d bytes, then %d): %v", len(b), len(b2), err)
+	}
 	err = run(context.Background(), []string{"bench", "--sweep", "--trace", dir + "/s.jsonl"}, nil, &out, &errb)
 	if err == nil || !strings.Contains(err.Error(), "--trace") {
 		t.Errorf("--sweep --trace: %v", err)

@@ -44,7 +44,7 @@ type Options struct {
 	// Progress, if set, gets a progress line as runs finish.
 	Progress io.Writer
 	// Trace, if set, gets each open-loop run's [TraceRecord]s, by request,
-	// as the run finishes; calls do not overlap.
+	// once every run is done, in workload then policy order.
 	Trace func(TraceRun)
 }
 
@@ -129,6 +129,10 @@ func Bench(ctx context.Context, o Options) (Report, error) {
 			Results: make([]Row, len(o.Policies)), ttfts: make([][]time.Duration, len(o.Policies))}
 		rep.Workloads = append(rep.Workloads, t)
 	}
+	traces := make([][]TraceRun, len(loads)) // by workload, then policy
+	for i := range traces {
+		traces[i] = make([]TraceRun, len(o.Policies))
+	}
 	jobs := make(chan job)
 	var mu sync.Mutex
 	var firstErr error
@@ -165,7 +169,7 @@ func Bench(ctx context.Context, o Options) (Report, error) {
 				}
 				if c.Trace && err == nil {
 					slices.SortFunc(res.Trace, func(a, b TraceRecord) int { return a.Request - b.Request })
-					o.Trace(TraceRun{Workload: loads[j.w].Name, Policy: o.Policies[j.p], Replicas: max(1, o.Replicas), Records: res.Trace})
+					traces[j.w][j.p] = TraceRun{Workload: loads[j.w].Name, Policy: o.Policies[j.p], Replicas: max(1, o.Replicas), Records: res.Trace}
 				}
 				done++
 				if o.Progress != nil {
@@ -208,6 +212,13 @@ feed:
 	}
 	if firstErr == nil {
 		firstErr = ctx.Err()
+	}
+	if o.Trace != nil && firstErr == nil {
+		for _, runs := range traces {
+			for _, run := range runs {
+				o.Trace(run)
+			}
+		}
 	}
 	return rep, firstErr
 }

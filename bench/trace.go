@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"math"
 	"time"
 
 	"github.com/llmlb/llmlb/balancer"
@@ -59,24 +60,21 @@ func (r *run) tracePick(f *flight, dec *balancer.Decision) {
 	t := &TraceRecord{Request: f.idx, Replica: f.rep, Server: r.servers[f.srv].id, Reason: dec.Reason,
 		ArrivedS: f.arrived.Seconds(), AheadTokens: dec.Work[0].AheadTokens}
 	best, least := f.srv, f.srv
-	lefts := make([]int, len(r.servers))
+	t.LeastLeftTokens = math.MaxInt
 	for i, s := range r.servers {
-		held := s.eng.Holds(r.engineHashes(f.breq.Model, s.block))
+		held, left := s.eng.Holds(r.engineHashes(f.breq.Model, s.block)), s.eng.PrefillLeft()
 		if i == f.srv {
-			t.HeldTokens = held
+			t.HeldTokens, t.LeftTokens = held, left
 		}
+		// A tie goes to the chosen server.
 		if held > t.BestHeldTokens || held == t.BestHeldTokens && i == f.srv {
-			t.BestHeldTokens, best = held, i
+			t.BestHeldTokens, t.BestLeftTokens, best = held, left, i
 		}
-		lefts[i] = s.eng.PrefillLeft()
-	}
-	for i, n := range lefts {
-		if n < lefts[least] {
-			least = i
+		if left < t.LeastLeftTokens || left == t.LeastLeftTokens && i == f.srv {
+			t.LeastLeftTokens, least = left, i
 		}
 	}
 	t.BestServer, t.LeastServer = r.servers[best].id, r.servers[least].id
-	t.LeftTokens, t.BestLeftTokens, t.LeastLeftTokens = lefts[f.srv], lefts[best], lefts[least]
 	f.trace = t
 }
 
