@@ -96,6 +96,7 @@ balancer:
   ttft:
     cold_room: 2
     cold_backlog: -1
+    step_tokens: 0
   saturation:
     holder_queue: -1
 backends:
@@ -107,7 +108,7 @@ backends:
 		t.Fatal("validate accepted bad values")
 	}
 	for _, want := range []string{"listen:", "default_engine:", "log.level:", "proxy.max_attempts:", "proxy.retry_statuses:",
-		"scrape.health_path:", "balancer.ttft.cold_room:", "balancer.ttft.cold_backlog:", "balancer.saturation.holder_queue:", "backends[0].url:", "backends[0].engine:"} {
+		"scrape.health_path:", "balancer.ttft.cold_room:", "balancer.ttft.cold_backlog:", "balancer.ttft.step_tokens:", "balancer.saturation.holder_queue:", "backends[0].url:", "backends[0].engine:"} {
 		if !strings.Contains(stderr, path+": "+want) {
 			t.Errorf("no problem reported for %s in:\n%s", want, stderr)
 		}

@@ -100,6 +100,15 @@ type TTFTConfig struct {
 	// once, 0 scores each request by its own first token time alone.
 	// (default 1)
 	MissWeight float64 `mapstructure:"miss_weight"`
+	// StepTokens is the prompt tokens a backend prefills in one engine
+	// step (vLLM's max_num_batched_tokens, SGLang's chunked_prefill_size,
+	// TensorRT-LLM's max_num_tokens). The miss cost charges each request
+	// queued on a backend at most one step of a new prompt's prefill,
+	// since the scheduler serves the queue in order and the queued
+	// requests are ahead of it (TTFTScorer). (default 8192, vLLM's
+	// OpenAI-server default on GPUs with at least 70 GiB:
+	// EngineArgs.get_batch_defaults)
+	StepTokens int `mapstructure:"step_tokens"`
 	// DefaultMaxTokens is the decode length assumed for a request that sets
 	// no max_tokens, for KV accounting. (default 256)
 	DefaultMaxTokens int `mapstructure:"default_max_tokens"`
@@ -235,6 +244,7 @@ func DefaultConfig() Config {
 			ColdRoom:         0.5,
 			ColdBacklog:      1,
 			MissWeight:       1,
+			StepTokens:       8192,
 			DefaultMaxTokens: 256,
 			DecodeCost:       50 * time.Microsecond,
 		},
@@ -293,6 +303,9 @@ func (c Config) Validate() error {
 	}
 	if t.MissWeight < 0 {
 		bad("ttft.miss_weight", "must not be negative, got %g", t.MissWeight)
+	}
+	if t.StepTokens < 1 {
+		bad("ttft.step_tokens", "must be positive, got %d", t.StepTokens)
 	}
 	if t.DecodeCost < 0 {
 		bad("ttft.decode_cost", "must not be negative, got %s", t.DecodeCost)

@@ -694,3 +694,43 @@ func TestQueuedRequestsOfOtherBalancersAreGuessedAtWhatWeSendThere(t *testing.T)
 		}
 	}
 }
+
+// Requests queued on a backend are ahead of a new prompt, and the
+// scheduler gives its chunked prefill at most one step of what they
+// share, so a long prompt's miss charges each of them one step, not its
+// whole prefill: a server with three short requests queued beats one
+// with 70,000 tokens of prefill ahead. Charged the whole prefill each
+// (StepTokens past the prompt's length, as before), the queue outweighed
+// the 7 s of prefill (mooncake-conversation, one replica: 468 requests
+// kept behind 44,000 tokens of prefill while another server had none).
+func TestQueuedRequestsWaitOneStepOfAMiss(t *testing.T) {
+	start := strings.Repeat("s", 4*512)
+	p := fmt.Appendf([]byte(start), " new conversation %s", strings.Repeat("c", 4*26000))
+	pick := func(step int) Explanation {
+		t.Helper()
+		b := newBal(t, "ttft", func(c *Config, _ *Deps) { c.TTFT.StepTokens = step })
+		b.Update(busy("short", 0, 4, 0.1), busy("long", 0, 4, 0.1))
+		// Ours, prefilling or queued when the servers were last scraped:
+		// three short requests at one, a long prefill at the other.
+		attach := func(id string, tokens int) {
+			g := b.NewGuard()
+			g.Attach(backend(t, b, id), Work{UncachedTokens: tokens}, time.Now())
+			t.Cleanup(g.Release)
+		}
+		for range 3 {
+			attach("short", 1000)
+		}
+		attach("long", 70000)
+		b.Update(busy("short", 3, 4, 0.1), busy("long", 0, 4, 0.1))
+		for _, id := range []string{"short", "long"} {
+			b.pol.index.Insert(backend(t, b, id).slot, b.pol.index.AppendHashes(nil, 0, []byte(start)))
+		}
+		return b.Explain(&Request{Model: "m", Prompt: p, PromptTokens: len(p) / 4, MaxTokens: 100})
+	}
+	if ex := pick(8192); ex.Chosen[0] != "short" {
+		t.Errorf("steps of 8,192 tokens: went to %s (%s), want short: %+v", ex.Chosen[0], ex.Reason, ex.Backends)
+	}
+	if ex := pick(1 << 20); ex.Chosen[0] != "long" {
+		t.Errorf("one step for the whole prompt (each queued request charged all of it): went to %s (%s), want long: %+v", ex.Chosen[0], ex.Reason, ex.Backends)
+	}
+}
