@@ -98,11 +98,11 @@ func reasonFor(p *Pick, i int) string {
 //     scheduler serves its queue in order, so they are ahead of the new
 //     request, and a chunked prefill takes at most StepTokens of each step
 //     they share. Each is charged step = min(uncached, StepTokens) tokens.
-//     Charging each the whole prefill (before) kept 468 requests of
-//     mooncake-conversation (one replica, seed 1, bench --trace) on
-//     servers with 44,000 tokens of prefill left on average, besides
-//     28,000 of their own, while another server had none left in 397 of
-//     them; they waited 6.0 s on average for a first token.
+//     Charging each the whole prefill, as an earlier rule did, kept 468
+//     requests of mooncake-conversation (one replica, seed 1, bench
+//     --trace) on servers with 44,000 tokens of prefill left on average,
+//     besides 28,000 of their own, while another server had none left in
+//     397 of them; they waited 6.0 s on average for a first token.
 //   - Those arriving while it runs wait for all of it. The estimate takes
 //     ρ/(1−ρ) of them, the mean number of requests an M/M/1 server at
 //     utilisation ρ holds, with ρ the backend's KV-cache use (capped at
@@ -110,9 +110,11 @@ func reasonFor(p *Pick, i int) string {
 //   - In overload the queue stands for arrivals too: wherever the
 //     request goes, at least least = the shortest candidate queue will be
 //     waiting behind the part of its prefill past the first step. So
-//     (uncached − step) × least. A prompt of one step or less is charged
-//     as before; a longer one is not spread off its holder because every
-//     server has a queue.
+//     (uncached − step) × least; the shortest, since what a holder's
+//     queue holds beyond it is in the holder's own ttft. A prompt of at
+//     most one step is charged uncached × (queued + ρ/(1−ρ)); a longer
+//     one is not spread off its holder merely because every server has a
+//     queue.
 //
 // At idle miss is 0 and the rule is the fastest first token; as the fleet
 // fills, a miss costs more than a holder's queue and requests stay where
