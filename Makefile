@@ -6,10 +6,11 @@ BIN       ?= bin/llmlb
 # spurious "context deadline exceeded" under CPU contention (golang/go#75804).
 FUZZTIME  ?= 50000x
 BENCHTIME ?= 1s
+STATICCHECK ?= v0.8.2
 
-.PHONY: all build test unit fuzz soak soak-short demo run sim bench lint clean
+.PHONY: all build test check fuzz soak soak-short demo run sim bench lint clean
 
-# make soak's length and concurrency (issue 17).
+# make soak's length and concurrency.
 SOAK         ?= 10m
 SOAK_STREAMS ?= 2000
 
@@ -18,23 +19,22 @@ all: build
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN) .
 
-# The whole suite with the race detector, a 30-second soak, then every
-# fuzz target briefly.
-test: unit soak-short fuzz
-
-# The bench package's virtual-time replays keep both cores busy for about
-# 100 s; beside them the root package's real-time tests miss the timing
-# they check (TestSharedPrefixStaysThenSpills put all 50 requests on one
-# backend in each of its three tries in a fresh-clone CI run of 2f639e1),
-# so bench runs after the rest. The root package's real-time fault tests
-# run alone too: beside the other packages' race runs TestFaultStall's
-# faulty backend left rotation 2.28 s after it broke, past its 2 s bound,
-# in a fresh-clone CI run of 19da720 (alone: 1.43-1.45 s in five runs).
-unit:
+# What CI runs: go vet, the whole suite once with the race detector, a
+# 30-second soak, then every fuzz target briefly.
+test:
 	$(GO) vet ./...
-	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v '/bench$$' | grep -vxF "$$($(GO) list -m)")
-	$(GO) test -race -count=1 .
-	$(GO) test -race -count=1 ./bench
+	$(GO) test -race -count=1 ./...
+	$(MAKE) soak-short
+	$(MAKE) fuzz
+
+# The inner loop, under a minute with warm caches: formatting, vet,
+# staticcheck and the tests that -short keeps (it skips the long
+# virtual-time replays and the real-time end-to-end runs).
+check:
+	@test -z "$$(gofmt -l .)" || { gofmt -l .; echo "gofmt needed"; exit 1; }
+	$(GO) vet ./...
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK) ./...
+	$(GO) test -short -count=1 ./...
 
 # Runs each Fuzz* function found in the tests for FUZZTIME, one at a time
 # (go test -fuzz takes one target per run).
@@ -52,7 +52,7 @@ fuzz:
 # requests completed, failed and lost, and llmlb's memory, goroutines and
 # file descriptors before, during and after.
 soak: build
-	LLMLB_SOAK=$(SOAK) LLMLB_SOAK_STREAMS=$(SOAK_STREAMS) LLMLB_BIN=$(BIN) $(GO) test -count=1 -vet=off -run '^TestSoak$$' -v -timeout 0 .
+	LLMLB_SOAK=$(SOAK) LLMLB_SOAK_STREAMS=$(SOAK_STREAMS) LLMLB_BIN=$(abspath $(BIN)) $(GO) test -count=1 -vet=off -run '^TestSoak$$' -v -timeout 0 ./e2e
 
 soak-short:
 	$(MAKE) soak SOAK=30s

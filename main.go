@@ -2,33 +2,21 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
-	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-
-	"github.com/llmlb/llmlb/balancer"
 	"github.com/llmlb/llmlb/internal/config"
-	"github.com/llmlb/llmlb/internal/wire"
-	"github.com/llmlb/llmlb/kvevents"
+	"github.com/llmlb/llmlb/internal/serve"
 	"github.com/llmlb/llmlb/proxy"
-	"github.com/llmlb/llmlb/scrape"
 	"github.com/llmlb/llmlb/sim"
 )
 
@@ -327,180 +315,7 @@ func cmdServe(ctx context.Context, args []string, env config.Environ, stdout, st
 		fmt.Fprintln(stderr, err)
 		return errReported
 	}
-	return serve(ctx, cfg, &configSource{path: *path, env: env}, stdout, stderr)
-}
-
-// newLogger returns the logger c asks for; its level can be changed
-// while it runs through the returned LevelVar.
-func newLogger(c config.LogConfig, w io.Writer) (*slog.Logger, *slog.LevelVar) {
-	level, _ := config.ParseLevel(c.Level) // validated
-	lv := new(slog.LevelVar)
-	lv.Set(level)
-	opts := &slog.HandlerOptions{Level: lv}
-	if c.Format == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts)), lv
-	}
-	return slog.New(slog.NewTextHandler(w, opts)), lv
-}
-
-// serve runs the balancer for cfg until ctx ends, then shuts down
-// gracefully: it stops accepting, lets in-flight requests and streams finish
-// within cfg.ShutdownGrace, cuts what remains, and returns nil.
-func serve(ctx context.Context, cfg config.Config, src *configSource, stdout, stderr io.Writer) error {
-	inst, err := start(ctx, cfg, src, stderr)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "llmlb: serving on %s://%s (admin http://%s)\n", inst.scheme, inst.addr, inst.adminAddr)
-	return inst.wait()
-}
-
-// instance is a running balancer.
-type instance struct {
-	addr, adminAddr string // where it listens; adminAddr is "" when disabled
-	scheme          string // of addr: http, or https with tls configured
-	done            chan error
-}
-
-// wait blocks until the instance has shut down.
-func (in *instance) wait() error { return <-in.done }
-
-// start brings up the balancer for cfg and returns once it listens. It shuts
-// down gracefully when ctx ends; wait reports the end. With a source, it
-// reloads the config from it on SIGHUP and when the file changes.
-func start(ctx context.Context, cfg config.Config, src *configSource, stderr io.Writer) (*instance, error) {
-	logger, level := newLogger(cfg.Log, stderr)
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-
-	var kv *kvevents.Store // the backends' KV-cache events, when they publish them
-	if scrape.WantsKVEvents(cfg.Scrape, cfg.Backends) {
-		kv = kvevents.NewStore()
-	}
-	bal, err := newBalancer(cfg, kv, reg, logger)
-	if err != nil {
-		return nil, err
-	}
-	engines, err := scrape.NewEngineSet(cfg.Engines)
-	if err != nil {
-		return nil, err
-	}
-	backendTLS, err := cfg.Proxy.BackendTLS()
-	if err != nil {
-		return nil, err
-	}
-	var certs *proxy.CertReloader
-	if cfg.TLS.Enabled() {
-		if certs, err = proxy.NewCertReloader(cfg.TLS, logger); err != nil {
-			return nil, err
-		}
-	}
-	mgr, err := scrape.NewManager(scrape.Setup{
-		TLS:           backendTLS,
-		Config:        cfg.Scrape,
-		Backends:      cfg.Backends,
-		Engines:       engines,
-		DefaultEngine: cfg.DefaultEngine,
-		Balancer:      bal,
-		Registerer:    reg,
-		Logger:        logger,
-		KVEvents:      kv,
-	})
-	if err != nil {
-		return nil, err
-	}
-	px := proxy.New(cfg.Proxy, bal, reg, logger)
-	px.SetLogging(cfg.Log.Access, cfg.Log.Prompts)
-	px.SetBackendTLS(backendTLS)
-	px.SetKVEvents(kv)
-	if err := px.SetAuth(cfg.Auth); err != nil {
-		return nil, err
-	}
-
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return nil, fmt.Errorf("listen: %w", err)
-	}
-	front := px.HTTPServer(slog.NewLogLogger(logger.Handler(), slog.LevelDebug))
-	if certs != nil {
-		front.TLSConfig = certs.TLSConfig()
-		ln = tls.NewListener(ln, front.TLSConfig)
-	}
-	var admin *http.Server
-	var adminLn net.Listener
-	if cfg.Admin.Listen != "" {
-		adminLn, err = net.Listen("tcp", cfg.Admin.Listen)
-		if err != nil {
-			ln.Close()
-			return nil, fmt.Errorf("admin.listen: %w", err)
-		}
-		h := px.AdminHandler(reg)
-		if cfg.Admin.Token != "" {
-			if h, err = px.RequireToken(cfg.Admin.Token, h); err != nil {
-				ln.Close()
-				adminLn.Close()
-				return nil, err
-			}
-		}
-		admin = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	}
-
-	// Shutdown closes the listeners before it runs these hooks.
-	front.RegisterOnShutdown(func() { logger.Info("stopped accepting new connections") })
-
-	inst := &instance{addr: ln.Addr().String(), scheme: "http", done: make(chan error, 1)}
-	if certs != nil {
-		inst.scheme = "https"
-	}
-	scrapeCtx, stopScrape := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = mgr.Run(scrapeCtx) })
-	var cs configSource
-	if src != nil {
-		cs = *src
-	}
-	rl := newReloader(cs, cfg, logger, level, mgr, bal, px, reg)
-	if src != nil {
-		hup, stopHUP := notifyHUP()
-		wg.Go(func() { defer stopHUP(); rl.run(scrapeCtx, hup) })
-	}
-	serveErr := make(chan error, 2)
-	wg.Go(func() { serveErr <- ignoreClosed(front.Serve(ln)) })
-	if admin != nil {
-		inst.adminAddr = adminLn.Addr().String()
-		wg.Go(func() { serveErr <- ignoreClosed(admin.Serve(adminLn)) })
-	}
-	logger.Info("serving", "listen", inst.addr, "scheme", inst.scheme, "admin", inst.adminAddr, "backends", len(cfg.Backends))
-
-	go func() {
-		var runErr error
-		select {
-		case <-ctx.Done():
-		case runErr = <-serveErr:
-		}
-		logger.Info("shutting down", "grace", cfg.ShutdownGrace.String())
-		graceCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
-		defer cancel()
-		if err := front.Shutdown(graceCtx); err != nil {
-			logger.Warn("grace period over, cutting remaining requests", "err", err)
-			front.Close()
-		}
-		if admin != nil {
-			admin.Close()
-		}
-		stopScrape()
-		wg.Wait()
-		logger.Info("stopped")
-		inst.done <- runErr
-	}()
-	return inst, nil
-}
-
-func ignoreClosed(err error) error {
-	if errors.Is(err, http.ErrServerClosed) {
-		return nil
-	}
-	return err
+	return serve.Run(ctx, cfg, &serve.Source{Path: *path, Env: env}, stdout, stderr)
 }
 
 func faultKinds() []string {
@@ -522,7 +337,7 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	count := fs.Int("count", 1, "number of servers to start")
 	maxLoRA := fs.Int("max-lora", 0, "adapters a batch may use at once (0: the preset's)")
 	faultSpec := fs.String("fault", "", "faults to show, e.g. die-mid-stream:after=5s,for=10s (kinds: "+strings.Join(faultKinds(), ", ")+"); switch them at runtime with PUT /sim/faults")
-	faultOn := fs.String("fault-on", "0", "comma-separated indexes (from 0) of the servers --fault applies to")
+	faultOnList := fs.String("fault-on", "0", "comma-separated indexes (from 0) of the servers --fault applies to")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -530,13 +345,13 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return fmt.Errorf("sim: --fault: %w", err)
 	}
-	faulty := map[int]bool{}
-	for w := range strings.SplitSeq(*faultOn, ",") {
+	var faultOn []int
+	for w := range strings.SplitSeq(*faultOnList, ",") {
 		i, err := strconv.Atoi(strings.TrimSpace(w))
 		if err != nil || i < 0 {
-			return fmt.Errorf("sim: --fault-on %q: not a list of server indexes", *faultOn)
+			return fmt.Errorf("sim: --fault-on %q: not a list of server indexes", *faultOnList)
 		}
-		faulty[i] = true
+		faultOn = append(faultOn, i)
 	}
 	ecfg, err := sim.Preset(*preset)
 	if err != nil {
@@ -548,88 +363,26 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if *count < 1 {
 		return errors.New("sim: --count must be at least 1")
 	}
-	host, portStr, err := net.SplitHostPort(*listen)
-	if err != nil {
-		return fmt.Errorf("sim: --listen %q: %w", *listen, err)
-	}
-	var port int
-	if _, err := fmt.Sscanf(portStr, "%d", &port); err != nil {
-		return fmt.Errorf("sim: --listen %q: bad port", *listen)
-	}
-	var adapters []string
-	if *lora != "" {
-		adapters = strings.Split(*lora, ",")
-	}
 	ecfg.CacheOnCompute = sim.CachesOnCompute(*engine)
-	var servers []*http.Server
-	var wg sync.WaitGroup
-	for i := range *count {
-		s, err := sim.NewServer(sim.ServerConfig{Engine: *engine, Model: *model, Adapters: adapters}, sim.NewLive(ecfg, *speed))
-		if err != nil {
-			return err
-		}
-		addr := net.JoinHostPort(host, fmt.Sprint(port+i))
-		if port == 0 {
-			addr = net.JoinHostPort(host, "0")
-		}
-		ln, err := net.Listen("tcp", addr)
-		if err != nil {
-			for _, hs := range servers {
-				hs.Close()
-			}
-			return fmt.Errorf("sim: %w", err)
-		}
-		hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
-		servers = append(servers, hs)
-		ln = s.Listener(ln)
+	fc := sim.FleetConfig{Server: sim.ServerConfig{Engine: *engine, Model: *model}, Speed: *speed, Listen: *listen, Faults: faults, FaultOn: faultOn}
+	if *lora != "" {
+		fc.Server.Adapters = strings.Split(*lora, ",")
+	}
+	for range *count {
+		fc.Engines = append(fc.Engines, ecfg)
+	}
+	fleet, err := sim.StartFleet(fc)
+	if err != nil {
+		return err
+	}
+	for i, u := range fleet.URLs {
 		note := ""
-		if faulty[i] && len(faults) > 0 {
-			s.SetFaults(faults)
+		if slices.Contains(faultOn, i) && len(faults) > 0 {
 			note = " with faults " + faults.String()
 		}
-		fmt.Fprintf(stdout, "sim: %s (%s, x%g) serving %s at http://%s%s\n", *engine, *preset, *speed, *model, ln.Addr(), note)
-		wg.Go(func() { _ = hs.Serve(ln) })
+		fmt.Fprintf(stdout, "sim: %s (%s, x%g) serving %s at %s%s\n", *engine, *preset, *speed, *model, u, note)
 	}
 	<-ctx.Done()
-	for _, hs := range servers {
-		hs.Close()
-	}
-	wg.Wait()
+	fleet.Close()
 	return nil
-}
-
-// newBalancer builds the balancer for cfg's policy with the prefix index or
-// tree its preset needs, and registers the index's size metrics on reg.
-func newBalancer(cfg config.Config, kv *kvevents.Store, reg prometheus.Registerer, logger *slog.Logger) (*balancer.Balancer, error) {
-	var deps balancer.Deps
-	if kv != nil {
-		deps.Events = kv
-	}
-	b, idx, err := wire.Balancer(cfg.Balancer, cfg.Prefix, deps, cfg.Models, logger)
-	if err != nil {
-		return nil, err
-	}
-	if reg != nil {
-		// A preset without a block index reports an empty one.
-		stats := func() (int, int64) {
-			if idx == nil {
-				return 0, 0
-			}
-			return idx.Stats()
-		}
-		reg.MustRegister(
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "llmlb_prefix_index_entries", Help: "Prompt blocks the prefix-cache index remembers, over all backends."},
-				func() float64 { n, _ := stats(); return float64(n) }),
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "llmlb_prefix_index_bytes", Help: "Estimated memory of the prefix-cache index (entries × prefix.EntryBytes)."},
-				func() float64 { _, b := stats(); return float64(b) }),
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "llmlb_prefix_block_bytes", Help: "Bytes of canonical prompt per hashed block (auto-tuned from the engines' cache block size unless set; 0 when the policy keeps no block index)."},
-				func() float64 {
-					if idx == nil {
-						return 0
-					}
-					return float64(idx.BlockBytes())
-				}),
-		)
-	}
-	return b, nil
 }

@@ -1,23 +1,21 @@
-package main
+package e2e
 
 import (
 	"bufio"
 	"errors"
 	"io"
 	"net/http"
-	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/openai/openai-go/v3"
-	"github.com/openai/openai-go/v3/option"
-
 	"github.com/llmlb/llmlb/internal/config"
+	"github.com/llmlb/llmlb/internal/serve"
 	"github.com/llmlb/llmlb/proxy"
 	"github.com/llmlb/llmlb/sim"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
 )
 
 // Keys the tests present; config files hold only their hashes.
@@ -72,14 +70,14 @@ func TestKeyReloadTakesEffectWithoutDroppingStreams(t *testing.T) {
 		t.Fatal(err)
 	}
 	logs := &lockedBuffer{}
-	inst, err := start(t.Context(), cfg, &configSource{path: path, env: noEnv, poll: 20 * time.Millisecond}, logs)
+	inst, err := serve.Start(t.Context(), cfg, &serve.Source{Path: path, Env: noEnv, Poll: 20 * time.Millisecond}, logs)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { inst.wait() })
-	waitBackends(t, inst.adminAddr, 1)
+	t.Cleanup(func() { inst.Wait() })
+	waitBackends(t, inst.AdminAddr, 1)
 
-	resp := keyedPost(t, inst.addr, testKeyA, `{"model":"`+testModel+`","prompt":"hello","max_tokens":100,"stream":true}`) // 2s at 50 tokens/s
+	resp := keyedPost(t, inst.Addr, testKeyA, `{"model":"`+testModel+`","prompt":"hello","max_tokens":100,"stream":true}`) // 2s at 50 tokens/s
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("stream with alpha: status %d", resp.StatusCode)
@@ -91,18 +89,18 @@ func TestKeyReloadTakesEffectWithoutDroppingStreams(t *testing.T) {
 
 	// A key pasted in place of its hash: refused, and not logged.
 	replaceFile(t, path, strings.Replace(keyedConfig(urls, "alpha", testKeyA, "bravo", testKeyB), proxy.HashKey(testKeyB), testKeyB, 1))
-	waitMetric(t, inst.adminAddr, `llmlb_config_reloads_total{result="error"}`, 1)
+	waitMetric(t, inst.AdminAddr, `llmlb_config_reloads_total{result="error"}`, 1)
 
 	// alpha revoked.
 	replaceFile(t, path, keyedConfig(urls, "bravo", testKeyB))
-	waitMetric(t, inst.adminAddr, `llmlb_config_reloads_total{result="success"}`, 1)
-	r2 := keyedPost(t, inst.addr, testKeyA, `{"model":"`+testModel+`","prompt":"hi","max_tokens":2}`)
+	waitMetric(t, inst.AdminAddr, `llmlb_config_reloads_total{result="success"}`, 1)
+	r2 := keyedPost(t, inst.Addr, testKeyA, `{"model":"`+testModel+`","prompt":"hi","max_tokens":2}`)
 	io.Copy(io.Discard, r2.Body)
 	r2.Body.Close()
 	if r2.StatusCode != http.StatusUnauthorized {
 		t.Errorf("revoked key after the reload: status %d, want 401", r2.StatusCode)
 	}
-	r3 := keyedPost(t, inst.addr, testKeyB, `{"model":"`+testModel+`","prompt":"hi","max_tokens":2}`)
+	r3 := keyedPost(t, inst.Addr, testKeyB, `{"model":"`+testModel+`","prompt":"hi","max_tokens":2}`)
 	io.Copy(io.Discard, r3.Body)
 	r3.Body.Close()
 	if r3.StatusCode != http.StatusOK {
@@ -121,12 +119,12 @@ func TestKeyReloadTakesEffectWithoutDroppingStreams(t *testing.T) {
 	if err != nil || !strings.HasSuffix(string(rest), "data: [DONE]\n\n") {
 		t.Fatalf("the stream made with the revoked key was cut by the reload: %v\n%s", err, rest)
 	}
-	waitMetric(t, inst.adminAddr, `llmlb_key_requests_total{key="alpha",status="200"}`, 1)
-	waitMetric(t, inst.adminAddr, `llmlb_key_requests_total{key="bravo",status="200"}`, 1)
+	waitMetric(t, inst.AdminAddr, `llmlb_key_requests_total{key="alpha",status="200"}`, 1)
+	waitMetric(t, inst.AdminAddr, `llmlb_key_requests_total{key="bravo",status="200"}`, 1)
 
 	var pages strings.Builder
 	for _, p := range []string{"/metrics", "/", "/debug/backends"} {
-		r, err := http.Get("http://" + inst.adminAddr + p)
+		r, err := http.Get("http://" + inst.AdminAddr + p)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -149,34 +147,6 @@ func TestKeyReloadTakesEffectWithoutDroppingStreams(t *testing.T) {
 	}
 }
 
-// TestHashKeyCommand: `llmlb hash-key` prints the hash the config file
-// takes, of its argument or of the key on standard input without its line
-// end, and refuses a key with spaces.
-func TestHashKeyCommand(t *testing.T) {
-	want := proxy.HashKey(testKeyA) + "\n"
-	if err, out, _ := runCmd(t, noEnv, "hash-key", testKeyA); err != nil || out != want {
-		t.Errorf("hash-key KEY = %q, %v; want %q", out, err, want)
-	}
-	if err, _, _ := runCmd(t, noEnv, "hash-key", "two words"); err == nil {
-		t.Error("hash-key accepted a key with a space")
-	}
-	if err, _, stderr := runCmd(t, noEnv, "hash-key", "short"); err != nil || !strings.Contains(stderr, "warning") {
-		t.Errorf("hash-key of a short key: %v, stderr %q; want a warning", err, stderr)
-	}
-	cmd := exec.Command(os.Args[0], "hash-key")
-	cmd.Env = append(os.Environ(), "LLMLB_TEST_RUN_MAIN=1")
-	cmd.Stdin = strings.NewReader(testKeyA + "\n")
-	out, err := cmd.Output()
-	if err != nil || string(out) != want {
-		t.Errorf("key on stdin: %q, %v; want %q", out, err, want)
-	}
-	// The hash it prints is what the config file takes.
-	path := writeConfig(t, reloadConfig([]string{"http://127.0.0.1:1"}, "auth:\n  keys:\n    - name: alpha\n      key: "+strings.TrimSpace(string(out))+"\n"))
-	if _, err := config.Load(path, noEnv); err != nil {
-		t.Errorf("the printed hash does not load: %v", err)
-	}
-}
-
 // TestOpenAISDKWithKeys: the official OpenAI Go SDK, given an API key as
 // its users give it, is served; given a wrong key it reports OpenAI's 401
 // (invalid_api_key); over the key's requests per minute it reports a 429
@@ -189,7 +159,7 @@ func TestOpenAISDKWithKeys(t *testing.T) {
 	inst := startTest(t, cfg, 1)
 	ctx := t.Context()
 	client := func(key string) *openai.Client {
-		c := openai.NewClient(option.WithBaseURL("http://"+inst.addr+"/v1/"), option.WithAPIKey(key), option.WithMaxRetries(0))
+		c := openai.NewClient(option.WithBaseURL("http://"+inst.Addr+"/v1/"), option.WithAPIKey(key), option.WithMaxRetries(0))
 		return &c
 	}
 	params := openai.CompletionNewParams{Model: testModel, Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("hi")}, MaxTokens: openai.Int(2)}

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"io"
@@ -22,15 +22,15 @@ func TestBackendHeaderNamesBackendNotAddress(t *testing.T) {
 
 	seen := map[string]int{}
 	for range 6 {
-		seen[completeOnce(t, inst.addr)]++
+		seen[completeOnce(t, inst.Addr)]++
 	}
 	if len(seen) != 2 || seen["gpu-a"] == 0 || seen["b1"] == 0 {
 		t.Errorf("x-llmlb-backend values %v, want gpu-a and b1", seen)
 	}
-	if got := backendNames(t, inst.adminAddr); got["gpu-a"] != urls[0] || got["b1"] != urls[1] {
+	if got := backendNames(t, inst.AdminAddr); got["gpu-a"] != urls[0] || got["b1"] != urls[1] {
 		t.Errorf("/debug/backends names %v, want gpu-a for %s and b1 for %s", got, urls[0], urls[1])
 	}
-	resp, err := http.Get("http://" + inst.adminAddr + "/metrics")
+	resp, err := http.Get("http://" + inst.AdminAddr + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"bytes"
@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmlb/llmlb/internal/serve"
 	"github.com/llmlb/llmlb/sim"
 )
 
@@ -51,7 +52,7 @@ func tool(t *testing.T, name, env, install string) string {
 // traffic through it until the test ends: streamed chats that share a
 // system prompt, with and without usage, and plain completions. It
 // returns the running instance.
-func busyFleet(t *testing.T) *instance {
+func busyFleet(t *testing.T) *serve.Instance {
 	t.Helper()
 	sc := sim.SteadyConfig{Speed: 100, DecodeTokensPerSecond: 2000}
 	urls := simBackends(t, 3, sc)
@@ -105,7 +106,7 @@ func busyFleet(t *testing.T) *instance {
 					path = "/v1/completions"
 				}
 				b, _ := json.Marshal(body)
-				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+inst.addr+path, bytes.NewReader(b))
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+inst.Addr+path, bytes.NewReader(b))
 				req.Header.Set("Content-Type", "application/json")
 				if resp, err := http.DefaultClient.Do(req); err == nil {
 					_, _ = io.Copy(io.Discard, resp.Body)
@@ -128,7 +129,7 @@ func TestPromtoolCheckMetrics(t *testing.T) {
 	promtool := tool(t, "promtool", "LLMLB_REQUIRE_PROMETHEUS", "apt-get install prometheus")
 	inst := busyFleet(t)
 	<-time.After(2 * time.Second) // retries, an ejection, a failed scrape
-	resp, err := http.Get("http://" + inst.adminAddr + "/metrics")
+	resp, err := http.Get("http://" + inst.AdminAddr + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +155,7 @@ func TestPromtoolCheckMetrics(t *testing.T) {
 // dashboard in examples/, with its panel title.
 func dashboardQueries(t *testing.T) [][2]string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("examples", "grafana-dashboard.json"))
+	b, err := os.ReadFile(filepath.Join("..", "examples", "grafana-dashboard.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,7 +261,7 @@ func TestGrafanaDashboardQueriesReturnData(t *testing.T) {
 
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "prometheus.yml")
-	cfg := fmt.Sprintf("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: llmlb\n    static_configs:\n      - targets: [%q]\n", inst.adminAddr)
+	cfg := fmt.Sprintf("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: llmlb\n    static_configs:\n      - targets: [%q]\n", inst.AdminAddr)
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -382,7 +383,7 @@ func TestNodeSDKEndToEnd(t *testing.T) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "node", "e2e.mjs")
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "LLMLB_BASE_URL=http://"+inst.addr+"/v1", "LLMLB_MODEL="+testModel)
+	cmd.Env = append(os.Environ(), "LLMLB_BASE_URL=http://"+inst.Addr+"/v1", "LLMLB_MODEL="+testModel)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {

@@ -1,4 +1,4 @@
-package main
+package demo
 
 import (
 	"bytes"
@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestDemoViewShowsStatusPresetsAndLegend is issue 18's eighth problem: the
@@ -16,7 +17,7 @@ import (
 // column, and a run logs no warning at all.
 func TestDemoViewShowsStatusPresetsAndLegend(t *testing.T) {
 	var out, logs bytes.Buffer
-	err := run(t.Context(), []string{"demo", "--duration", "3s", "--speed", "8", "--concurrency", "4", "--status", "127.0.0.1:0"}, noEnv, &out, &logs)
+	err := Run(t.Context(), Options{Backends: 4, Duration: 3 * time.Second, Speed: 8, Concurrency: 4, Status: "127.0.0.1:0"}, &out, &logs)
 	if err != nil {
 		t.Fatalf("demo: %v\n%s", err, logs.String())
 	}
@@ -55,7 +56,7 @@ func TestDemoStatusPortInUse(t *testing.T) {
 	}
 	defer ln.Close()
 	var out, logs bytes.Buffer
-	err = run(t.Context(), []string{"demo", "--duration", "1s", "--status", ln.Addr().String()}, noEnv, &out, &logs)
+	err = Run(t.Context(), Options{Backends: 4, Duration: time.Second, Speed: 1, Concurrency: 24, Status: ln.Addr().String()}, &out, &logs)
 	if err == nil || !strings.Contains(err.Error(), "--status") {
 		t.Errorf("demo on a taken status address: %v, want an error naming --status", err)
 	}

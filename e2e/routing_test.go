@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"encoding/json"
@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb/balancer"
+	"github.com/llmlb/llmlb/internal/serve"
 	"github.com/llmlb/llmlb/sim"
 )
 
@@ -85,12 +86,12 @@ func TestBurstDoesNotHerd(t *testing.T) {
 	cfg.Scrape.StaleAfter = time.Hour
 	cfg.Balancer.Saturation.Queue = 0
 	inst := startTest(t, cfg, 4)
-	waitFresh(t, inst.adminAddr, 4)
+	waitFresh(t, inst.AdminAddr, 4)
 	var bodies []string
 	for i := range 200 {
 		bodies = append(bodies, completion(fmt.Sprintf("request %d: %s", i, strings.Repeat("distinct words ", 100+i%50)), 2))
 	}
-	got := fire(t, inst.addr, bodies, 200)
+	got := fire(t, inst.Addr, bodies, 200)
 	t.Logf("200 requests at once over 4 backends: %v", got)
 	for id, n := range got {
 		if n > 70 {
@@ -135,13 +136,13 @@ func sharedPrefixStaysThenSpills(t *testing.T) string {
 	urls := simBackends(t, 4, sim.SteadyConfig{Speed: 4, MaxRunning: 2, DecodeTokensPerSecond: 30})
 	cfg := testConfig(urls)
 	inst := startTest(t, cfg, 4)
-	waitFresh(t, inst.adminAddr, 4)
+	waitFresh(t, inst.AdminAddr, 4)
 	system := strings.Repeat("You are a careful assistant for the billing team. ", 320) // ~16,000 bytes, ~4,000 tokens
 	var bodies []string
 	for i := range 50 {
 		bodies = append(bodies, completion(fmt.Sprintf("%s\nQuestion %d: what is %d + %d?", system, i, i, i*7), 16))
 	}
-	got := fire(t, inst.addr, bodies, 10)
+	got := fire(t, inst.Addr, bodies, 10)
 	counts := make([]int, 0, len(got))
 	for _, n := range got {
 		counts = append(counts, n)
@@ -169,7 +170,7 @@ func TestModelAliasRewritesBothWays(t *testing.T) {
 	inst := startTest(t, cfg, 2)
 	for _, stream := range []bool{false, true} {
 		body := fmt.Sprintf(`{"prompt":"hi there","max_tokens":3,"model":"house-model","stream":%v}`, stream)
-		resp, err := http.Post("http://"+inst.addr+"/v1/completions", "application/json", strings.NewReader(body))
+		resp, err := http.Post("http://"+inst.Addr+"/v1/completions", "application/json", strings.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -182,7 +183,7 @@ func TestModelAliasRewritesBothWays(t *testing.T) {
 			t.Errorf("stream=%v: response names the served model or not the public one:\n%s", stream, out)
 		}
 	}
-	resp, err := http.Get("http://" + inst.addr + "/v1/models")
+	resp, err := http.Get("http://" + inst.Addr + "/v1/models")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,8 +193,8 @@ func TestModelAliasRewritesBothWays(t *testing.T) {
 		t.Errorf("/v1/models lacks the alias: %s", models)
 	}
 
-	before := totalRequests(t, inst.adminAddr)
-	resp, err = http.Post("http://"+inst.adminAddr+"/debug/route", "application/json",
+	before := totalRequests(t, inst.AdminAddr)
+	resp, err = http.Post("http://"+inst.AdminAddr+"/debug/route", "application/json",
 		strings.NewReader(`{"model":"house-model","messages":[{"role":"user","content":"hello"}]}`))
 	if err != nil {
 		t.Fatal(err)
@@ -214,7 +215,7 @@ func TestModelAliasRewritesBothWays(t *testing.T) {
 			t.Errorf("backend %s has no breakdown: %+v", b.ID, b)
 		}
 	}
-	if after := totalRequests(t, inst.adminAddr); after != before {
+	if after := totalRequests(t, inst.AdminAddr); after != before {
 		t.Errorf("/debug/route sent %d requests", after-before)
 	}
 }
@@ -240,9 +241,9 @@ func totalRequests(t *testing.T, adminAddr string) int64 {
 // of their own, every turn went to the system prompt's backend.
 func TestTwoReplicasFollowAConversation(t *testing.T) {
 	urls := simBackends(t, 4, sim.SteadyConfig{Speed: 50})
-	lbs := []*instance{startTest(t, testConfig(urls), 4), startTest(t, testConfig(urls), 4)}
+	lbs := []*serve.Instance{startTest(t, testConfig(urls), 4), startTest(t, testConfig(urls), 4)}
 	for _, lb := range lbs {
-		waitFresh(t, lb.adminAddr, 4)
+		waitFresh(t, lb.AdminAddr, 4)
 	}
 	system := strings.Repeat("You are the careful assistant of the billing team. ", 120)
 	homes := map[string]int{}
@@ -252,7 +253,7 @@ func TestTwoReplicasFollowAConversation(t *testing.T) {
 		for turn := range 4 {
 			msgs = append(msgs, map[string]string{"role": "user", "content": fmt.Sprintf("Conversation %d, question %d: %s", c, turn, strings.Repeat("what is due? ", 30))})
 			body, _ := json.Marshal(map[string]any{"model": testModel, "messages": msgs, "max_tokens": 8})
-			resp, err := http.Post("http://"+lbs[turn%2].addr+"/v1/chat/completions", "application/json", strings.NewReader(string(body)))
+			resp, err := http.Post("http://"+lbs[turn%2].Addr+"/v1/chat/completions", "application/json", strings.NewReader(string(body)))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -1,4 +1,4 @@
-package main
+package demo
 
 import (
 	"fmt"
@@ -9,9 +9,9 @@ import (
 	"github.com/llmlb/llmlb/sim"
 )
 
-// demoHeader is what stays at the top of every frame of the demo's live
+// header is what stays at the top of every frame of the demo's live
 // view: where to look and what is running.
-type demoHeader struct {
+type header struct {
 	proxy, status string // addresses, with scheme
 	clients       int
 	duration      time.Duration
@@ -28,14 +28,14 @@ var viewLegend = []string{
 	"load      one # per request in flight",
 }
 
-// renderView writes one frame of the demo's live view: the header (the
+// render writes one frame of the demo's live view: the header (the
 // status page's address stays on screen for the whole run), a row per
 // backend with its preset, state, requests in flight, requests served and
 // its share, its smoothed time to first token and, when engine knows the
 // server behind a backend URL, the server's own KV use and prefix-cache
 // hit rate (prompt tokens served from cache over prompt tokens looked
 // up); the legend; then the client-side totals.
-func renderView(w io.Writer, h demoHeader, elapsed time.Duration, backends []sim.BackendView, r sim.LoadResults, engine func(url string) (sim.Stats, bool)) {
+func render(w io.Writer, h header, elapsed time.Duration, backends []sim.BackendView, r sim.LoadResults, engine func(url string) (sim.Stats, bool)) {
 	var total int64
 	for _, b := range backends {
 		total += b.Requests

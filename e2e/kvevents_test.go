@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"encoding/json"
@@ -63,7 +63,7 @@ func TestReplicasShareWhatTheServersHold(t *testing.T) {
 		q, _ := json.Marshal(p)
 		return fmt.Sprintf(`{"model":%q,"prompt":%s,"max_tokens":2}`, testModel, q)
 	}
-	resp, err := http.Post("http://"+a.addr+"/v1/completions", "application/json", strings.NewReader(body(prompt)))
+	resp, err := http.Post("http://"+a.Addr+"/v1/completions", "application/json", strings.NewReader(body(prompt)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,13 +78,13 @@ func TestReplicasShareWhatTheServersHold(t *testing.T) {
 	longer := prompt + "and the question that follows it"
 	// The server caches whole blocks of 16 tokens, all but the prompt's
 	// last token.
-	matched := waitMatched(t, b.adminAddr, body(longer), holderURL, len(prompt)/sim.BytesPerToken-16, "the prompt")
+	matched := waitMatched(t, b.AdminAddr, body(longer), holderURL, len(prompt)/sim.BytesPerToken-16, "the prompt")
 	for id, m := range matched {
 		if id != holderURL && m > 0 {
 			t.Errorf("b matches %d tokens on %s, which never saw the prompt", m, id)
 		}
 	}
-	resp, err = http.Post("http://"+b.addr+"/v1/completions", "application/json", strings.NewReader(body(longer)))
+	resp, err = http.Post("http://"+b.Addr+"/v1/completions", "application/json", strings.NewReader(body(longer)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +98,7 @@ func TestReplicasShareWhatTheServersHold(t *testing.T) {
 	// server's own template, and its next turn is matched through b.
 	doc := strings.Repeat("a contract clause that the whole conversation is about; ", 120)
 	turn1 := fmt.Sprintf(`{"model":%q,"max_tokens":2,"messages":[{"role":"user","content":%q}]}`, testModel, doc)
-	resp, err = http.Post("http://"+a.addr+"/v1/chat/completions", "application/json", strings.NewReader(turn1))
+	resp, err = http.Post("http://"+a.Addr+"/v1/chat/completions", "application/json", strings.NewReader(turn1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,8 +106,8 @@ func TestReplicasShareWhatTheServersHold(t *testing.T) {
 	resp.Body.Close()
 	chatHolder := backendURL(backends, resp.Header.Get("x-llmlb-backend"))
 	turn2 := fmt.Sprintf(`{"model":%q,"max_tokens":2,"messages":[{"role":"user","content":%q},{"role":"assistant","content":"noted"},{"role":"user","content":"and clause two?"}]}`, testModel, doc)
-	waitMatched(t, b.adminAddr, turn2, chatHolder, len(doc)/sim.BytesPerToken-16, "the chat's first turn")
-	ss := scrapeAdmin(t, b.adminAddr)
+	waitMatched(t, b.AdminAddr, turn2, chatHolder, len(doc)/sim.BytesPerToken-16, "the chat's first turn")
+	ss := scrapeAdmin(t, b.AdminAddr)
 	if ok, _ := sum(ss, "llmlb_tokenize_requests_total", `result="ok"`); ok < 2 {
 		t.Errorf("b counted %v /tokenize requests answered, want 2 or more", ok)
 	}
@@ -193,7 +193,7 @@ func TestTokenizeFailuresPause(t *testing.T) {
 	inst := startTest(t, cfg, 2)
 	send := func(p string) {
 		t.Helper()
-		resp, err := http.Post("http://"+inst.addr+"/v1/completions", "application/json",
+		resp, err := http.Post("http://"+inst.Addr+"/v1/completions", "application/json",
 			strings.NewReader(fmt.Sprintf(`{"model":%q,"prompt":%q,"max_tokens":2}`, testModel, p)))
 		if err != nil {
 			t.Fatal(err)
@@ -207,7 +207,7 @@ func TestTokenizeFailuresPause(t *testing.T) {
 	send(strings.Repeat("fill a cache block or two; ", 40))
 	deadline := time.Now().Add(30 * time.Second)
 	for { // tokenizing starts once some backend has stored a block
-		if n, _ := sum(scrapeAdmin(t, inst.adminAddr), "llmlb_kv_event_blocks"); n > 0 {
+		if n, _ := sum(scrapeAdmin(t, inst.AdminAddr), "llmlb_kv_event_blocks"); n > 0 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -223,7 +223,7 @@ func TestTokenizeFailuresPause(t *testing.T) {
 	if n := calls.Load(); n < 1 || n > 2 {
 		t.Errorf("/tokenize asked %d times for 5 requests, want 1 (then paused)", n)
 	}
-	if n, _ := sum(scrapeAdmin(t, inst.adminAddr), "llmlb_tokenize_requests_total", `result="error"`); n != float64(calls.Load()) {
+	if n, _ := sum(scrapeAdmin(t, inst.AdminAddr), "llmlb_tokenize_requests_total", `result="error"`); n != float64(calls.Load()) {
 		t.Errorf("llmlb_tokenize_requests_total{result=error} = %v, want %d", n, calls.Load())
 	}
 }

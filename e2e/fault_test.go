@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"bufio"
@@ -143,7 +143,7 @@ func runFault(t *testing.T, fc faultCase) {
 		fc.cfg(&cfg)
 	}
 	inst := startTest(t, cfg, 3)
-	badHeader := backendHeader(t, inst.adminAddr, bad)
+	badHeader := backendHeader(t, inst.AdminAddr, bad)
 
 	// The rotation watcher: when the faulty backend leaves and returns.
 	type sample struct {
@@ -167,7 +167,7 @@ func runFault(t *testing.T, fc faultCase) {
 				return
 			case <-tick.C:
 			}
-			bs, err := sim.FetchBackends(http.DefaultClient, "http://"+inst.adminAddr)
+			bs, err := sim.FetchBackends(http.DefaultClient, "http://"+inst.AdminAddr)
 			if err != nil {
 				continue
 			}
@@ -197,7 +197,7 @@ func runFault(t *testing.T, fc faultCase) {
 					return
 				default:
 				}
-				r := streamOnce(client, inst.addr)
+				r := streamOnce(client, inst.Addr)
 				rmu.Lock()
 				reqs = append(reqs, r)
 				rmu.Unlock()
@@ -234,7 +234,7 @@ func runFault(t *testing.T, fc faultCase) {
 	// timeout of llmlb's.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		bs, err := sim.FetchBackends(http.DefaultClient, "http://"+inst.adminAddr)
+		bs, err := sim.FetchBackends(http.DefaultClient, "http://"+inst.AdminAddr)
 		busy := []string{}
 		for _, b := range bs {
 			if b.InFlight != 0 {

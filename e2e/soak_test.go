@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"bufio"
@@ -48,7 +48,7 @@ func TestSoak(t *testing.T) {
 			t.Fatalf("LLMLB_SOAK_STREAMS=%q: want a count", s)
 		}
 	}
-	bin, err := filepath.Abs(cmpOr(os.Getenv("LLMLB_BIN"), "bin/llmlb"))
+	bin, err := filepath.Abs(cmpOr(os.Getenv("LLMLB_BIN"), "../bin/llmlb"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,8 +1,7 @@
-package main
+package e2e
 
 import (
 	"bufio"
-	"crypto/sha256"
 	"fmt"
 	"io"
 	"net/http"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb/internal/config"
+	"github.com/llmlb/llmlb/internal/serve"
 	"github.com/llmlb/llmlb/sim"
 )
 
@@ -30,13 +30,13 @@ func reloadConfig(urls []string, extra string) string {
 
 // startFromFile runs the balancer on the config file at path, reloading it
 // on SIGHUP and when it changes (checked every poll).
-func startFromFile(t *testing.T, path string, poll time.Duration, n int) *instance {
+func startFromFile(t *testing.T, path string, poll time.Duration, n int) *serve.Instance {
 	t.Helper()
 	cfg, err := config.Load(path, noEnv)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return startSource(t, cfg, &configSource{path: path, env: noEnv, poll: poll}, n)
+	return startSource(t, cfg, &serve.Source{Path: path, Env: noEnv, Poll: poll}, n)
 }
 
 // metricValue reads one sample, `name{labels}` as the page writes it,
@@ -96,13 +96,13 @@ func TestReloadOnFileChange(t *testing.T) {
 	inst := startFromFile(t, path, 20*time.Millisecond, 2)
 
 	body := `{"model":"` + testModel + `","prompt":"hello","max_tokens":40,"stream":true}`
-	resp, err := http.Post("http://"+inst.addr+"/v1/completions", "application/json", strings.NewReader(body))
+	resp, err := http.Post("http://"+inst.Addr+"/v1/completions", "application/json", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	busyName := resp.Header.Get("X-Llmlb-Backend") // names are never reused
-	busy := backendNames(t, inst.adminAddr)[busyName]
+	busy := backendNames(t, inst.AdminAddr)[busyName]
 	rd := bufio.NewReader(resp.Body)
 	if line, err := rd.ReadString('\n'); err != nil || !strings.HasPrefix(line, "data: ") {
 		t.Fatalf("stream start %q %v", line, err)
@@ -118,9 +118,9 @@ func TestReloadOnFileChange(t *testing.T) {
 		t.Fatalf("stream went to %q, not one of %v", busy, urls[:2])
 	}
 	replaceFile(t, path, reloadConfig(append(keep, urls[2]), ""))
-	waitMetric(t, inst.adminAddr, `llmlb_config_reloads_total{result="success"}`, 1)
+	waitMetric(t, inst.AdminAddr, `llmlb_config_reloads_total{result="success"}`, 1)
 	deadline := time.Now().Add(10 * time.Second)
-	for st := backendStates(t, inst.adminAddr); st[busy] != "draining" || st[urls[2]] != "ready"; st = backendStates(t, inst.adminAddr) {
+	for st := backendStates(t, inst.AdminAddr); st[busy] != "draining" || st[urls[2]] != "ready"; st = backendStates(t, inst.AdminAddr) {
 		if time.Now().After(deadline) {
 			t.Fatalf("states after reload: %v", st)
 		}
@@ -131,26 +131,26 @@ func TestReloadOnFileChange(t *testing.T) {
 		t.Fatalf("the stream on the removed backend was cut: %v\n%s", err, rest)
 	}
 	deadline = time.Now().Add(10 * time.Second)
-	for _, ok := backendStates(t, inst.adminAddr)[busy]; ok; _, ok = backendStates(t, inst.adminAddr)[busy] {
+	for _, ok := backendStates(t, inst.AdminAddr)[busy]; ok; _, ok = backendStates(t, inst.AdminAddr)[busy] {
 		if time.Now().After(deadline) {
 			t.Fatal("the drained backend was never removed")
 		}
 		<-time.After(10 * time.Millisecond)
 	}
 	for range 6 {
-		if be := completeOnce(t, inst.addr); be == busyName {
+		if be := completeOnce(t, inst.Addr); be == busyName {
 			t.Fatalf("a request went to the removed backend %s", be)
 		}
 	}
 
 	// A typo: refused, counted, and the running config keeps serving.
 	replaceFile(t, path, reloadConfig(urls[2:], "balancer:\n  polcy: ttft\n"))
-	waitMetric(t, inst.adminAddr, `llmlb_config_reloads_total{result="error"}`, 1)
-	if st := backendStates(t, inst.adminAddr); len(st) != 2 || st[keep[0]] != "ready" || st[urls[2]] != "ready" {
+	waitMetric(t, inst.AdminAddr, `llmlb_config_reloads_total{result="error"}`, 1)
+	if st := backendStates(t, inst.AdminAddr); len(st) != 2 || st[keep[0]] != "ready" || st[urls[2]] != "ready" {
 		t.Fatalf("a refused file changed the backends: %v", st)
 	}
-	completeOnce(t, inst.addr)
-	if v := metricValue(t, inst.adminAddr, `llmlb_config_reloads_total{result="success"}`); v != 1 {
+	completeOnce(t, inst.Addr)
+	if v := metricValue(t, inst.AdminAddr, `llmlb_config_reloads_total{result="success"}`); v != 1 {
 		t.Errorf("successful reloads %g, want 1", v)
 	}
 }
@@ -167,8 +167,8 @@ func TestReloadOnSIGHUP(t *testing.T) {
 	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	waitMetric(t, inst.adminAddr, `llmlb_config_reloads_total{result="success"}`, 1)
-	waitBackends(t, inst.adminAddr, 2)
+	waitMetric(t, inst.AdminAddr, `llmlb_config_reloads_total{result="success"}`, 1)
+	waitBackends(t, inst.AdminAddr, 2)
 }
 
 // completeOnce sends one small completion and returns the name of the
@@ -186,25 +186,4 @@ func completeOnce(t *testing.T, addr string) string {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
 	return resp.Header.Get("X-Llmlb-Backend")
-}
-
-// TestSettlerWaitsForAFileToHold: a changed file is reloaded at the second
-// poll that sees the same content, never at the first; content that changes
-// between polls (a file being written) waits again; going back to the
-// running content cancels.
-func TestSettlerWaitsForAFileToHold(t *testing.T) {
-	run, half, full := sha256.Sum256([]byte("a")), sha256.Sum256([]byte("b")), sha256.Sum256([]byte("bc"))
-	var s settler
-	steps := []struct {
-		seen [32]byte
-		want bool
-	}{
-		{run, false}, {half, false}, {full, false}, {full, true}, // written in two goes: only the whole one
-		{half, false}, {run, false}, {half, false}, {half, true}, // back to the running content in between
-	}
-	for i, st := range steps {
-		if got := s.ready(st.seen, run); got != st.want {
-			t.Fatalf("poll %d: reload %v, want %v", i, got, st.want)
-		}
-	}
 }

@@ -1,4 +1,4 @@
-package main
+package serve
 
 import (
 	"context"
@@ -19,12 +19,12 @@ import (
 	"github.com/llmlb/llmlb/scrape"
 )
 
-// configSource is where a running balancer rereads its config from.
-type configSource struct {
-	path string
-	env  config.Environ
-	// poll is how often the file is checked for a change. (default 1s)
-	poll time.Duration
+// Source is where a running balancer rereads its config from.
+type Source struct {
+	Path string         // the config file
+	Env  config.Environ // the environment its LLMLB_* overrides come from
+	// Poll is how often the file is checked for a change. (default 1s)
+	Poll time.Duration
 }
 
 // reloader applies a changed config file to a running balancer, on SIGHUP
@@ -38,7 +38,7 @@ type configSource struct {
 // other setting (listeners, proxy, scrape, balancer, prefix, log format)
 // is logged as needing a restart.
 type reloader struct {
-	src    configSource
+	src    Source
 	logger *slog.Logger
 	level  *slog.LevelVar
 	mgr    *scrape.Manager
@@ -52,9 +52,9 @@ type reloader struct {
 	hash [32]byte      // guarded by mu; of the file cur came from
 }
 
-func newReloader(src configSource, cfg config.Config, logger *slog.Logger, level *slog.LevelVar, mgr *scrape.Manager, bal *balancer.Balancer, px *proxy.Server, reg prometheus.Registerer) *reloader {
-	if src.poll <= 0 {
-		src.poll = time.Second
+func newReloader(src Source, cfg config.Config, logger *slog.Logger, level *slog.LevelVar, mgr *scrape.Manager, bal *balancer.Balancer, px *proxy.Server, reg prometheus.Registerer) *reloader {
+	if src.Poll <= 0 {
+		src.Poll = time.Second
 	}
 	r := &reloader{src: src, logger: logger, level: level, mgr: mgr, bal: bal, px: px, cur: cfg,
 		result: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -70,10 +70,10 @@ func newReloader(src configSource, cfg config.Config, logger *slog.Logger, level
 	r.result.WithLabelValues("error")
 	r.last.SetToCurrentTime()
 	reg.MustRegister(r.result, r.last)
-	if src.path == "" {
+	if src.Path == "" {
 		return r // metrics only: nothing to reload from
 	}
-	if b, err := os.ReadFile(src.path); err == nil {
+	if b, err := os.ReadFile(src.Path); err == nil {
 		r.hash = sha256.Sum256(b)
 	}
 	return r
@@ -89,7 +89,7 @@ func (r *reloader) run(ctx context.Context, hup <-chan os.Signal) {
 	case <-ctx.Done():
 		return
 	}
-	tick := time.NewTicker(r.src.poll)
+	tick := time.NewTicker(r.src.Poll)
 	defer tick.Stop()
 	var settle settler
 	for {
@@ -99,7 +99,7 @@ func (r *reloader) run(ctx context.Context, hup <-chan os.Signal) {
 		case <-hup:
 			r.reload("signal")
 		case <-tick.C:
-			b, err := os.ReadFile(r.src.path)
+			b, err := os.ReadFile(r.src.Path)
 			if err != nil {
 				continue // mid-replace, or gone: the next change will tell
 			}
@@ -145,11 +145,11 @@ func notifyHUP() (ch chan os.Signal, stop func()) {
 func (r *reloader) reload(trigger string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	b, err := os.ReadFile(r.src.path)
+	b, err := os.ReadFile(r.src.Path)
 	if err == nil {
 		r.hash = sha256.Sum256(b) // a refused file is not retried until it changes again
 	}
-	cfg, err := config.Load(r.src.path, r.src.env) // validated in full, every problem named
+	cfg, err := config.Load(r.src.Path, r.src.Env) // validated in full, every problem named
 	if err == nil {
 		var engines scrape.EngineSet
 		if engines, err = scrape.NewEngineSet(cfg.Engines); err == nil {
@@ -158,7 +158,7 @@ func (r *reloader) reload(trigger string) bool {
 	}
 	if err != nil {
 		r.result.WithLabelValues("error").Inc()
-		r.logger.Error("config reload refused; the running config keeps serving", "file", r.src.path, "trigger", trigger, "err", err.Error())
+		r.logger.Error("config reload refused; the running config keeps serving", "file", r.src.Path, "trigger", trigger, "err", err.Error())
 		return false
 	}
 	r.bal.SetModels(cfg.Models)
@@ -171,7 +171,7 @@ func (r *reloader) reload(trigger string) bool {
 	r.cur = cfg
 	r.result.WithLabelValues("success").Inc()
 	r.last.SetToCurrentTime()
-	r.logger.Info("config reloaded", "file", r.src.path, "trigger", trigger, "backends", len(cfg.Backends), "models", len(cfg.Models), "keys", len(cfg.Auth.Keys))
+	r.logger.Info("config reloaded", "file", r.src.Path, "trigger", trigger, "backends", len(cfg.Backends), "models", len(cfg.Models), "keys", len(cfg.Auth.Keys))
 	return true
 }
 

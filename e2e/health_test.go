@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"encoding/json"
@@ -103,7 +103,7 @@ func TestKilledBackendLeavesRotation(t *testing.T) {
 	inst := startTest(t, cfg, 3)
 
 	stop := make(chan struct{})
-	tr := startTraffic(inst.addr, 6, stop)
+	tr := startTraffic(inst.Addr, 6, stop)
 	for tr.ok.Load() < 50 {
 		pollPause()
 	}
@@ -111,7 +111,7 @@ func TestKilledBackendLeavesRotation(t *testing.T) {
 	// Kill: no new connections, and the open ones reset.
 	victim.Listener.Close()
 	victim.CloseClientConnections()
-	took := backendState(t, inst.adminAddr, victim.URL, "down", 5*time.Second)
+	took := backendState(t, inst.AdminAddr, victim.URL, "down", 5*time.Second)
 	if limit := 3 * cfg.Scrape.HealthInterval; took > limit {
 		t.Errorf("killed backend left rotation after %s, want within three health intervals (%s)", took, limit)
 	}
@@ -129,8 +129,8 @@ func TestKilledBackendLeavesRotation(t *testing.T) {
 	revived := &httptest.Server{Listener: ln, Config: &http.Server{Handler: s.Handler()}}
 	revived.Start()
 	defer revived.Close()
-	backendState(t, inst.adminAddr, victim.URL, "ready", 10*time.Second)
-	bs, _ := sim.FetchBackends(http.DefaultClient, "http://"+inst.adminAddr)
+	backendState(t, inst.AdminAddr, victim.URL, "ready", 10*time.Second)
+	bs, _ := sim.FetchBackends(http.DefaultClient, "http://"+inst.AdminAddr)
 	var servedBefore int64
 	for _, b := range bs {
 		if b.ID == victim.URL {
@@ -140,7 +140,7 @@ func TestKilledBackendLeavesRotation(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for served := servedBefore; served <= servedBefore+10 && time.Now().Before(deadline); {
 		pollPause()
-		bs, _ := sim.FetchBackends(http.DefaultClient, "http://"+inst.adminAddr)
+		bs, _ := sim.FetchBackends(http.DefaultClient, "http://"+inst.AdminAddr)
 		for _, b := range bs {
 			if b.ID == victim.URL {
 				served = b.Requests
@@ -177,7 +177,7 @@ func TestMixedPoolIsScrapedPerEngine(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		var st []debugBackend
-		getJSON(t, "http://"+inst.adminAddr+"/debug/backends", &struct {
+		getJSON(t, "http://"+inst.AdminAddr+"/debug/backends", &struct {
 			Backends *[]debugBackend `json:"backends"`
 		}{&st})
 		good := 0
@@ -240,7 +240,7 @@ func TestDownBackendsAnswer503(t *testing.T) {
 	cfg := testConfig([]string{dead})
 	cfg.Scrape.UnhealthyAfter = 1
 	inst := startTest(t, cfg, 0)
-	backendState(t, inst.adminAddr, dead, "down", 5*time.Second)
+	backendState(t, inst.AdminAddr, dead, "down", 5*time.Second)
 
 	ask := func(addr, model string) (int, string, http.Header) {
 		t.Helper()
@@ -261,13 +261,13 @@ func TestDownBackendsAnswer503(t *testing.T) {
 		}
 		return resp.StatusCode, e.Error.Message, resp.Header
 	}
-	if code, msg, h := ask(inst.addr, testModel); code != http.StatusServiceUnavailable || h.Get("Retry-After") == "" {
+	if code, msg, h := ask(inst.Addr, testModel); code != http.StatusServiceUnavailable || h.Get("Retry-After") == "" {
 		t.Errorf("every server down: status %d Retry-After %q (%s), want 503 with Retry-After", code, h.Get("Retry-After"), msg)
 	}
 
 	urls := simBackends(t, 1, sim.SteadyConfig{Speed: 100})
 	up := startTest(t, testConfig(urls), 1)
-	code, msg, _ := ask(up.addr, "no-such-model")
+	code, msg, _ := ask(up.Addr, "no-such-model")
 	if code != http.StatusNotFound {
 		t.Errorf("never offered: status %d (%s), want 404", code, msg)
 	}

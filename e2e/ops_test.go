@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"bufio"
@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb/balancer"
+	"github.com/llmlb/llmlb/internal/serve"
 	"github.com/llmlb/llmlb/scrape"
 	"github.com/llmlb/llmlb/sim"
 )
@@ -27,7 +28,7 @@ const secret = "PROMPT-SECRET-7f3a"
 // documentedMetrics reads the metric names of README's metrics table.
 func documentedMetrics(t *testing.T) []string {
 	t.Helper()
-	b, err := os.ReadFile("README.md")
+	b, err := os.ReadFile("../README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,18 +158,18 @@ func TestOperationsMixedRun(t *testing.T) {
 	cfg.Models = []balancer.ModelRoute{{Name: "chat-alias", Targets: []balancer.ModelTarget{{Model: testModel}}}}
 	cfg.Log.Level, cfg.Log.Format = "info", "json"
 	logs := &lockedBuffer{}
-	inst, err := start(t.Context(), cfg, nil, logs)
+	inst, err := serve.Start(t.Context(), cfg, nil, logs)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := inst.wait(); err != nil {
+		if err := inst.Wait(); err != nil {
 			t.Errorf("shutdown: %v", err)
 		}
 	})
-	waitBackends(t, inst.adminAddr, 3) // g1, g2, bad
+	waitBackends(t, inst.AdminAddr, 3) // g1, g2, bad
 
-	base := "http://" + inst.addr
+	base := "http://" + inst.Addr
 	sent := 0
 	post := func(path, body string, hdr ...string) (*http.Response, string) {
 		t.Helper()
@@ -250,7 +251,7 @@ func TestOperationsMixedRun(t *testing.T) {
 	var ss map[string][]sample
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		ss = scrapeAdmin(t, inst.adminAddr)
+		ss = scrapeAdmin(t, inst.AdminAddr)
 		_, ej := sum(ss, "llmlb_backend_ejections_total")
 		_, dns := sum(ss, "llmlb_discovery_dns_backends")
 		_, se := sum(ss, "llmlb_scrape_errors_total")
@@ -356,12 +357,12 @@ func TestAccessLogPromptsOnlyAtDebug(t *testing.T) {
 		cfg := testConfig(urls)
 		cfg.Log.Level, cfg.Log.Prompts = level, true
 		logs := &lockedBuffer{}
-		inst, err := start(t.Context(), cfg, nil, logs)
+		inst, err := serve.Start(t.Context(), cfg, nil, logs)
 		if err != nil {
 			t.Fatal(err)
 		}
-		waitBackends(t, inst.adminAddr, 1)
-		completeWith(t, inst.addr, secret)
+		waitBackends(t, inst.AdminAddr, 1)
+		completeWith(t, inst.Addr, secret)
 		// The access line is written as the handler returns, which can be
 		// after the client has read the whole answer.
 		for deadline := time.Now().Add(10 * time.Second); !strings.Contains(logs.String(), "msg=request") && time.Now().Before(deadline); {

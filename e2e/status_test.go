@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"bufio"
@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmlb/llmlb/internal/demo"
 	"github.com/llmlb/llmlb/scrape"
 	"github.com/llmlb/llmlb/sim"
 )
@@ -68,7 +69,7 @@ func TestStatusPageInChromium(t *testing.T) {
 	// it between the DOM dump and the screenshot on a loaded machine).
 	ctx, stop := context.WithCancel(t.Context())
 	go func() {
-		err := run(ctx, []string{"demo", "--duration", "2m", "--speed", "4", "--concurrency", "8", "--status", "127.0.0.1:0"}, noEnv, pw, io.Discard)
+		err := demo.Run(ctx, demo.Options{Backends: 4, Duration: 2 * time.Minute, Speed: 4, Concurrency: 8, Status: "127.0.0.1:0"}, pw, io.Discard)
 		pw.CloseWithError(err)
 		done <- err
 	}()
@@ -173,7 +174,7 @@ func TestStatusPageWithDownBackendFits(t *testing.T) {
 		t.Helper()
 		deadline := time.Now().Add(15 * time.Second)
 		for {
-			bs, err := sim.FetchBackends(http.DefaultClient, "http://"+inst.adminAddr)
+			bs, err := sim.FetchBackends(http.DefaultClient, "http://"+inst.AdminAddr)
 			if err == nil && cond(bs) {
 				return
 			}
@@ -192,7 +193,7 @@ func TestStatusPageWithDownBackendFits(t *testing.T) {
 		return false
 	})
 	post := func(body string) int {
-		resp, err := http.Post("http://"+inst.addr+"/v1/completions", "application/json", strings.NewReader(body))
+		resp, err := http.Post("http://"+inst.Addr+"/v1/completions", "application/json", strings.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -215,7 +216,7 @@ func TestStatusPageWithDownBackendFits(t *testing.T) {
 	}
 
 	// The page as served, with a script that measures it once laid out.
-	admin := "http://" + inst.adminAddr + "/"
+	admin := "http://" + inst.AdminAddr + "/"
 	const probe = `<script>addEventListener('load', () => {
   const vw = document.documentElement.clientWidth, wide = [];
   for (const el of document.body.querySelectorAll('*')) {

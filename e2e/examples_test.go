@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"bufio"
@@ -156,7 +156,7 @@ func port(t *testing.T, hostport string) int {
 // files and the Kubernetes ConfigMap alike, validates.
 func TestExampleConfigsValidate(t *testing.T) {
 	n := 0
-	err := filepath.WalkDir("examples", func(path string, d os.DirEntry, err error) error {
+	err := filepath.WalkDir("../examples", func(path string, d os.DirEntry, err error) error {
 		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".yaml") {
 			return err
 		}
@@ -191,7 +191,7 @@ func TestExampleConfigsValidate(t *testing.T) {
 // only); its backends are the vLLM services at the port they serve on; the
 // vLLM services reserve a GPU each and health-check /health.
 func TestComposeExample(t *testing.T) {
-	docs := readYAML(t, "examples/docker-compose.yaml")
+	docs := readYAML(t, "../examples/docker-compose.yaml")
 	if len(docs) != 1 {
 		t.Fatalf("%d documents", len(docs))
 	}
@@ -207,7 +207,7 @@ func TestComposeExample(t *testing.T) {
 	if mount == "" || !slices.Equal(cmd, []any{"serve", "--config", "/etc/llmlb/config.yaml"}) {
 		t.Fatalf("llmlb: config mount %q, command %v", mount, cmd)
 	}
-	b, err := os.ReadFile(filepath.Join("examples", mount))
+	b, err := os.ReadFile(filepath.Join("../examples", mount))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,7 +256,7 @@ func TestComposeExample(t *testing.T) {
 			t.Errorf("%s is not optional", name)
 		}
 	}
-	prom, err := os.ReadFile("examples/compose/prometheus.yml")
+	prom, err := os.ReadFile("../examples/compose/prometheus.yml")
 	if err != nil || !strings.Contains(string(prom), `"llmlb:`+strconv.Itoa(port(t, cfg.Admin.Listen))+`"`) {
 		t.Errorf("prometheus.yml does not scrape llmlb's admin port: %v", err)
 	}
@@ -282,7 +282,7 @@ func TestKubernetesExample(t *testing.T) {
 	cms := map[string]*corev1.ConfigMap{}
 	deps := map[string]*appsv1.Deployment{}
 	svcs := map[string]*corev1.Service{}
-	for _, f := range []string{"examples/kubernetes/llmlb.yaml", "examples/kubernetes/vllm.yaml"} {
+	for _, f := range []string{"../examples/kubernetes/llmlb.yaml", "../examples/kubernetes/vllm.yaml"} {
 		for _, obj := range readManifests(t, f) {
 			switch o := obj.(type) {
 			case *corev1.ConfigMap:
@@ -434,7 +434,7 @@ spec:
 // config and reloads with SIGHUP; every query of the Grafana dashboard
 // names only metrics the README documents.
 func TestDeploymentFiles(t *testing.T) {
-	df, err := os.ReadFile("examples/Dockerfile")
+	df, err := os.ReadFile("../examples/Dockerfile")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -443,7 +443,7 @@ func TestDeploymentFiles(t *testing.T) {
 			t.Errorf("Dockerfile lacks %q", want)
 		}
 	}
-	unit, err := os.ReadFile("examples/llmlb.service")
+	unit, err := os.ReadFile("../examples/llmlb.service")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"crypto/tls"
@@ -36,14 +36,14 @@ func TestServeHTTPSInFrontOfHTTPSBackend(t *testing.T) {
 	cfg.TLS = proxy.TLSConfig{CertFile: testcert.Write(t, dir, "front.pem", fc), KeyFile: testcert.Write(t, dir, "front-key.pem", fk)}
 	cfg.Proxy.BackendCAFile = testcert.Write(t, dir, "ca.pem", ca.PEM)
 	inst := startTest(t, cfg, 1)
-	if inst.scheme != "https" {
-		t.Errorf("scheme %q, want https", inst.scheme)
+	if inst.Scheme != "https" {
+		t.Errorf("scheme %q, want https", inst.Scheme)
 	}
 
 	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool()}, ForceAttemptHTTP2: true} // offers h2; gets HTTP/1.1
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr}
-	resp, err := client.Post("https://"+inst.addr+"/v1/completions", "application/json",
+	resp, err := client.Post("https://"+inst.Addr+"/v1/completions", "application/json",
 		strings.NewReader(`{"model":"`+testModel+`","prompt":"hi","max_tokens":2}`))
 	if err != nil {
 		t.Fatal(err)
@@ -53,7 +53,7 @@ func TestServeHTTPSInFrontOfHTTPSBackend(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || resp.TLS == nil || resp.Proto != "HTTP/1.1" {
 		t.Fatalf("HTTPS request: status %d, TLS %v, %s; want 200 over TLS, HTTP/1.1; %s", resp.StatusCode, resp.TLS != nil, resp.Proto, b)
 	}
-	plain, err := http.Get("http://" + inst.addr + "/health")
+	plain, err := http.Get("http://" + inst.Addr + "/health")
 	if err == nil {
 		plain.Body.Close()
 		if plain.StatusCode == http.StatusOK {

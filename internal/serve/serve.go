@@ -1,0 +1,200 @@
+package serve
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/llmlb/llmlb/internal/config"
+	"github.com/llmlb/llmlb/kvevents"
+	"github.com/llmlb/llmlb/proxy"
+	"github.com/llmlb/llmlb/scrape"
+)
+
+// Run serves cfg until ctx ends, then shuts down gracefully: it stops
+// accepting, lets in-flight requests and streams finish within
+// cfg.ShutdownGrace, cuts what remains, and returns nil. It prints where
+// it listens to stdout and logs to stderr.
+func Run(ctx context.Context, cfg config.Config, src *Source, stdout, stderr io.Writer) error {
+	inst, err := Start(ctx, cfg, src, stderr)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "llmlb: serving on %s://%s (admin http://%s)\n", inst.Scheme, inst.Addr, inst.AdminAddr)
+	return inst.Wait()
+}
+
+// Instance is a running balancer. Its fields are set by [Start] and not
+// changed after.
+type Instance struct {
+	Addr      string // where clients reach it, host:port
+	AdminAddr string // the admin listener, host:port; "" when disabled
+	Scheme    string // of Addr: http, or https with tls configured
+	done      chan error
+}
+
+// Wait blocks until the instance has shut down and returns why it did:
+// nil when ctx ended, else the listener's error.
+func (in *Instance) Wait() error { return <-in.done }
+
+// Start brings up the balancer for cfg and returns once it listens. It
+// shuts down gracefully when ctx ends; [Instance.Wait] reports the end.
+// With a source, it reloads the config from it on SIGHUP and when the file
+// changes.
+func Start(ctx context.Context, cfg config.Config, src *Source, stderr io.Writer) (*Instance, error) {
+	logger, level := newLogger(cfg.Log, stderr)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	var kv *kvevents.Store // the backends' KV-cache events, when they publish them
+	if scrape.WantsKVEvents(cfg.Scrape, cfg.Backends) {
+		kv = kvevents.NewStore()
+	}
+	bal, err := newBalancer(cfg, kv, reg, logger)
+	if err != nil {
+		return nil, err
+	}
+	engines, err := scrape.NewEngineSet(cfg.Engines)
+	if err != nil {
+		return nil, err
+	}
+	backendTLS, err := cfg.Proxy.BackendTLS()
+	if err != nil {
+		return nil, err
+	}
+	var certs *proxy.CertReloader
+	if cfg.TLS.Enabled() {
+		if certs, err = proxy.NewCertReloader(cfg.TLS, logger); err != nil {
+			return nil, err
+		}
+	}
+	mgr, err := scrape.NewManager(scrape.Setup{
+		TLS:           backendTLS,
+		Config:        cfg.Scrape,
+		Backends:      cfg.Backends,
+		Engines:       engines,
+		DefaultEngine: cfg.DefaultEngine,
+		Balancer:      bal,
+		Registerer:    reg,
+		Logger:        logger,
+		KVEvents:      kv,
+	})
+	if err != nil {
+		return nil, err
+	}
+	px := proxy.New(cfg.Proxy, bal, reg, logger)
+	px.SetLogging(cfg.Log.Access, cfg.Log.Prompts)
+	px.SetBackendTLS(backendTLS)
+	px.SetKVEvents(kv)
+	if err := px.SetAuth(cfg.Auth); err != nil {
+		return nil, err
+	}
+
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("listen: %w", err)
+	}
+	front := px.HTTPServer(slog.NewLogLogger(logger.Handler(), slog.LevelDebug))
+	if certs != nil {
+		front.TLSConfig = certs.TLSConfig()
+		ln = tls.NewListener(ln, front.TLSConfig)
+	}
+	var admin *http.Server
+	var adminLn net.Listener
+	if cfg.Admin.Listen != "" {
+		adminLn, err = net.Listen("tcp", cfg.Admin.Listen)
+		if err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("admin.listen: %w", err)
+		}
+		h := px.AdminHandler(reg)
+		if cfg.Admin.Token != "" {
+			if h, err = px.RequireToken(cfg.Admin.Token, h); err != nil {
+				ln.Close()
+				adminLn.Close()
+				return nil, err
+			}
+		}
+		admin = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	}
+
+	// Shutdown closes the listeners before it runs these hooks.
+	front.RegisterOnShutdown(func() { logger.Info("stopped accepting new connections") })
+
+	inst := &Instance{Addr: ln.Addr().String(), Scheme: "http", done: make(chan error, 1)}
+	if certs != nil {
+		inst.Scheme = "https"
+	}
+	scrapeCtx, stopScrape := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = mgr.Run(scrapeCtx) })
+	var cs Source
+	if src != nil {
+		cs = *src
+	}
+	rl := newReloader(cs, cfg, logger, level, mgr, bal, px, reg)
+	if src != nil {
+		hup, stopHUP := notifyHUP()
+		wg.Go(func() { defer stopHUP(); rl.run(scrapeCtx, hup) })
+	}
+	serveErr := make(chan error, 2)
+	wg.Go(func() { serveErr <- ignoreClosed(front.Serve(ln)) })
+	if admin != nil {
+		inst.AdminAddr = adminLn.Addr().String()
+		wg.Go(func() { serveErr <- ignoreClosed(admin.Serve(adminLn)) })
+	}
+	logger.Info("serving", "listen", inst.Addr, "scheme", inst.Scheme, "admin", inst.AdminAddr, "backends", len(cfg.Backends))
+
+	go func() {
+		var runErr error
+		select {
+		case <-ctx.Done():
+		case runErr = <-serveErr:
+		}
+		logger.Info("shutting down", "grace", cfg.ShutdownGrace.String())
+		graceCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
+		defer cancel()
+		if err := front.Shutdown(graceCtx); err != nil {
+			logger.Warn("grace period over, cutting remaining requests", "err", err)
+			front.Close()
+		}
+		if admin != nil {
+			admin.Close()
+		}
+		stopScrape()
+		wg.Wait()
+		logger.Info("stopped")
+		inst.done <- runErr
+	}()
+	return inst, nil
+}
+
+func ignoreClosed(err error) error {
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// newLogger returns the logger c asks for; its level can be changed
+// while it runs through the returned LevelVar.
+func newLogger(c config.LogConfig, w io.Writer) (*slog.Logger, *slog.LevelVar) {
+	level, _ := config.ParseLevel(c.Level) // validated
+	lv := new(slog.LevelVar)
+	lv.Set(level)
+	opts := &slog.HandlerOptions{Level: lv}
+	if c.Format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts)), lv
+	}
+	return slog.New(slog.NewTextHandler(w, opts)), lv
+}

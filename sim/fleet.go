@@ -1,0 +1,99 @@
+package sim
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// FleetConfig describes emulated servers started together, as `llmlb sim`
+// and the demo run them.
+type FleetConfig struct {
+	// Server is what every server speaks and serves.
+	Server ServerConfig
+	// Engines holds each server's engine model; the fleet has one server
+	// per entry.
+	Engines []EngineConfig
+	// Speed runs the engines this many times faster than real time.
+	// (default 1)
+	Speed float64
+	// Listen is the first server's host:port; the others take the ports
+	// after it. Port 0 gives each server a free port.
+	Listen string
+	// Faults are switched on, at start, in the servers whose indexes
+	// FaultOn lists.
+	Faults  Faults
+	FaultOn []int
+}
+
+// Fleet is a running set of emulated servers. Its fields are set by
+// [StartFleet] and not changed after; Close stops every server.
+type Fleet struct {
+	URLs    []string // each server's base URL, http://host:port
+	Engines []*Live  // each server's engine, for its live statistics
+
+	servers []*http.Server
+	wg      sync.WaitGroup
+}
+
+// StartFleet starts the servers cfg describes and returns once each
+// listens. On an error it stops those it started.
+func StartFleet(cfg FleetConfig) (*Fleet, error) {
+	if len(cfg.Engines) == 0 {
+		return nil, fmt.Errorf("sim: a fleet needs at least one server")
+	}
+	speed := cfg.Speed
+	if speed <= 0 {
+		speed = 1
+	}
+	host, portText, err := net.SplitHostPort(cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("sim: listen %q: %w", cfg.Listen, err)
+	}
+	port, err := strconv.Atoi(portText)
+	if err != nil || port < 0 {
+		return nil, fmt.Errorf("sim: listen %q: bad port", cfg.Listen)
+	}
+	f := &Fleet{}
+	for i, ecfg := range cfg.Engines {
+		live := NewLive(ecfg, speed)
+		s, err := NewServer(cfg.Server, live)
+		if err != nil {
+			f.Close()
+			return nil, err
+		}
+		addr := net.JoinHostPort(host, "0")
+		if port != 0 {
+			addr = net.JoinHostPort(host, strconv.Itoa(port+i))
+		}
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			f.Close()
+			return nil, fmt.Errorf("sim: %w", err)
+		}
+		for _, j := range cfg.FaultOn {
+			if j == i && len(cfg.Faults) > 0 {
+				s.SetFaults(cfg.Faults)
+			}
+		}
+		hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
+		f.servers = append(f.servers, hs)
+		f.URLs = append(f.URLs, "http://"+ln.Addr().String())
+		f.Engines = append(f.Engines, live)
+		ln = s.Listener(ln)
+		f.wg.Go(func() { _ = hs.Serve(ln) })
+	}
+	return f, nil
+}
+
+// Close stops every server at once, cutting requests in flight, and waits
+// for them to end.
+func (f *Fleet) Close() {
+	for _, hs := range f.servers {
+		hs.Close()
+	}
+	f.wg.Wait()
+}
