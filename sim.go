@@ -1,0 +1,82 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/llmlb/llmlb/sim"
+)
+
+func faultKinds() []string {
+	var s []string
+	for _, k := range sim.FaultKinds() {
+		s = append(s, string(k))
+	}
+	return s
+}
+
+func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("sim", "llmlb sim [--engine vllm] [--preset h100-8b] [--listen ADDR] [--model NAME] [--lora a,b] [--max-lora N] [--speed X] [--count N] [--fault KIND[:k=v,...],... [--fault-on 0,2]]", stderr)
+	engine := fs.String("engine", "vllm", "engine flavour to emulate: vllm, sglang, triton-tensorrt-llm or trtllm-serve")
+	preset := fs.String("preset", "h100-8b", "engine model preset: "+strings.Join(sim.PresetNames(), ", "))
+	listen := fs.String("listen", "127.0.0.1:8001", "address of the first server; --count servers take consecutive ports")
+	model := fs.String("model", "llama-3.1-8b", "base model name served")
+	lora := fs.String("lora", "", "comma-separated LoRA adapter names served on top of the model")
+	speed := fs.Float64("speed", 1, "run this many times faster than real time")
+	count := fs.Int("count", 1, "number of servers to start")
+	maxLoRA := fs.Int("max-lora", 0, "adapters a batch may use at once (0: the preset's)")
+	faultSpec := fs.String("fault", "", "faults to show, e.g. die-mid-stream:after=5s,for=10s (kinds: "+strings.Join(faultKinds(), ", ")+"); switch them at runtime with PUT /sim/faults")
+	faultOnList := fs.String("fault-on", "0", "comma-separated indexes (from 0) of the servers --fault applies to")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	faults, err := sim.ParseFaults(*faultSpec)
+	if err != nil {
+		return fmt.Errorf("sim: --fault: %w", err)
+	}
+	var faultOn []int
+	for w := range strings.SplitSeq(*faultOnList, ",") {
+		i, err := strconv.Atoi(strings.TrimSpace(w))
+		if err != nil || i < 0 {
+			return fmt.Errorf("sim: --fault-on %q: not a list of server indexes", *faultOnList)
+		}
+		faultOn = append(faultOn, i)
+	}
+	ecfg, err := sim.Preset(*preset)
+	if err != nil {
+		return fmt.Errorf("sim: --preset: %w", err)
+	}
+	if *maxLoRA > 0 {
+		ecfg.MaxLoRA = *maxLoRA
+	}
+	if *count < 1 {
+		return errors.New("sim: --count must be at least 1")
+	}
+	ecfg.CacheOnCompute = sim.CachesOnCompute(*engine)
+	fc := sim.FleetConfig{Server: sim.ServerConfig{Engine: *engine, Model: *model}, Speed: *speed, Listen: *listen, Faults: faults, FaultOn: faultOn}
+	if *lora != "" {
+		fc.Server.Adapters = strings.Split(*lora, ",")
+	}
+	for range *count {
+		fc.Engines = append(fc.Engines, ecfg)
+	}
+	fleet, err := sim.StartFleet(fc)
+	if err != nil {
+		return err
+	}
+	for i, u := range fleet.URLs {
+		note := ""
+		if slices.Contains(faultOn, i) && len(faults) > 0 {
+			note = " with faults " + faults.String()
+		}
+		fmt.Fprintf(stdout, "sim: %s (%s, x%g) serving %s at %s%s\n", *engine, *preset, *speed, *model, u, note)
+	}
+	<-ctx.Done()
+	fleet.Close()
+	return nil
+}
