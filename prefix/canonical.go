@@ -8,7 +8,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/llmlb/llmlb/internal/jsonscan"
+	"github.com/llmlb/llmlb/jsonscan"
 )
 
 // FormatError is a prompt or message list that cannot be a valid request.

@@ -6,7 +6,7 @@ import (
 	"io"
 	"time"
 
-	"github.com/llmlb/llmlb/internal/jsonscan"
+	"github.com/llmlb/llmlb/jsonscan"
 )
 
 // Usage is the token counts a backend reported for one request, from the

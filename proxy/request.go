@@ -8,7 +8,7 @@ import (
 	"net/http"
 	"unicode/utf8"
 
-	"github.com/llmlb/llmlb/internal/jsonscan"
+	"github.com/llmlb/llmlb/jsonscan"
 	"github.com/llmlb/llmlb/prefix"
 )
 

@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/llmlb/llmlb/internal/jsonscan"
+	"github.com/llmlb/llmlb/jsonscan"
 )
 
 // The fast readers below decode a usage object and a stream chunk as
