@@ -88,7 +88,7 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 	}
 	loadCtx, stopLoad := context.WithTimeout(ctx, o.Duration)
 	defer stopLoad()
-	load := &sim.Load{URL: "http://" + inst.Addr, Model: model, Concurrency: o.Concurrency, Tenants: 12, MaxTokens: 64, Seed: 1}
+	load := &Load{URL: "http://" + inst.Addr, Model: model, Concurrency: o.Concurrency, Tenants: 12, MaxTokens: 64, Seed: 1}
 	loadDone := make(chan struct{})
 	go func() { load.Run(loadCtx); close(loadDone) }()
 

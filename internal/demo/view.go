@@ -3,9 +3,11 @@ package demo
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
+	"github.com/llmlb/llmlb/bench"
 	"github.com/llmlb/llmlb/sim"
 )
 
@@ -35,7 +37,7 @@ var viewLegend = []string{
 // server behind a backend URL, the server's own KV use and prefix-cache
 // hit rate (prompt tokens served from cache over prompt tokens looked
 // up); the legend; then the client-side totals.
-func render(w io.Writer, h header, elapsed time.Duration, backends []sim.BackendView, r sim.LoadResults, engine func(url string) (sim.Stats, bool)) {
+func render(w io.Writer, h header, elapsed time.Duration, backends []sim.BackendView, r LoadResults, engine func(url string) (sim.Stats, bool)) {
 	var total int64
 	for _, b := range backends {
 		total += b.Requests
@@ -77,8 +79,18 @@ func render(w io.Writer, h header, elapsed time.Duration, backends []sim.Backend
 		rate = float64(r.OK) / elapsed.Seconds()
 	}
 	fmt.Fprintf(w, "\nclients: %d ok (%.1f/s), %d failed; TTFT p50 %s, p99 %s; %d output tokens\n",
-		r.OK, rate, r.Failed, sim.Percentile(r.TTFT, 50).Round(time.Millisecond), sim.Percentile(r.TTFT, 99).Round(time.Millisecond), r.OutputTokens)
+		r.OK, rate, r.Failed, quantile(r.TTFT, 0.5), quantile(r.TTFT, 0.99), r.OutputTokens)
 	if r.LastError != "" {
 		fmt.Fprintf(w, "last error: %s\n", r.LastError)
 	}
+}
+
+// quantile returns the q-quantile of ds to the millisecond, or 0 for none.
+func quantile(ds []time.Duration, q float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return time.Duration(bench.Quantile(s, q) * float64(time.Second)).Round(time.Millisecond)
 }

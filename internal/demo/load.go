@@ -1,7 +1,6 @@
-package sim
+package demo
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -13,6 +12,9 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/llmlb/llmlb/bench"
+	"github.com/llmlb/llmlb/proxy"
 )
 
 // Load sends chat traffic through a balancer: Concurrency clients, each
@@ -140,52 +142,23 @@ func (l *Load) one(ctx context.Context, rng *rand.Rand) {
 		return
 	}
 	var ttft time.Duration
-	tokens := 0
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	done := false
-	for sc.Scan() {
-		line := sc.Bytes()
-		data, ok := bytes.CutPrefix(line, []byte("data: "))
-		if !ok {
-			continue
-		}
-		if bytes.Equal(data, []byte("[DONE]")) {
-			done = true
-			break
-		}
-		var chunk struct {
-			Choices []struct {
-				Delta struct {
-					Content string `json:"content"`
-				} `json:"delta"`
-			} `json:"choices"`
-			Usage *struct {
-				CompletionTokens int `json:"completion_tokens"`
-			} `json:"usage"`
-		}
-		if json.Unmarshal(data, &chunk) != nil {
-			continue
-		}
-		if ttft == 0 && len(chunk.Choices) > 0 && chunk.Choices[0].Delta.Content != "" {
+	usage, err := bench.ReadStream(resp.Body, func() {
+		if ttft == 0 {
 			ttft = time.Since(start)
 		}
-		if chunk.Usage != nil {
-			tokens = chunk.Usage.CompletionTokens
-		}
-	}
-	if !done {
+	})
+	if err != nil {
 		if ctx.Err() == nil {
-			l.fail(fmt.Errorf("stream ended without [DONE]: %v", sc.Err()))
+			l.fail(err)
 		}
 		return
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.results.OK++
-	l.results.ByBackend[resp.Header.Get("X-Llmlb-Backend")]++
+	l.results.ByBackend[resp.Header.Get(proxy.HeaderBackend)]++
 	l.results.TTFT = append(l.results.TTFT, ttft)
-	l.results.OutputTokens += tokens
+	l.results.OutputTokens += usage.Completion
 }
 
 func (l *Load) fail(err error) {
@@ -193,15 +166,4 @@ func (l *Load) fail(err error) {
 	defer l.mu.Unlock()
 	l.results.Failed++
 	l.results.LastError = err.Error()
-}
-
-// Percentile returns the p-th percentile (0..100) of ds, or 0 if empty.
-func Percentile(ds []time.Duration, p float64) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	i := int(p / 100 * float64(len(s)-1))
-	return s[i]
 }

@@ -1,4 +1,4 @@
-package sim
+package demo
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"net/http/httptest"
 	"sync/atomic"
 	"testing"
+
+	"github.com/llmlb/llmlb/sim"
 )
 
 // closeCounter is a real transport that counts CloseIdleConnections calls.
@@ -25,7 +27,7 @@ func (c *closeCounter) CloseIdleConnections() {
 // so the demo's balancer, stopped right after its load, warned "grace
 // period over" under make test.
 func TestLoadRunClosesItsIdleConnections(t *testing.T) {
-	s, err := NewServer(ServerConfig{Model: "m"}, NewSteady(SteadyConfig{Speed: 1000}))
+	s, err := sim.NewServer(sim.ServerConfig{Model: "m"}, sim.NewSteady(sim.SteadyConfig{Speed: 1000}))
 	if err != nil {
 		t.Fatal(err)
 	}
