@@ -33,6 +33,8 @@ type retryTransport struct {
 	metrics       *metrics
 }
 
+// RoundTrip tries the exchange's candidates in order, one [retryTransport.attempt]
+// each, until [retryTransport.verdict] takes an answer or an error as final.
 func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
 	ex := exchangeFrom(ctx)
@@ -45,93 +47,132 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		last := i == len(cands)-1
 		ex.attempts = i + 1
+		a := try{ex: ex, be: be}
 		// Each attempt has its own context: the first-byte and stall
 		// timers cancel it with their cause, and closing the response
 		// body releases it.
-		actx, cancel := context.WithCancelCause(ctx)
-		out := attemptRequest(actx, req, be, ex.inURL, ex.body)
-		if i > 0 || ex.guard.Backend() != be { // the pick attached the first
-			ex.guard.Attach(be, ex.dec.Work[i], time.Now())
-		}
-		ex.sentAt = time.Now()
-		var fb *time.Timer
-		if ex.req.Stream && t.firstByte > 0 {
-			fb = time.AfterFunc(t.firstByte, func() { cancel(errFirstByteTimeout) })
-		}
-		resp, err := t.base.RoundTrip(out)
-		if fb != nil && !fb.Stop() && err == nil {
-			// The headers came as the timer fired; its cancel may land
-			// at any moment, so this answer cannot be streamed.
-			resp.Body.Close()
-			resp, err = nil, errFirstByteTimeout
+		a.ctx, a.cancel = context.WithCancelCause(ctx)
+		resp, err := t.attempt(req, a, i)
+		resp, retry, err := t.verdict(ctx, a, resp, err, i == len(cands)-1)
+		if !retry {
+			return resp, err
 		}
 		if err != nil {
-			firstByte := errors.Is(context.Cause(actx), errFirstByteTimeout) || errors.Is(err, errFirstByteTimeout)
-			cancel(nil)
-			if ctx.Err() != nil {
-				return nil, err
-			}
-			kind := balancer.FailConnect
-			if firstByte {
-				err = fmt.Errorf("backend %s sent no headers within %s: %w", be.ID, t.firstByte, errFirstByteTimeout)
-			}
-			if firstByte || isTimeout(err) {
-				kind = balancer.FailFirstByte
-			}
-			t.bal.Failed(be, kind)
-			// Nothing reached the client yet. A refused connection sent
-			// nothing; a connection that broke before the response
-			// headers (the server died or restarted) produced nothing; a
-			// stream without headers after stream_first_byte_timeout is a
-			// hung server. Each time the next candidate can take the
-			// request. Another timeout is not retried: the request may be
-			// what is slow.
-			if !last && (isDialError(err) || firstByte || (t.retryBroken && !isTimeout(err))) {
-				t.metrics.retries.WithLabelValues(be.ID).Inc()
-				t.debug(ctx, "backend failed before answering, trying next", be, err)
-				lastErr = err
-				continue
-			}
-			if isDialError(err) {
-				return nil, &dialError{backend: be.ID, err: err}
-			}
-			return nil, err
+			lastErr = err
 		}
-		failed, kind := resp.StatusCode >= 500, balancer.FailStatus
-		if resp.StatusCode == http.StatusTooManyRequests {
-			// The server is overloaded: it counts against it, and the
-			// request goes to the next candidate (issue 17).
-			failed, kind = true, balancer.FailOverloaded
+	}
+	return nil, lastErr
+}
+
+// try is one attempt: the exchange, the candidate it goes to, and the
+// attempt's own context under the request's. It lives for one pass of
+// RoundTrip's loop; an answer's [attemptBody] takes over ctx and cancel.
+type try struct {
+	ex     *exchange
+	be     *balancer.Backend
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+}
+
+// attempt sends req to a.be, the exchange's i-th candidate, and returns
+// what came back. On a stream with a first-byte limit, a timer cancels the
+// attempt when no response headers arrive in time.
+func (t *retryTransport) attempt(req *http.Request, a try, i int) (*http.Response, error) {
+	ex, be := a.ex, a.be
+	out := attemptRequest(a.ctx, req, be, ex.inURL, ex.body)
+	if i > 0 || ex.guard.Backend() != be { // the pick attached the first
+		ex.guard.Attach(be, ex.dec.Work[i], time.Now())
+	}
+	ex.sentAt = time.Now()
+	var fb *time.Timer
+	if ex.req.Stream && t.firstByte > 0 {
+		fb = time.AfterFunc(t.firstByte, func() { a.cancel(errFirstByteTimeout) })
+	}
+	resp, err := t.base.RoundTrip(out)
+	if fb != nil && !fb.Stop() && err == nil {
+		// The headers came as the timer fired; its cancel may land
+		// at any moment, so this answer cannot be streamed.
+		resp.Body.Close()
+		resp, err = nil, errFirstByteTimeout
+	}
+	return resp, err
+}
+
+// verdict judges what attempt a got back (resp or err): it tells passive
+// health of a failure, and reports whether the request goes on to the next
+// candidate, which the last never does. Otherwise the response or error is
+// final; a response's body is wrapped by [retryTransport.answer]. Every
+// path but the answer releases the attempt's context.
+func (t *retryTransport) verdict(ctx context.Context, a try, resp *http.Response, err error, last bool) (*http.Response, bool, error) {
+	be := a.be
+	if err != nil {
+		firstByte := errors.Is(context.Cause(a.ctx), errFirstByteTimeout) || errors.Is(err, errFirstByteTimeout)
+		a.cancel(nil)
+		if ctx.Err() != nil {
+			return nil, false, err
 		}
-		if !last && (kind == balancer.FailOverloaded || slices.Contains(t.retryStatuses, resp.StatusCode)) {
-			if failed {
-				t.bal.Failed(be, kind)
-			}
+		kind := balancer.FailConnect
+		if firstByte {
+			err = fmt.Errorf("backend %s sent no headers within %s: %w", be.ID, t.firstByte, errFirstByteTimeout)
+		}
+		if firstByte || isTimeout(err) {
+			kind = balancer.FailFirstByte
+		}
+		t.bal.Failed(be, kind)
+		// Nothing reached the client yet. A refused connection sent
+		// nothing; a connection that broke before the response
+		// headers (the server died or restarted) produced nothing; a
+		// stream without headers after stream_first_byte_timeout is a
+		// hung server. Each time the next candidate can take the
+		// request. Another timeout is not retried: the request may be
+		// what is slow.
+		if !last && (isDialError(err) || firstByte || (t.retryBroken && !isTimeout(err))) {
 			t.metrics.retries.WithLabelValues(be.ID).Inc()
-			t.debug(ctx, "backend answered retryable status, trying next", be, nil, "status", resp.StatusCode)
-			// Drain a little so the connection can be reused, then drop it.
-			_, _ = io.CopyN(io.Discard, resp.Body, 64<<10)
-			resp.Body.Close()
-			cancel(nil)
-			continue
+			t.debug(ctx, "backend failed before answering, trying next", be, err)
+			return nil, true, err
 		}
+		if isDialError(err) {
+			return nil, false, &dialError{backend: be.ID, err: err}
+		}
+		return nil, false, err
+	}
+	failed, kind := resp.StatusCode >= 500, balancer.FailStatus
+	if resp.StatusCode == http.StatusTooManyRequests {
+		// The server is overloaded: it counts against it, and the
+		// request goes to the next candidate (issue 17).
+		failed, kind = true, balancer.FailOverloaded
+	}
+	if !last && (kind == balancer.FailOverloaded || slices.Contains(t.retryStatuses, resp.StatusCode)) {
 		if failed {
 			t.bal.Failed(be, kind)
 		}
-		// A good answer counts as a success once its body has ended: a
-		// stream cut after its headers is a failure (issue 17).
-		sb := &attemptBody{ReadCloser: resp.Body, ctx: actx, cancel: cancel, be: be, ex: ex, bal: t.bal, judge: !failed}
-		if ex.req.Stream && t.idle > 0 {
-			sb.idle = t.idle
-			sb.timer = time.AfterFunc(t.idle, func() { cancel(errStreamStalled) })
-			sb.timer.Stop() // runs only while a Read waits on the backend
-		}
-		resp.Body = sb
-		return resp, nil
+		t.metrics.retries.WithLabelValues(be.ID).Inc()
+		t.debug(ctx, "backend answered retryable status, trying next", be, nil, "status", resp.StatusCode)
+		// Drain a little so the connection can be reused, then drop it.
+		_, _ = io.CopyN(io.Discard, resp.Body, 64<<10)
+		resp.Body.Close()
+		a.cancel(nil)
+		return nil, true, nil
 	}
-	return nil, lastErr
+	if failed {
+		t.bal.Failed(be, kind)
+	}
+	return t.answer(a, resp, !failed), false, nil
+}
+
+// answer wraps the body of the response that goes to the client in an
+// [attemptBody]. A good answer counts as a success once its body has ended
+// (judge): a stream cut after its headers is a failure (issue 17).
+func (t *retryTransport) answer(a try, resp *http.Response, judge bool) *http.Response {
+	sb := &attemptBody{ReadCloser: resp.Body, ctx: a.ctx, cancel: a.cancel, be: a.be, ex: a.ex, bal: t.bal, judge: judge}
+	if a.ex.req.Stream && t.idle > 0 {
+		sb.idle = t.idle
+		sb.timer = time.AfterFunc(t.idle, func() { a.cancel(errStreamStalled) })
+		sb.timer.Stop() // runs only while a Read waits on the backend
+	}
+	resp.Body = sb
+	return resp
 }
 
 func (t *retryTransport) debug(ctx context.Context, msg string, be *balancer.Backend, err error, attrs ...any) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"slices"
@@ -172,3 +173,107 @@ func (s EngineSet) fetchPages(ctx context.Context, client *http.Client, base *ur
 
 // errNotDetected says a backend's pages were read but name no known engine.
 var errNotDetected = errors.New("no engine row reads a signal from the metrics page and it has no known engine's metric families")
+
+// detectDue reports whether a detection may run now: the first at once,
+// then at most one a health interval, so a page that names no engine is
+// not fetched at every path on every scrape.
+func (t *Target) detectDue() bool {
+	if !t.detectedAt.IsZero() && t.now().Sub(t.detectedAt) < t.cfg.HealthInterval {
+		return false
+	}
+	t.detectedAt = t.now()
+	return true
+}
+
+// runDetect fetches the backend's pages at every row's metrics path and
+// ranks the rows on them (see [EngineSet.Detect]); the model list's owners
+// decide when the pages do not.
+func (t *Target) runDetect(ctx context.Context) (Detection, error) {
+	pages, err := t.engines.fetchPages(ctx, t.client, t.spec.URL, t.metricsPath, t.cfg.ScrapeTimeout)
+	if err != nil {
+		return Detection{}, err
+	}
+	return t.engines.detect(pages, t.metricsPath, t.owners, t.now()), nil
+}
+
+// detect chooses the engine of a backend declared auto.
+func (t *Target) detect(ctx context.Context) {
+	if !t.detectDue() {
+		return
+	}
+	d, err := t.runDetect(ctx)
+	if ctx.Err() != nil {
+		return
+	}
+	if err != nil {
+		t.failed(fmt.Errorf("detect engine: %w", err))
+		return
+	}
+	if d.Engine == nil {
+		if !t.undetected {
+			t.logger.Warn("backend engine not detected; name it with engine: in the backend's entry", "backend", t.spec.ID, "err", errNotDetected)
+		}
+		t.undetected = true
+		t.spec.Warning = "engine not detected: " + errNotDetected.Error()
+		return
+	}
+	t.undetected = false
+	t.spec.Warning = ""
+	t.setEngine(d.Engine)
+	t.logger.Info("backend engine detected", "backend", t.spec.ID, "engine", d.Engine.Name, "by", d.By)
+	if d.By != "models" {
+		t.accept(d.Reading)
+	}
+}
+
+// recheck runs when the backend's row reads nothing from its page. A
+// backend declared auto takes the row that now reads its page (the server
+// behind the address changed). A declared engine that the page
+// contradicts is reported once, loudly (log, metric, status page), and the
+// page is read with the row it matches until the config is fixed: reading
+// it with the declared row would leave every signal unknown and the
+// backend looking idle (issue 18). A mismatch by the model list alone is
+// not reported: owned_by is a weaker witness than the metrics. It reports
+// whether the backend now has another row, its page already read.
+func (t *Target) recheck(ctx context.Context) bool {
+	if !t.detectDue() {
+		return false
+	}
+	d, err := t.runDetect(ctx)
+	if ctx.Err() != nil || err != nil || d.Engine == nil || d.Engine == t.engine {
+		return false
+	}
+	switch {
+	case t.declared == Auto:
+		t.logger.Info("backend engine changed", "backend", t.spec.ID, "from", t.engine.Name, "to", d.Engine.Name, "by", d.By)
+	case d.Engine.Name == t.declared: // the server is what config says again
+		t.clearMismatch()
+		t.logger.Info("backend engine matches its declaration again", "backend", t.spec.ID, "engine", t.declared)
+	case d.By == "models":
+		return false
+	default:
+		t.clearMismatch()
+		t.mismatch = d.Engine.Name
+		t.metrics.mismatch.WithLabelValues(t.spec.ID, t.declared, d.Engine.Name).Set(1)
+		t.spec.Warning = fmt.Sprintf("declared engine %s, but the server exposes %s's metrics (%s); read as %s: set engine: %s or auto",
+			t.declared, d.Engine.Name, d.By, d.Engine.Name, d.Engine.Name)
+		t.logger.Error("backend engine contradicts its metrics; reading them as the engine they match", "backend", t.spec.ID,
+			"declared", t.declared, "detected", d.Engine.Name, "by", d.By)
+	}
+	t.resetMissing()
+	t.setEngine(d.Engine)
+	if d.By == "models" {
+		return false
+	}
+	t.accept(d.Reading)
+	return true
+}
+
+// clearMismatch withdraws a reported engine mismatch.
+func (t *Target) clearMismatch() {
+	if t.mismatch == "" {
+		return
+	}
+	t.metrics.mismatch.DeleteLabelValues(t.spec.ID, t.declared, t.mismatch)
+	t.mismatch, t.spec.Warning = "", ""
+}

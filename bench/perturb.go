@@ -1,0 +1,84 @@
+package bench
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/llmlb/llmlb/sim"
+)
+
+// Perturb is a change to the emulated engines the balancer is not told
+// of. Each factor multiplies; 0 means 1.
+type Perturb struct {
+	// Prefill scales the prefill costs (per token and attention): a
+	// miss dearer or cheaper than the balancer learned at first.
+	Prefill float64
+	// Request scales the per-request intake (parsing, tokenising,
+	// scheduling) a cache hit does not remove.
+	Request float64
+	// Tokens scales the prompt tokens the balancer is told, as a tokenizer
+	// other than the engine's would count them.
+	Tokens float64
+}
+
+func factor(f float64) float64 {
+	if f <= 0 {
+		return 1
+	}
+	return f
+}
+
+func scale(d time.Duration, f float64) time.Duration { return time.Duration(float64(d) * factor(f)) }
+
+func (p Perturb) apply(c sim.Cost) sim.Cost {
+	c.PrefillToken = scale(c.PrefillToken, p.Prefill)
+	c.Attention = scale(c.Attention, p.Prefill)
+	c.Request = scale(c.Request, p.Request)
+	c.RequestToken = scale(c.RequestToken, p.Request)
+	return c
+}
+
+func (p Perturb) tokens(n int) int { return max(1, int(math.Round(float64(n)*factor(p.Tokens)))) }
+
+// String names the perturbation as --perturb takes it; "" when none.
+func (p Perturb) String() string {
+	var parts []string
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"prefill", p.Prefill}, {"request", p.Request}, {"tokens", p.Tokens}} {
+		if factor(f.v) != 1 {
+			parts = append(parts, fmt.Sprintf("%s=%g", f.name, f.v))
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+// ParsePerturb reads "prefill=2,request=0.5,tokens=0.6".
+func ParsePerturb(s string) (Perturb, error) {
+	var p Perturb
+	if s == "" {
+		return p, nil
+	}
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		f, err := strconv.ParseFloat(v, 64)
+		if !ok || err != nil || f <= 0 || math.IsInf(f, 0) {
+			return p, fmt.Errorf("bench: --perturb %q: want name=factor with a positive factor, as prefill=2", kv)
+		}
+		switch k {
+		case "prefill":
+			p.Prefill = f
+		case "request":
+			p.Request = f
+		case "tokens":
+			p.Tokens = f
+		default:
+			return p, fmt.Errorf("bench: --perturb: unknown cost %q (have prefill, request, tokens)", k)
+		}
+	}
+	return p, nil
+}

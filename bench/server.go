@@ -1,0 +1,139 @@
+package bench
+
+import (
+	"net/url"
+	"slices"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/llmlb/llmlb/balancer"
+	"github.com/llmlb/llmlb/kvevents"
+	"github.com/llmlb/llmlb/sim"
+)
+
+// server is one emulated engine in the cluster.
+type server struct {
+	id      string
+	url     *url.URL
+	eng     *sim.Engine
+	block   int // bytes a KV block holds
+	stepEnd time.Duration
+	busy    bool // a step is scheduled
+	served  int
+	kv      []kvBatch // KV events on their way to the balancers, oldest first
+}
+
+// kvBatch is one step's KV events and when they reach the balancers.
+type kvBatch struct {
+	at     time.Duration
+	events []sim.KVEvent
+}
+
+// step ends server i's step in progress and starts the next.
+func (r *run) step(i int) {
+	s := r.servers[i]
+	var d time.Duration
+	r.out, d = s.eng.Step(r.out[:0])
+	for _, o := range r.out {
+		f := r.flights[o.Seq]
+		if o.First {
+			f.guard.FirstByte(r.clock())
+			r.ttft[f.idx] = r.now - f.arrived
+			r.traceFirst(f, r.ttft[f.idx], o.Seq.CachedTokens)
+			r.res.PromptTokens += int64(o.Seq.PromptTokens)
+			r.res.CachedTokens += int64(o.Seq.CachedTokens)
+		}
+		if o.Done {
+			f.guard.Release()
+			r.e2e[f.idx] = r.now - f.arrived
+			r.res.OutputTokens += int64(o.Seq.Generated)
+			r.last = max(r.last, r.now)
+			delete(r.flights, o.Seq)
+			r.ended()
+		}
+	}
+	s.busy = d > 0
+	if s.busy {
+		r.push(event{at: r.now + d, kind: evStep, i: i})
+	}
+	if r.kv != nil {
+		r.kvTake = s.eng.TakeKVEvents(r.kvTake[:0])
+		if len(r.kvTake) > 0 {
+			lag := r.c.KVEventLag
+			if lag == 0 {
+				lag = 2 * time.Millisecond
+			}
+			s.kv = append(s.kv, kvBatch{at: r.now + lag, events: slices.Clone(r.kvTake)})
+			r.push(event{at: r.now + lag, kind: evKV, i: i})
+		}
+	}
+}
+
+// scrapeServer renders server i's /metrics page from its engine's state
+// and reads it with the real scrape code into replica rep's balancer.
+func (r *run) scrapeServer(rep, i int) {
+	s := r.servers[i]
+	page := sim.RenderMetrics(r.c.Engine, Model, len(r.w.Adapters) > 0, s.eng.Stats(), r.clock())
+	reading, err := r.scraper.Extract([]byte(page), r.clock())
+	spec := balancer.Spec{ID: s.id, URL: s.url, Engine: r.c.Engine, Models: r.models, Adapters: r.adapts, State: balancer.StateReady}
+	if err == nil {
+		spec.Metrics = reading.Metrics
+	} else {
+		spec.Stale = true
+	}
+	r.reps[rep].bal.Update(spec)
+}
+
+// deliverKV enters server i's KV events that have reached the balancers.
+func (r *run) deliverKV(i int) {
+	s := r.servers[i]
+	n := 0
+	for ; n < len(s.kv) && s.kv[n].at <= r.now; n++ {
+		// One step's events are one batch, as vLLM publishes them.
+		// The hashes are gathered first, so that the one-hash slices the
+		// events take of them do not move as the slice grows.
+		evs := s.kv[n].events
+		r.kvHashes = r.kvHashes[:0]
+		for _, e := range evs {
+			r.kvHashes = append(r.kvHashes, e.Hash)
+		}
+		b := kvevents.Batch{Events: r.kvEvents[:0], Rank: -1}
+		for j, e := range evs {
+			ke := kvevents.Event{Kind: kvevents.Removed, Hashes: r.kvHashes[j : j+1 : j+1]}
+			if e.Stored {
+				ke = kvevents.Event{Kind: kvevents.Stored, Hashes: ke.Hashes, Parent: e.Parent, HasParent: e.HasParent,
+					Tokens: e.Tokens, BlockSize: len(e.Tokens), LoRA: e.Adapter}
+			}
+			b.Events = append(b.Events, ke)
+		}
+		r.kv.Apply(s.id, b)
+		r.kvEvents = b.Events
+	}
+	s.kv = s.kv[n:]
+}
+
+// trueCache tells a balancer what each server's prefix cache really holds,
+// for the presets that know it (llm-d's KV-event index, whose speculative
+// indexing covers the events' delay for its own picks, and llmlb's scorer
+// fed the truth).
+type trueCache struct{ r *run }
+
+func (o trueCache) CachedTokens(be *balancer.Backend, req *balancer.Request) int {
+	i, ok := o.r.byID[be.ID]
+	if !ok {
+		return 0
+	}
+	s := o.r.servers[i]
+	return s.eng.Holds(o.r.engineHashes(req.Model, s.block))
+}
+
+// engineHashes returns the engine block hashes of the request in r.text
+// for blocks of block bytes, hashing once per request and block size.
+func (r *run) engineHashes(model string, block int) []uint64 {
+	if r.hashBlock != block {
+		r.hashes = sim.BlockHashes(r.hashes[:0], xxhash.Sum64String(model), r.text, block)
+		r.hashBlock = block
+	}
+	return r.hashes
+}

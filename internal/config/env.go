@@ -1,0 +1,74 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+)
+
+// Environ is the process environment as [os.Environ] gives it, KEY=value
+// entries. The program reads its LLMLB_* variables from it and nowhere else,
+// so tests pass their own, and it can list them to refuse a misspelt one.
+type Environ []string
+
+// Get returns the value of key, or "" when it is not set; the first entry
+// wins, as for [os.Getenv].
+func (e Environ) Get(key string) string {
+	for _, kv := range e {
+		if k, v, ok := strings.Cut(kv, "="); ok && k == key {
+			return v
+		}
+	}
+	return ""
+}
+
+// otherEnv are the LLMLB_* variables that are not config keys: each is
+// read by a command or by the tests (which run this binary), so the
+// environment that sets them must still load a config.
+var otherEnv = []string{
+	"LLMLB_REQUIRE_PROXIES",    // llmlb overhead: fail when HAProxy or nginx is missing
+	"LLMLB_REQUIRE_CHROMIUM",   // tests: the status page test may not skip
+	"LLMLB_REQUIRE_PROMETHEUS", // tests: the promtool and dashboard tests may not skip
+	"LLMLB_REQUIRE_NODE",       // tests: the Node SDK test may not skip
+	"LLMLB_REQUIRE_PYZMQ",      // tests: the libzmq KV-event publisher test may not skip
+	"LLMLB_STATUS_SCREENSHOT",  // tests: where the status page test saves its screenshot
+	"LLMLB_TEST_RUN_MAIN",      // tests: the test binary runs main
+}
+
+// envName is the environment variable that overrides key:
+// LLMLB_PROXY_MAX_ATTEMPTS for proxy.max_attempts.
+func envName(key string) string {
+	return "LLMLB_" + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
+}
+
+// unknownEnv reports each LLMLB_* variable in env that overrides no config
+// key and is none of [otherEnv], with the nearest known name: a typo
+// (LLMLB_PROXY_MAX_ATTEMPT) would otherwise leave the default in force
+// without a word.
+func unknownEnv(env Environ, leaves map[string]any) []error {
+	known := make([]string, 0, len(leaves)+len(otherEnv))
+	for key := range leaves {
+		known = append(known, envName(key))
+	}
+	known = append(known, otherEnv...)
+	sort.Strings(known)
+	var names []string
+	for _, kv := range env {
+		name, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(name, "LLMLB_") && !slices.Contains(known, name) && !slices.Contains(names, name) {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	errs := make([]error, 0, len(names))
+	for _, name := range names {
+		msg := fmt.Sprintf("environment: unknown variable %s", name)
+		if near := nearestName(name, known); near != "" {
+			msg += fmt.Sprintf(" (did you mean %s?)", near)
+		}
+		errs = append(errs, errors.New(msg))
+	}
+	return errs
+}

@@ -1,0 +1,137 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"reflect"
+	"slices"
+	"sort"
+	"strings"
+)
+
+// flatten records every leaf of the struct v under its dotted mapstructure
+// key. Slices and maps are leaves.
+func flatten(v reflect.Value, prefix string, out map[string]any) {
+	t := v.Type()
+	for i := range t.NumField() {
+		f := t.Field(i)
+		tag := f.Tag.Get("mapstructure")
+		if tag == "" || tag == "-" {
+			continue
+		}
+		key := tag
+		if prefix != "" {
+			key = prefix + "." + tag
+		}
+		if f.Type.Kind() == reflect.Struct {
+			flatten(v.Field(i), key, out)
+			continue
+		}
+		out[key] = v.Field(i).Interface()
+	}
+}
+
+// unknownKeys walks what the file holds against the struct type t and
+// reports each key no field takes, with its full path and the nearest known
+// key.
+func unknownKeys(m map[string]any, t reflect.Type, path string) []error {
+	fields := map[string]reflect.Type{}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if tag := f.Tag.Get("mapstructure"); tag != "" && tag != "-" {
+			fields[tag] = f.Type
+		}
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var errs []error
+	for _, k := range keys {
+		full := k
+		if path != "" {
+			full = path + "." + k
+		}
+		ft, ok := fields[k]
+		if !ok {
+			msg := fmt.Sprintf("unknown key %q", full)
+			if near := nearest(k, fields); near != "" {
+				msg += fmt.Sprintf(" (did you mean %q?)", near)
+			}
+			errs = append(errs, errors.New(msg))
+			continue
+		}
+		switch {
+		case ft.Kind() == reflect.Struct:
+			if sub, ok := m[k].(map[string]any); ok {
+				errs = append(errs, unknownKeys(sub, ft, full)...)
+			}
+		case ft.Kind() == reflect.Map && ft.Elem().Kind() == reflect.Struct:
+			if sub, ok := m[k].(map[string]any); ok {
+				for _, name := range slices.Sorted(maps.Keys(sub)) {
+					if entry, ok := sub[name].(map[string]any); ok {
+						errs = append(errs, unknownKeys(entry, ft.Elem(), full+"."+name)...)
+					}
+				}
+			}
+		case ft.Kind() == reflect.Slice && ft.Elem().Kind() == reflect.Struct:
+			if list, ok := m[k].([]any); ok {
+				for i, item := range list {
+					if sub, ok := item.(map[string]any); ok {
+						errs = append(errs, unknownKeys(lowerKeys(sub), ft.Elem(), fmt.Sprintf("%s[%d]", full, i))...)
+					}
+				}
+			}
+		}
+	}
+	return errs
+}
+
+// lowerKeys lower-cases map keys as viper does for nested maps but not for
+// maps inside lists.
+func lowerKeys(m map[string]any) map[string]any {
+	out := make(map[string]any, len(m))
+	for k, v := range m {
+		out[strings.ToLower(k)] = v
+	}
+	return out
+}
+
+// nearest returns the known key closest to k by edit distance, if close.
+func nearest(k string, fields map[string]reflect.Type) string {
+	return nearestName(k, slices.Sorted(maps.Keys(fields)))
+}
+
+// nearestName returns the name in sorted names closest to k by edit
+// distance, if close.
+func nearestName(k string, names []string) string {
+	best, bestD := "", 3
+	for _, f := range names {
+		if d := editDistance(k, f); d < bestD {
+			best, bestD = f, d
+		}
+	}
+	return best
+}
+
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}

@@ -1,0 +1,265 @@
+package overhead
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// errMissing is a proxy that is not installed.
+type errMissing struct{ name string }
+
+func (e errMissing) Error() string { return e.name + " is not installed" }
+
+// startProxy starts the named proxy in front of backend and returns its
+// base URL, its version, its process id (0 for direct) and how to stop it.
+// admin, for llmlb, is the address of its admin listener ("" for none).
+func startProxy(ctx context.Context, name, llmlb, backend, dir, admin string) (url, version string, pid int, stop func(), err error) {
+	host := strings.TrimPrefix(backend, "http://")
+	switch name {
+	case "direct":
+		return backend, "-", 0, func() {}, nil
+	case "llmlb":
+		if llmlb == "" {
+			return "", "", 0, nil, errMissing{"llmlb"}
+		}
+		// The saturation queue threshold is HAProxy's server maxconn
+		// below: each proxy queues requests only past 4,096 at the
+		// backend. With the default 16, llmlb's ledger counts every
+		// request it sent and has no first byte for yet as queued, so 64
+		// clients kept it queueing in its admission queue: routing
+		// policy, not what proxying costs.
+		cfg := fmt.Sprintf("listen: 127.0.0.1:0\nadmin:\n  listen: %q\nlog:\n  level: warn\n  access: false\nbalancer:\n  saturation:\n    queue: 4096\nbackends:\n  - url: %s\n", admin, backend)
+		path := filepath.Join(dir, "llmlb.yaml")
+		if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
+			return "", "", 0, nil, err
+		}
+		return startProcess(ctx, llmlb, []string{"serve", "--config", path}, "", "llmlb")
+	case "go":
+		if llmlb == "" {
+			return "", "", 0, nil, errMissing{"go"}
+		}
+		return startProcess(ctx, llmlb, []string{"overhead", "--go-proxy", backend}, "", "go")
+	case "haproxy":
+		bin, err := findBinary("haproxy")
+		if err != nil {
+			return "", "", 0, nil, err
+		}
+		port, err := freePort()
+		if err != nil {
+			return "", "", 0, nil, err
+		}
+		cfg := fmt.Sprintf(`global
+    maxconn 4096
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 120s
+    timeout server 120s
+    option http-keep-alive
+    option http-no-delay
+frontend fe
+    bind 127.0.0.1:%d
+    default_backend be
+backend be
+    balance leastconn
+    http-reuse safe
+    server s1 %s maxconn 4096
+`, port, host)
+		path := filepath.Join(dir, "haproxy.cfg")
+		if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
+			return "", "", 0, nil, err
+		}
+		return startProcess(ctx, bin, []string{"-db", "-f", path}, fmt.Sprintf("127.0.0.1:%d", port), "haproxy")
+	case "nginx":
+		bin, err := findBinary("nginx")
+		if err != nil {
+			return "", "", 0, nil, err
+		}
+		port, err := freePort()
+		if err != nil {
+			return "", "", 0, nil, err
+		}
+		ndir := filepath.Join(dir, "nginx")
+		if err := os.MkdirAll(ndir, 0o755); err != nil {
+			return "", "", 0, nil, err
+		}
+		// Streams need proxy_buffering off; request bodies up to 1 MiB
+		// stay in memory, as llmlb and HAProxy keep them.
+		cfg := fmt.Sprintf(`worker_processes auto;
+pid %[1]s/nginx.pid;
+error_log %[1]s/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path %[1]s/body;
+    proxy_temp_path %[1]s/proxy;
+    fastcgi_temp_path %[1]s/fastcgi;
+    uwsgi_temp_path %[1]s/uwsgi;
+    scgi_temp_path %[1]s/scgi;
+    client_max_body_size 32m;
+    client_body_buffer_size 1m;
+    keepalive_requests 100000;
+    upstream be {
+        least_conn;
+        server %[2]s;
+        keepalive 512;
+    }
+    server {
+        listen 127.0.0.1:%[3]d;
+        location / {
+            proxy_pass http://be;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_read_timeout 120s;
+        }
+    }
+}
+`, ndir, host, port)
+		path := filepath.Join(ndir, "nginx.conf")
+		if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
+			return "", "", 0, nil, err
+		}
+		return startProcess(ctx, bin, []string{"-p", ndir, "-c", path, "-e", filepath.Join(ndir, "error.log"), "-g", "daemon off;"}, fmt.Sprintf("127.0.0.1:%d", port), "nginx")
+	}
+	return "", "", 0, nil, fmt.Errorf("unknown proxy %q (have direct, llmlb, go, haproxy, nginx)", name)
+}
+
+// findBinary looks for a proxy in PATH, then in /usr/sbin, where Debian
+// installs both and where a user's PATH often does not reach.
+func findBinary(name string) (string, error) {
+	if bin, err := exec.LookPath(name); err == nil {
+		return bin, nil
+	}
+	bin := filepath.Join("/usr/sbin", name)
+	if fi, err := os.Stat(bin); err == nil && !fi.IsDir() {
+		return bin, nil
+	}
+	return "", errMissing{name}
+}
+
+// startProcess runs bin with args until stop, and waits until it answers a
+// completion. With addr "" the address is read from the process's
+// "serving on http://ADDR" line (llmlb picks its own port). It returns the
+// URL, the version, the process id and the stop function.
+func startProcess(ctx context.Context, bin string, args []string, addr, name string) (string, string, int, func(), error) {
+	version := versionOf(bin, name)
+	cmd := exec.Command(bin, args...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return "", "", 0, nil, err
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &limitedWriter{b: &stderr, n: 4096}
+	if err := cmd.Start(); err != nil {
+		return "", "", 0, nil, err
+	}
+	exited := make(chan struct{})
+	found := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if _, rest, ok := strings.Cut(sc.Text(), "serving on http://"); ok {
+				a, _, _ := strings.Cut(rest, " ")
+				select {
+				case found <- a:
+				default:
+				}
+			}
+		}
+	}()
+	go func() { _ = cmd.Wait(); close(exited) }()
+	stop := func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-exited:
+		case <-time.After(5 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+	}
+	fail := func(err error) (string, string, int, func(), error) {
+		stop()
+		return "", "", 0, nil, fmt.Errorf("%w: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	deadline := time.After(15 * time.Second)
+	if addr == "" {
+		select {
+		case addr = <-found:
+		case <-exited:
+			return fail(errors.New("exited before serving"))
+		case <-deadline:
+			return fail(errors.New("did not say where it serves within 15s"))
+		case <-ctx.Done():
+			return fail(ctx.Err())
+		}
+	}
+	url := "http://" + addr
+	body := completionBody(64, false)
+	for {
+		resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(string(body)))
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return url, version, cmd.Process.Pid, stop, nil
+			}
+		}
+		select {
+		case <-exited:
+			return fail(errors.New("exited"))
+		case <-deadline:
+			return fail(fmt.Errorf("no answer within 15s (last: %v)", err))
+		case <-ctx.Done():
+			return fail(ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// versionOf returns the first line a proxy prints of its version.
+func versionOf(bin, name string) string {
+	var args []string
+	switch name {
+	case "haproxy", "nginx":
+		args = []string{"-v"}
+	case "go":
+		return "httputil.ReverseProxy" // built into the llmlb executable that runs it
+	default:
+		return "this build"
+	}
+	out, _ := exec.Command(bin, args...).CombinedOutput()
+	line, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
+	return strings.TrimSpace(line)
+}
+
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+type limitedWriter struct {
+	b *strings.Builder
+	n int
+}
+
+func (w *limitedWriter) Write(p []byte) (int, error) {
+	if room := w.n - w.b.Len(); room > 0 {
+		w.b.Write(p[:min(len(p), room)])
+	}
+	return len(p), nil
+}
