@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb/balancer"
-	"github.com/llmlb/llmlb/internal/wire"
+	"github.com/llmlb/llmlb/internal/serve"
 	"github.com/llmlb/llmlb/kvevents"
 	"github.com/llmlb/llmlb/prefix"
 	"github.com/llmlb/llmlb/scrape"
@@ -237,7 +237,7 @@ func (r *run) build() error {
 			}
 			deps.Events = r.kv
 		}
-		bal, _, err := wire.Balancer(bcfg, pcfg, deps, nil, nil)
+		bal, _, err := serve.NewBalancer(bcfg, pcfg, deps, nil, nil)
 		if err != nil {
 			return err
 		}

@@ -60,7 +60,7 @@ func Start(ctx context.Context, cfg config.Config, src *Source, stderr io.Writer
 	if scrape.WantsKVEvents(cfg.Scrape, cfg.Backends) {
 		kv = kvevents.NewStore()
 	}
-	bal, err := newBalancer(cfg, kv, reg, logger)
+	bal, err := newInstrumentedBalancer(cfg, kv, reg, logger)
 	if err != nil {
 		return nil, err
 	}
