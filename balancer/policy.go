@@ -1208,3 +1208,17 @@ func (s *NoHitLRUScorer) Commit(p *Pick, chosen int) {
 		s.lru.order = slices.Delete(s.lru.order, 0, len(s.lru.order)-1024)
 	}
 }
+
+// PromptInParts reports whether the policy reads a prompt only through
+// its block hashes, so that a request may carry it as [Request.Parts]:
+// true for the policies with a prefix index and no text tree, oracle or
+// hash ring, which read the prompt's bytes.
+func (b *Balancer) PromptInParts() bool {
+	_, ring := b.pol.picker.(*RingPicker)
+	return b.pol.index != nil && b.pol.tree == nil && b.pol.oracle == nil && !ring
+}
+
+// ReadsCacheEvents reports whether the policy matches prompts against the
+// engines' KV-cache events ([Deps.Events]), so that a request is worth
+// tokenizing into [Request.TokenBlocks] before its pick.
+func (b *Balancer) ReadsCacheEvents() bool { return b.pol.events != nil }
