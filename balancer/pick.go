@@ -346,3 +346,9 @@ func grow[T any](s []T, n int) []T {
 	}
 	return s[:n]
 }
+
+// committer is a scorer or picker that learns from the pick's outcome; a
+// pick calls Commit once the primary is chosen, never for a dry run.
+type committer interface {
+	Commit(p *Pick, chosen int)
+}
