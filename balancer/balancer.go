@@ -163,10 +163,7 @@ type Balancer struct {
 	pool     sync.Pool                         // *scratch
 
 	snap   atomic.Pointer[Snapshot]
-	pickMu sync.Mutex    // serialises picks that attach a guard
-	rr     atomic.Uint64 // round-robin position
-	ring   atomic.Pointer[ring]
-	cold   coldLRU // llm-d-load's no-hit-lru order
+	pickMu sync.Mutex // serialises picks that attach a guard
 
 	// passive health (passive.go)
 	ejectMu   sync.Mutex // serialises ejections, so that two cannot both pass the cap
@@ -212,7 +209,7 @@ func New(cfg Config, deps Deps, models []ModelRoute, logger *slog.Logger) (*Bala
 		names:   make(map[string]string),
 	}
 	b.SetModels(models)
-	pol, err := newPolicy(b, cfg, deps)
+	pol, err := newPolicy(cfg, deps)
 	if err != nil {
 		return nil, err
 	}

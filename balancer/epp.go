@@ -93,19 +93,15 @@ func (m *MaxScorePicker) Choose(p *Pick, total []float64) (int, string) {
 // new prefixes spread over the servers instead of following the load
 // scores alone. A warm request scores 0.5 everywhere, which leaves the
 // order to the other scorers.
-type NoHitLRUScorer struct{ lru *coldLRU }
+type NoHitLRUScorer struct {
+	mu    sync.Mutex
+	order []uint64 // guarded by mu; backends by idHash in the order they took cold requests, least recent first
+}
 
 var (
 	_ Scorer    = (*NoHitLRUScorer)(nil)
 	_ committer = (*NoHitLRUScorer)(nil)
 )
-
-// coldLRU is the order in which backends took cold requests, by idHash,
-// least recent first.
-type coldLRU struct {
-	mu    sync.Mutex
-	order []uint64 // guarded by mu
-}
 
 func cold(p *Pick) bool {
 	for i := range p.Cands {
@@ -129,17 +125,17 @@ func (s *NoHitLRUScorer) Score(p *Pick, out []float64) {
 		out[0] = 1
 		return
 	}
-	s.lru.mu.Lock()
-	defer s.lru.mu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	never := 0
 	for i := range p.Cands {
-		if !slices.Contains(s.lru.order, p.Cands[i].Backend.idHash) {
+		if !slices.Contains(s.order, p.Cands[i].Backend.idHash) {
 			out[i] = 1 - float64(never)/float64(n-1)
 			never++
 		}
 	}
 	for i := range p.Cands {
-		if pos := slices.Index(s.lru.order, p.Cands[i].Backend.idHash); pos >= 0 {
+		if pos := slices.Index(s.order, p.Cands[i].Backend.idHash); pos >= 0 {
 			out[i] = max(0, 1-float64(never+pos)/float64(n-1))
 		}
 	}
@@ -152,10 +148,10 @@ func (s *NoHitLRUScorer) Commit(p *Pick, chosen int) {
 		return
 	}
 	id := p.Cands[chosen].Backend.idHash
-	s.lru.mu.Lock()
-	defer s.lru.mu.Unlock()
-	s.lru.order = append(slices.DeleteFunc(s.lru.order, func(x uint64) bool { return x == id }), id)
-	if len(s.lru.order) > 1024 { // llm-d's LRU size: gone backends age out
-		s.lru.order = slices.Delete(s.lru.order, 0, len(s.lru.order)-1024)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.order = append(slices.DeleteFunc(s.order, func(x uint64) bool { return x == id }), id)
+	if len(s.order) > 1024 { // llm-d's LRU size: gone backends age out
+		s.order = slices.Delete(s.order, 0, len(s.order)-1024)
 	}
 }

@@ -1,9 +1,13 @@
 package balancer
 
+import "sync/atomic"
+
 // RoundRobinPicker cycles through the candidates in snapshot order, as
-// nginx's default round-robin does (unweighted).
+// nginx's default round-robin does (unweighted). Its position is its own,
+// as Caddy's RoundRobinSelection owns its counter: a balancer builds its
+// policy once, so the position lasts as long as the balancer.
 type RoundRobinPicker struct {
-	pos interface{ Add(uint64) uint64 }
+	pos atomic.Uint64 // the next pick's turn
 }
 
 var _ Picker = (*RoundRobinPicker)(nil)
@@ -12,7 +16,7 @@ var _ Picker = (*RoundRobinPicker)(nil)
 func (r *RoundRobinPicker) Choose(p *Pick, _ []float64) (int, string) {
 	var n uint64
 	if p.Dry {
-		n = r.pos.Add(0)
+		n = r.pos.Load()
 	} else {
 		n = r.pos.Add(1) - 1
 	}

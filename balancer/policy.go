@@ -32,10 +32,10 @@ func (p *policy) forget(slot int) {
 // PromptInParts reports whether the policy reads a prompt only through
 // its block hashes, so that a request may carry it as [Request.Parts]:
 // true for the policies with a prefix index and no text tree, oracle or
-// hash ring, which read the prompt's bytes.
+// key on the user's text ([Preset.UserKeyed]), which read the prompt's
+// bytes.
 func (b *Balancer) PromptInParts() bool {
-	_, ring := b.pol.picker.(*RingPicker)
-	return b.pol.index != nil && b.pol.tree == nil && b.pol.oracle == nil && !ring
+	return b.pol.index != nil && b.pol.tree == nil && b.pol.oracle == nil && !b.pol.userKeyed
 }
 
 // ReadsCacheEvents reports whether the policy matches prompts against the

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -18,13 +19,13 @@ import (
 // first backend clockwise whose requests in flight are at most LoadFactor
 // times the average counting this one; when none is, to the key's first
 // backend, so it never queues.
+//
+// The picker keeps the ring it built for the current snapshot generation
+// and rebuilds it when the set of backends changes.
 type RingPicker struct {
-	cfg  ConsistentHashConfig
-	ring interface {
-		Load() *ring
-		Store(*ring)
-	}
-	mu sync.Mutex // serialises ring builds
+	cfg   ConsistentHashConfig // immutable
+	built atomic.Pointer[ring] // the last generation's ring; nil before the first pick
+	mu    sync.Mutex           // serialises ring builds
 }
 
 var _ Picker = (*RingPicker)(nil)
@@ -41,12 +42,12 @@ type ringPoint struct {
 }
 
 func (r *RingPicker) ringFor(snap *Snapshot) *ring {
-	if rg := r.ring.Load(); rg != nil && rg.gen == snap.gen {
+	if rg := r.built.Load(); rg != nil && rg.gen == snap.gen {
 		return rg
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if rg := r.ring.Load(); rg != nil && rg.gen == snap.gen {
+	if rg := r.built.Load(); rg != nil && rg.gen == snap.gen {
 		return rg
 	}
 	rg := &ring{gen: snap.gen, points: make([]ringPoint, 0, len(snap.Backends)*r.cfg.VirtualNodes)}
@@ -56,7 +57,7 @@ func (r *RingPicker) ringFor(snap *Snapshot) *ring {
 		}
 	}
 	slices.SortFunc(rg.points, func(a, b ringPoint) int { return cmp.Compare(a.hash, b.hash) })
-	r.ring.Store(rg)
+	r.built.Store(rg)
 	return rg
 }
 
