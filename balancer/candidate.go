@@ -73,7 +73,8 @@ type Candidate struct {
 	UncachedTokens int       `json:"uncached_tokens"`
 	LoRA           LoRAState `json:"lora"`
 	Saturated      bool      `json:"saturated"`
-	// The ttft policy's estimate in seconds and its parts.
+	// The ttft policy's estimate in seconds and its parts, written by
+	// [TTFTScorer] and read by [TTFTPicker]; zero under other policies.
 	TTFT        float64 `json:"ttft_seconds"`
 	Prefill     float64 `json:"prefill_seconds"`
 	QueueWait   float64 `json:"queue_wait_seconds"`

@@ -132,8 +132,8 @@ type scratch struct {
 }
 
 // Scorer rates every candidate of a pick, writing a value in [0,1] (1 is
-// best) into out, which is indexed like p.Cands. A scorer may also fill in
-// the candidates' estimate fields.
+// best) into out, which is indexed like p.Cands. [TTFTScorer] also fills
+// in the candidates' estimate fields, which only [TTFTPicker] reads.
 type Scorer interface {
 	Score(p *Pick, out []float64)
 }

@@ -5,8 +5,14 @@ import (
 	"sync/atomic"
 )
 
-// TiePicker takes the highest score; candidates within Tolerance of it
-// (score ≥ best/(1+Tolerance)) tie, and within Cold of it when the
+// TTFTPicker is the ttft policy's picker. It places a request by the
+// estimate parts its embedded [TTFTScorer] writes into each candidate
+// (TTFT, Backlog, KVPenalty, LoRAPenalty), which no other scorer fills in,
+// so it runs as its own policy's only scorer as well as its picker
+// ([ttftPolicy]).
+//
+// It takes the highest score; candidates within TieTolerance of it
+// (score ≥ best/(1+TieTolerance)) tie, and within Cold of it when the
 // request is cold (no candidate holds any of its prompt). A warm tie goes
 // to the candidate holding the most of the prompt (the same first token
 // time, less work for the fleet), then to the highest rendezvous hash of
@@ -50,10 +56,10 @@ import (
 // 2 s, medians of 24 seeds). A burst of one prompt then waits at its
 // holders while every other backend has work of its own (8 servers,
 // burst at x4: 857 -> 1,040 ms over 24 seeds, still 0.65 of the best
-// peer's; 766 ms at 3 seeds with [TiePicker.place]'s class backlogs).
+// peer's; 766 ms at 3 seeds with [TTFTPicker.place]'s class backlogs).
 //
 // Before all that, a cold prompt goes by bounded-load rendezvous of its
-// first block when it can ([TiePicker.place]): replicas agree on a
+// first block when it can ([TTFTPicker.place]): replicas agree on a
 // placement only if the candidates they choose among agree, and a tie
 // window on first token estimates does not hold still: each replica
 // learns every backend's prefill rate from its own few samples, and one
@@ -76,17 +82,30 @@ import (
 // first turn is placed so only on a system prompt whose requests come
 // back: on one whose requests are one-off questions (a shared document,
 // shared-prefix) the questions belong together with their prefix.
-type TiePicker struct {
-	Tolerance, Cold, Room, Backlog float64
+type TTFTPicker struct {
+	// TTFTScorer is the picker's own scorer: Choose reads the estimate
+	// parts it writes into each candidate, and its config.
+	TTFTScorer
 
 	turns  conversations
 	routed promptStarts
 }
 
-var _ Picker = (*TiePicker)(nil)
+var (
+	_ Picker = (*TTFTPicker)(nil)
+	_ Scorer = (*TTFTPicker)(nil)
+)
+
+// ttftPolicy is the policy of the ttft presets: one [TTFTPicker], run as
+// the only scorer and as the picker, so that Choose reads the estimates
+// its own Score wrote on the same pick.
+func ttftPolicy(cfg TTFTConfig) *policy {
+	t := &TTFTPicker{TTFTScorer: TTFTScorer{cfg: cfg}}
+	return &policy{scorers: []weighted{{t, 1}}, picker: t}
+}
 
 // Choose implements [Picker].
-func (t *TiePicker) Choose(p *Pick, total []float64) (int, string) {
+func (t *TTFTPicker) Choose(p *Pick, total []float64) (int, string) {
 	most := 0
 	for i := range p.Cands {
 		most = max(most, p.Cands[i].MatchedTokens)
@@ -112,7 +131,7 @@ func (t *TiePicker) Choose(p *Pick, total []float64) (int, string) {
 				t.routed.note(p.Key)
 			}
 		}
-		if t.Backlog > 0 {
+		if t.cfg.ColdBacklog > 0 {
 			if i := t.place(p, conv, evicted); i >= 0 {
 				return i, reasonFor(p, i)
 			}
@@ -121,7 +140,7 @@ func (t *TiePicker) Choose(p *Pick, total []float64) (int, string) {
 	// A copy of what another candidate holds must beat it by the Cold
 	// margin: its score counts for 1/(1+Cold) of what it is; and it is
 	// made only on a backend with no work queued.
-	copyDiscount := 1 / (1 + t.Cold)
+	copyDiscount := 1 / (1 + t.cfg.ColdTieTolerance)
 	adj := func(i int) float64 {
 		switch c := &p.Cands[i]; {
 		case c.MatchedTokens == most:
@@ -137,9 +156,9 @@ func (t *TiePicker) Choose(p *Pick, total []float64) (int, string) {
 			best = i
 		}
 	}
-	tol := t.Tolerance
+	tol := t.cfg.TieTolerance
 	if isCold {
-		tol = max(tol, t.Cold)
+		tol = max(tol, t.cfg.ColdTieTolerance)
 	}
 	floor := adj(best) / (1 + tol)
 	// A cold prompt goes to a tied candidate with room (unknown counts
@@ -158,7 +177,7 @@ func (t *TiePicker) Choose(p *Pick, total []float64) (int, string) {
 			continue
 		}
 		c := &p.Cands[i]
-		if f := freeKV(c); isCold && f >= 0 && f < t.Room*room {
+		if f := freeKV(c); isCold && f >= 0 && f < t.cfg.ColdRoom*room {
 			continue
 		}
 		m, h := c.MatchedTokens, mix(p.Key^c.Backend.idHash)
@@ -225,7 +244,7 @@ func (s *promptStarts) has(key uint64) bool {
 	return key != 0 && s.e[key%uint64(len(s.e))].Load() == key
 }
 
-// maxClasses is how many hardware classes [TiePicker.place] tells
+// maxClasses is how many hardware classes [TTFTPicker.place] tells
 // apart; candidates of further classes count as their own.
 const maxClasses = 8
 
@@ -281,7 +300,7 @@ const maxClasses = 8
 // x0.25, where the H100s' caches cannot keep all 150 system prompts: TTFT
 // p90 281 -> 182 ms, the median of 24 seeds, as llm-d-precise's 182 ms,
 // which reads the caches' real contents.
-func (t *TiePicker) place(p *Pick, conv, evicted bool) int {
+func (t *TTFTPicker) place(p *Pick, conv, evicted bool) int {
 	var hw hwClasses
 	hw.classify(p.Cands)
 	// own is what the candidate's own state adds to its class's time.
@@ -323,7 +342,7 @@ func (t *TiePicker) place(p *Pick, conv, evicted bool) int {
 		pace = func(i int) float64 { return fastest + own(&p.Cands[i]) }
 	}
 	ok := func(i int) bool {
-		return pace(i) <= (1+t.Cold)*fastest && p.Cands[i].Backlog <= t.Backlog*fastestAlone
+		return pace(i) <= (1+t.cfg.ColdTieTolerance)*fastest && p.Cands[i].Backlog <= t.cfg.ColdBacklog*fastestAlone
 	}
 	free := freeKV
 	if evicted {
@@ -341,7 +360,7 @@ func (t *TiePicker) place(p *Pick, conv, evicted bool) int {
 	}
 	hasRoom := func(i int) bool {
 		f := free(&p.Cands[i])
-		return f < 0 || f >= t.Room*room
+		return f < 0 || f >= t.cfg.ColdRoom*room
 	}
 	key := p.Key
 	if conv {
@@ -350,7 +369,7 @@ func (t *TiePicker) place(p *Pick, conv, evicted bool) int {
 	pick, top := -1, uint64(0)
 	for i := range p.Cands {
 		switch {
-		case conv && speed(i) > (1+t.Cold)*fastest:
+		case conv && speed(i) > (1+t.cfg.ColdTieTolerance)*fastest:
 			continue
 		case !conv && (!ok(i) || !hasRoom(i)):
 			continue

@@ -84,16 +84,12 @@ var presets = []Preset{
 	{
 		Name: "ttft", Index: &IndexSpec{Own: true}, Admission: true,
 		Follows: "llmlb's own: estimated time to first token ([TTFTScorer])",
-		build: func(cfg Config, d Deps) *policy {
-			return &policy{scorers: []weighted{{&TTFTScorer{cfg: cfg.TTFT}, 1}}, picker: &TiePicker{Tolerance: cfg.TTFT.TieTolerance, Cold: cfg.TTFT.ColdTieTolerance, Room: cfg.TTFT.ColdRoom, Backlog: cfg.TTFT.ColdBacklog}}
-		},
+		build:   func(cfg Config, d Deps) *policy { return ttftPolicy(cfg.TTFT) },
 	},
 	{
 		Name: "ttft-true-cache", TrueCache: true, Admission: true,
 		Follows: "llmlb's ttft policy fed what each server's cache really holds, to measure the index's error; not a bound",
-		build: func(cfg Config, d Deps) *policy {
-			return &policy{scorers: []weighted{{&TTFTScorer{cfg: cfg.TTFT}, 1}}, picker: &TiePicker{Tolerance: cfg.TTFT.TieTolerance, Cold: cfg.TTFT.ColdTieTolerance, Room: cfg.TTFT.ColdRoom, Backlog: cfg.TTFT.ColdBacklog}}
-		},
+		build:   func(cfg Config, d Deps) *policy { return ttftPolicy(cfg.TTFT) },
 	},
 	{
 		Name:    "round-robin",

@@ -108,7 +108,7 @@ func (s *TTFTScorer) Score(p *Pick, out []float64) {
 
 // priors is the first-token model a backend without enough samples of its
 // own borrows: the mean of the learned ones of its hardware class (one
-// engine and KV size, as [TiePicker.place] tells them apart), else of its
+// engine and KV size, as [TTFTPicker.place] tells them apart), else of its
 // engine's (a fresh A100 beside measured H100s running the same engine is
 // not taken for one; nor is a fresh H100 for the mean of both), else the
 // config's. Candidates past the first [maxClasses] classes borrow their
