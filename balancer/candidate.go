@@ -99,7 +99,7 @@ type Candidate struct {
 // filter is the first stage: the backends that may take the request, in
 // snapshot order, as p.Cands, and the tier they came from (fresh, stale or
 // unknown) with the reason that tier gives.
-func (b *Balancer) filter(s *scratch, p *Pick, ex *Explanation) (tier, reason string, err error) {
+func (b *Balancer) filter(s *scratch, p *Pick, ex *Explanation) (tier string, reason Reason, err error) {
 	req, snap, now := p.Req, p.snap, b.now()
 	cands := s.cands[:0]
 	s.stale = s.stale[:0]
@@ -139,7 +139,7 @@ func (b *Balancer) filter(s *scratch, p *Pick, ex *Explanation) (tier, reason st
 			cands = b.appendCandidate(cands, snap.Backends[i], req, now)
 			cands[len(cands)-1].Saturated = false // stale values do not say it is full
 		}
-		reason, tier = "stale-metrics", "stale"
+		reason, tier = ReasonStaleMetrics, "stale"
 	} else {
 		for _, i := range s.stale {
 			ex.skip(snap.Backends[i], "stale metrics")
@@ -149,7 +149,7 @@ func (b *Balancer) filter(s *scratch, p *Pick, ex *Explanation) (tier, reason st
 		for _, i := range unknownIdx {
 			cands = b.appendCandidate(cands, snap.Backends[i], req, now)
 		}
-		reason, tier = "fallback", "unknown"
+		reason, tier = ReasonFallback, "unknown"
 	} else {
 		for _, i := range unknownIdx {
 			ex.skip(snap.Backends[i], "not probed yet")
@@ -176,7 +176,7 @@ func (b *Balancer) filter(s *scratch, p *Pick, ex *Explanation) (tier, reason st
 // hold part of the prompt when KeepHolders is on, unless a holder's queue
 // is past HolderQueue times the shortest; if none is left, it queues
 // (ErrSaturated) or, with the queue off or in a dry run, keeps them all
-// ("saturated"). A preset whose peer has no saturation filter keeps every
+// ([ReasonSaturated]). A preset whose peer has no saturation filter keeps every
 // candidate.
 //
 // The bound is relative so that a fleet saturated as a whole keeps its
@@ -187,7 +187,7 @@ func (b *Balancer) filter(s *scratch, p *Pick, ex *Explanation) (tier, reason st
 // burst went to the A100 holding its prefix, whose queue reached 313
 // while the H100s' stayed near 16; TTFT p90 16.25 s, 5.05 s with the
 // bound; the median of 24 seeds 4.45 -> 3.91 s).
-func (b *Balancer) saturation(p *Pick, tier string, ex *Explanation) (string, error) {
+func (b *Balancer) saturation(p *Pick, tier string, ex *Explanation) (Reason, error) {
 	if !b.pol.admission {
 		return "", nil
 	}
@@ -218,7 +218,7 @@ func (b *Balancer) saturation(p *Pick, tier string, ex *Explanation) (string, er
 		if b.cfg.Admission.MaxQueue > 0 && !p.Dry {
 			return "", ErrSaturated
 		}
-		return "saturated", nil
+		return ReasonSaturated, nil
 	case free < len(cands):
 		for i := range cands {
 			if cands[i].Saturated {

@@ -67,7 +67,7 @@ type MaxScorePicker struct{ rand func() uint64 }
 var _ Picker = (*MaxScorePicker)(nil)
 
 // Choose implements [Picker].
-func (m *MaxScorePicker) Choose(p *Pick, total []float64) (int, string) {
+func (m *MaxScorePicker) Choose(p *Pick, total []float64) (int, Reason) {
 	best, ties := 0, 0
 	for i, v := range total {
 		switch {

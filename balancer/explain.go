@@ -11,7 +11,7 @@ type Explanation struct {
 	PromptTokens int                `json:"prompt_tokens"`
 	Backends     []BackendBreakdown `json:"backends"`
 	Chosen       []string           `json:"chosen"`
-	Reason       string             `json:"reason"`
+	Reason       Reason             `json:"reason"`
 	Error        string             `json:"error,omitempty"`
 }
 

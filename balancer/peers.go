@@ -13,14 +13,14 @@ type RoundRobinPicker struct {
 var _ Picker = (*RoundRobinPicker)(nil)
 
 // Choose implements [Picker].
-func (r *RoundRobinPicker) Choose(p *Pick, _ []float64) (int, string) {
+func (r *RoundRobinPicker) Choose(p *Pick, _ []float64) (int, Reason) {
 	var n uint64
 	if p.Dry {
 		n = r.pos.Load()
 	} else {
 		n = r.pos.Add(1) - 1
 	}
-	return int(n % uint64(len(p.Cands))), "round-robin"
+	return int(n % uint64(len(p.Cands))), ReasonRoundRobin
 }
 
 // RandomPicker picks uniformly at random, as the SGLang model gateway's
@@ -30,8 +30,8 @@ type RandomPicker struct{ rand func() uint64 }
 var _ Picker = (*RandomPicker)(nil)
 
 // Choose implements [Picker].
-func (r *RandomPicker) Choose(p *Pick, _ []float64) (int, string) {
-	return int(r.rand() % uint64(len(p.Cands))), "random"
+func (r *RandomPicker) Choose(p *Pick, _ []float64) (int, Reason) {
+	return int(r.rand() % uint64(len(p.Cands))), ReasonRandom
 }
 
 // LeastRequestPicker picks the candidate with the fewest requests in flight
@@ -42,7 +42,7 @@ type LeastRequestPicker struct{}
 var _ Picker = LeastRequestPicker{}
 
 // Choose implements [Picker].
-func (LeastRequestPicker) Choose(p *Pick, _ []float64) (int, string) {
+func (LeastRequestPicker) Choose(p *Pick, _ []float64) (int, Reason) {
 	best := 0
 	for i := 1; i < len(p.Cands); i++ {
 		a, b := &p.Cands[i], &p.Cands[best]
@@ -50,7 +50,7 @@ func (LeastRequestPicker) Choose(p *Pick, _ []float64) (int, string) {
 			best = i
 		}
 	}
-	return best, "least-load"
+	return best, ReasonLeastLoad
 }
 
 // PowerOfTwoPicker samples two distinct candidates at random and takes the
@@ -62,10 +62,10 @@ type PowerOfTwoPicker struct{ rand func() uint64 }
 var _ Picker = (*PowerOfTwoPicker)(nil)
 
 // Choose implements [Picker].
-func (r *PowerOfTwoPicker) Choose(p *Pick, _ []float64) (int, string) {
+func (r *PowerOfTwoPicker) Choose(p *Pick, _ []float64) (int, Reason) {
 	n := uint64(len(p.Cands))
 	if n == 1 {
-		return 0, "least-load"
+		return 0, ReasonLeastLoad
 	}
 	a := int(r.rand() % n)
 	b := int(r.rand() % (n - 1))
@@ -73,7 +73,7 @@ func (r *PowerOfTwoPicker) Choose(p *Pick, _ []float64) (int, string) {
 		b++
 	}
 	if p.Cands[b].InFlight < p.Cands[a].InFlight {
-		return b, "least-load"
+		return b, ReasonLeastLoad
 	}
-	return a, "least-load"
+	return a, ReasonLeastLoad
 }

@@ -83,11 +83,8 @@ type Decision struct {
 	Candidates []*Backend
 	// Work is each candidate's estimated cost, for [Guard.Attach].
 	Work [maxCandidates]Work
-	// Reason says why the first candidate was chosen, for the
-	// x-llmlb-reason header: prefix-hit, least-load, lora, affinity,
-	// round-robin, random, consistent-hash, cache-space, stale-metrics,
-	// fallback or saturated.
-	Reason string
+	// Reason says why the first candidate was chosen.
+	Reason Reason
 	// Waited is the time spent in the admission queue.
 	Waited time.Duration
 }
@@ -141,19 +138,19 @@ type Scorer interface {
 // Picker chooses the primary candidate given the weighted total scores,
 // indexed like p.Cands, and says why.
 type Picker interface {
-	Choose(p *Pick, total []float64) (int, string)
+	Choose(p *Pick, total []float64) (int, Reason)
 }
 
 // Pick chooses the backends for req from the current snapshot, in named
 // stages (see pick): hash the prompt; filter: the backend must serve the
 // model and be ready with fresh metrics; when none is, ready backends with
-// stale metrics are used ("stale-metrics"); when none is ready, those not
-// probed yet ("fallback"); down and draining backends never. Then prefix
+// stale metrics are used ([ReasonStaleMetrics]); when none is ready, those
+// not probed yet ([ReasonFallback]); down and draining backends never. Then prefix
 // match; saturation: among the fresh, saturated backends are dropped
 // unless they hold part of the prompt and their queue is not far past the
 // others' (SaturationConfig.KeepHolders, HolderQueue); if
 // all are saturated, Pick returns [ErrSaturated] when the admission queue
-// is on, and uses them all ("saturated") when it is off. Then session
+// is on, and uses them all ([ReasonSaturated]) when it is off. Then session
 // affinity, the policy's scorers, its picker and the fallbacks' order,
 // and last the commit. The decision's Candidates are appended to dst[:0],
 // so a caller that reuses dst does not allocate.
@@ -237,7 +234,7 @@ func (b *Balancer) choose(s *scratch, p *Pick, dst []*Backend, ex *Explanation) 
 
 // affinity returns the candidate the request's session stays on, unless
 // that backend is saturated or gone, or -1.
-func (b *Balancer) affinity(p *Pick) (int, string) {
+func (b *Balancer) affinity(p *Pick) (int, Reason) {
 	if b.sessions == nil || p.Req.Session == "" {
 		return -1, ""
 	}
@@ -247,7 +244,7 @@ func (b *Balancer) affinity(p *Pick) (int, string) {
 	}
 	for i := range p.Cands {
 		if p.Cands[i].Backend.ID == id && !p.Cands[i].Saturated {
-			return i, "affinity"
+			return i, ReasonAffinity
 		}
 	}
 	return -1, ""

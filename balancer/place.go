@@ -105,7 +105,7 @@ func ttftPolicy(cfg TTFTConfig) *policy {
 }
 
 // Choose implements [Picker].
-func (t *TTFTPicker) Choose(p *Pick, total []float64) (int, string) {
+func (t *TTFTPicker) Choose(p *Pick, total []float64) (int, Reason) {
 	most := 0
 	for i := range p.Cands {
 		most = max(most, p.Cands[i].MatchedTokens)

@@ -62,7 +62,7 @@ func (r *RingPicker) ringFor(snap *Snapshot) *ring {
 }
 
 // Choose implements [Picker].
-func (r *RingPicker) Choose(p *Pick, _ []float64) (int, string) {
+func (r *RingPicker) Choose(p *Pick, _ []float64) (int, Reason) {
 	key := p.Req.UserText
 	if key == nil {
 		key = p.Req.Prompt
@@ -92,9 +92,9 @@ func (r *RingPicker) Choose(p *Pick, _ []float64) (int, string) {
 				home = i
 			}
 			if float64(p.Cands[i].InFlight) <= bound {
-				return i, "consistent-hash"
+				return i, ReasonConsistentHash
 			}
 		}
 	}
-	return max(home, 0), "consistent-hash"
+	return max(home, 0), ReasonConsistentHash
 }

@@ -35,7 +35,7 @@ type SGLangPicker struct {
 var _ Picker = (*SGLangPicker)(nil)
 
 // Choose implements [Picker].
-func (s *SGLangPicker) Choose(p *Pick, _ []float64) (int, string) {
+func (s *SGLangPicker) Choose(p *Pick, _ []float64) (int, Reason) {
 	least, lo, hi, sum := 0, int64(math.MaxInt64), int64(-1), int64(0)
 	for i := range p.Cands {
 		c := &p.Cands[i]
@@ -46,7 +46,7 @@ func (s *SGLangPicker) Choose(p *Pick, _ []float64) (int, string) {
 		hi = max(hi, l)
 		sum += l
 	}
-	choice, why := least, "least-load"
+	choice, why := least, ReasonLeastLoad
 	text := p.Req.Prompt
 	imbalanced := s.legacy && hi-lo > int64(s.cfg.BalanceAbsThreshold) && float64(hi) > s.cfg.BalanceRelThreshold*float64(lo)
 	if !imbalanced && len(text) > 0 {
@@ -68,15 +68,15 @@ func (s *SGLangPicker) Choose(p *Pick, _ []float64) (int, string) {
 		case hit && s.legacy:
 			for i := range p.Cands {
 				if sl := p.Cands[i].Backend.slot; sl < len(by) && by[sl] == bestLen {
-					choice, why = i, "prefix-hit"
+					choice, why = i, ReasonPrefixHit
 					break
 				}
 			}
 		case hit:
-			choice, why = s.holder(p, by, bestLen), "prefix-hit"
+			choice, why = s.holder(p, by, bestLen), ReasonPrefixHit
 			mean := float64(sum) / float64(len(p.Cands))
 			if l := float64(p.Cands[choice].InFlight); l > mean*s.cfg.BalanceRelThreshold && l > mean+float64(s.cfg.BalanceAbsThreshold) {
-				choice, why = least, "least-load"
+				choice, why = least, ReasonLeastLoad
 			}
 		case s.legacy:
 			smallest := 0
@@ -85,7 +85,7 @@ func (s *SGLangPicker) Choose(p *Pick, _ []float64) (int, string) {
 					smallest = i
 				}
 			}
-			choice, why = smallest, "cache-space"
+			choice, why = smallest, ReasonCacheSpace
 		}
 		*bufp = by
 		s.pool.Put(bufp)
