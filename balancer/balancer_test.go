@@ -238,7 +238,7 @@ func pickScores(t *testing.T, b *Balancer, sc Scorer, req *Request) map[string]f
 	t.Helper()
 	s := &scratch{}
 	snap := b.Snapshot()
-	p := &Pick{Req: req, snap: snap}
+	p := &PickInfo{Req: req, snap: snap}
 	for _, be := range snap.Backends {
 		p.Cands = b.appendCandidate(p.Cands, be, req, time.Now())
 	}

@@ -99,7 +99,7 @@ type Candidate struct {
 // filter is the first stage: the backends that may take the request, in
 // snapshot order, as p.Cands, and the tier they came from (fresh, stale or
 // unknown) with the reason that tier gives.
-func (b *Balancer) filter(s *scratch, p *Pick, ex *Explanation) (tier string, reason Reason, err error) {
+func (b *Balancer) filter(s *scratch, p *PickInfo, ex *Explanation) (tier string, reason Reason, err error) {
 	req, snap, now := p.Req, p.snap, b.now()
 	cands := s.cands[:0]
 	s.stale = s.stale[:0]
@@ -187,7 +187,7 @@ func (b *Balancer) filter(s *scratch, p *Pick, ex *Explanation) (tier string, re
 // burst went to the A100 holding its prefix, whose queue reached 313
 // while the H100s' stayed near 16; TTFT p90 16.25 s, 5.05 s with the
 // bound; the median of 24 seeds 4.45 -> 3.91 s).
-func (b *Balancer) saturation(p *Pick, tier string, ex *Explanation) (Reason, error) {
+func (b *Balancer) saturation(p *PickInfo, tier string, ex *Explanation) (Reason, error) {
 	if !b.pol.admission {
 		return "", nil
 	}

@@ -15,7 +15,7 @@ type QueueScorer struct{}
 var _ Scorer = QueueScorer{}
 
 // Score implements [Scorer].
-func (QueueScorer) Score(p *Pick, out []float64) {
+func (QueueScorer) Score(p *PickInfo, out []float64) {
 	lo, hi := math.Inf(1), math.Inf(-1)
 	for i := range p.Cands {
 		q := p.Cands[i].Backend.Metrics.Queued.V
@@ -37,7 +37,7 @@ type KVScorer struct{}
 var _ Scorer = KVScorer{}
 
 // Score implements [Scorer].
-func (KVScorer) Score(p *Pick, out []float64) {
+func (KVScorer) Score(p *PickInfo, out []float64) {
 	for i := range p.Cands {
 		out[i] = 1 - p.Cands[i].Backend.Metrics.KVUsage.V
 	}
@@ -52,7 +52,7 @@ type PrefixScorer struct{}
 var _ Scorer = PrefixScorer{}
 
 // Score implements [Scorer].
-func (PrefixScorer) Score(p *Pick, out []float64) {
+func (PrefixScorer) Score(p *PickInfo, out []float64) {
 	for i := range p.Cands {
 		if p.PromptBlocks > 0 {
 			out[i] = float64(p.Cands[i].MatchedBlocks) / float64(p.PromptBlocks)
@@ -67,7 +67,7 @@ type MaxScorePicker struct{ rand func() uint64 }
 var _ Picker = (*MaxScorePicker)(nil)
 
 // Choose implements [Picker].
-func (m *MaxScorePicker) Choose(p *Pick, total []float64) (int, Reason) {
+func (m *MaxScorePicker) Choose(p *PickInfo, total []float64) (int, Reason) {
 	best, ties := 0, 0
 	for i, v := range total {
 		switch {
@@ -103,7 +103,7 @@ var (
 	_ committer = (*NoHitLRUScorer)(nil)
 )
 
-func cold(p *Pick) bool {
+func cold(p *PickInfo) bool {
 	for i := range p.Cands {
 		if p.Cands[i].MatchedBlocks > 0 {
 			return false
@@ -113,7 +113,7 @@ func cold(p *Pick) bool {
 }
 
 // Score implements [Scorer].
-func (s *NoHitLRUScorer) Score(p *Pick, out []float64) {
+func (s *NoHitLRUScorer) Score(p *PickInfo, out []float64) {
 	if !cold(p) {
 		for i := range out {
 			out[i] = 0.5
@@ -143,7 +143,7 @@ func (s *NoHitLRUScorer) Score(p *Pick, out []float64) {
 
 // Commit implements [committer]: a cold request makes its backend the
 // most recently used.
-func (s *NoHitLRUScorer) Commit(p *Pick, chosen int) {
+func (s *NoHitLRUScorer) Commit(p *PickInfo, chosen int) {
 	if !cold(p) {
 		return
 	}

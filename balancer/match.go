@@ -9,7 +9,7 @@ import (
 // hashPrompt is the stage before any lock: it hashes the prompt into
 // blocks, sets the pick's key, and asks the prefix index how many leading
 // blocks each backend slot holds (s.bySlot).
-func (b *Balancer) hashPrompt(s *scratch, p *Pick) {
+func (b *Balancer) hashPrompt(s *scratch, p *PickInfo) {
 	req := p.Req
 	s.matched = false
 	if !req.hasPrompt() {
@@ -45,7 +45,7 @@ func (b *Balancer) hashPrompt(s *scratch, p *Pick) {
 	}
 }
 
-// conversation returns [Pick.Conversation] for a chat whose prompt hashed
+// conversation returns [PickInfo.Conversation] for a chat whose prompt hashed
 // to hashes in blocks of bb bytes, reading the bytes after the last whole
 // block into buf, which it returns for reuse.
 func conversation(req *Request, hashes []uint64, bb int, buf []byte) (uint64, []byte) {
@@ -74,7 +74,7 @@ const maxTail = 1024
 
 // applyMatch fills in each candidate's share of the prompt from the index
 // match (or, for the presets that know them, the engines' true caches).
-func (b *Balancer) applyMatch(s *scratch, p *Pick) {
+func (b *Balancer) applyMatch(s *scratch, p *PickInfo) {
 	req := p.Req
 	if !req.hasPrompt() {
 		return

@@ -13,7 +13,7 @@ type RoundRobinPicker struct {
 var _ Picker = (*RoundRobinPicker)(nil)
 
 // Choose implements [Picker].
-func (r *RoundRobinPicker) Choose(p *Pick, _ []float64) (int, Reason) {
+func (r *RoundRobinPicker) Choose(p *PickInfo, _ []float64) (int, Reason) {
 	var n uint64
 	if p.Dry {
 		n = r.pos.Load()
@@ -30,7 +30,7 @@ type RandomPicker struct{ rand func() uint64 }
 var _ Picker = (*RandomPicker)(nil)
 
 // Choose implements [Picker].
-func (r *RandomPicker) Choose(p *Pick, _ []float64) (int, Reason) {
+func (r *RandomPicker) Choose(p *PickInfo, _ []float64) (int, Reason) {
 	return int(r.rand() % uint64(len(p.Cands))), ReasonRandom
 }
 
@@ -42,7 +42,7 @@ type LeastRequestPicker struct{}
 var _ Picker = LeastRequestPicker{}
 
 // Choose implements [Picker].
-func (LeastRequestPicker) Choose(p *Pick, _ []float64) (int, Reason) {
+func (LeastRequestPicker) Choose(p *PickInfo, _ []float64) (int, Reason) {
 	best := 0
 	for i := 1; i < len(p.Cands); i++ {
 		a, b := &p.Cands[i], &p.Cands[best]
@@ -62,7 +62,7 @@ type PowerOfTwoPicker struct{ rand func() uint64 }
 var _ Picker = (*PowerOfTwoPicker)(nil)
 
 // Choose implements [Picker].
-func (r *PowerOfTwoPicker) Choose(p *Pick, _ []float64) (int, Reason) {
+func (r *PowerOfTwoPicker) Choose(p *PickInfo, _ []float64) (int, Reason) {
 	n := uint64(len(p.Cands))
 	if n == 1 {
 		return 0, ReasonLeastLoad

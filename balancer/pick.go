@@ -89,9 +89,9 @@ type Decision struct {
 	Waited time.Duration
 }
 
-// Pick is one pick in progress, as scorers and pickers see it. Cands are
+// PickInfo is one pick in progress, as scorers and pickers see it. Cands are
 // the backends that passed the filters, in snapshot order.
-type Pick struct {
+type PickInfo struct {
 	Req   *Request
 	Cands []Candidate
 	// PromptBlocks is how many blocks the prompt hashed to.
@@ -116,7 +116,7 @@ type Pick struct {
 // scratch holds one pick's buffers; pooled, so a warm Pick allocates
 // nothing.
 type scratch struct {
-	p       Pick
+	p       PickInfo
 	cands   []Candidate
 	scores  []float64
 	total   []float64
@@ -132,13 +132,13 @@ type scratch struct {
 // best) into out, which is indexed like p.Cands. [TTFTScorer] also fills
 // in the candidates' estimate fields, which only [TTFTPicker] reads.
 type Scorer interface {
-	Score(p *Pick, out []float64)
+	Score(p *PickInfo, out []float64)
 }
 
 // Picker chooses the primary candidate given the weighted total scores,
 // indexed like p.Cands, and says why.
 type Picker interface {
-	Choose(p *Pick, total []float64) (int, Reason)
+	Choose(p *PickInfo, total []float64) (int, Reason)
 }
 
 // Pick chooses the backends for req from the current snapshot, in named
@@ -170,7 +170,7 @@ func (b *Balancer) pick(req *Request, dst []*Backend, dry bool, ex *Explanation)
 	s := b.pool.Get().(*scratch)
 	defer b.pool.Put(s)
 	p := &s.p
-	*p = Pick{Req: req, Dry: dry, snap: b.snap.Load()}
+	*p = PickInfo{Req: req, Dry: dry, snap: b.snap.Load()}
 	b.hashPrompt(s, p)
 
 	dec, primary, err := b.chooseAndAttach(s, p, dst, ex)
@@ -183,7 +183,7 @@ func (b *Balancer) pick(req *Request, dst []*Backend, dry bool, ex *Explanation)
 
 // chooseAndAttach is choose, and for a pick with a guard, the attach,
 // both under pickMu.
-func (b *Balancer) chooseAndAttach(s *scratch, p *Pick, dst []*Backend, ex *Explanation) (Decision, int, error) {
+func (b *Balancer) chooseAndAttach(s *scratch, p *PickInfo, dst []*Backend, ex *Explanation) (Decision, int, error) {
 	g := p.Req.Guard
 	if g == nil || p.Dry {
 		return b.choose(s, p, dst, ex)
@@ -200,7 +200,7 @@ func (b *Balancer) chooseAndAttach(s *scratch, p *Pick, dst []*Backend, ex *Expl
 // choose is the part of a pick that reads the ledgers: filter, prefix
 // match, saturation, affinity, score and order. It returns the decision
 // and the primary's index in p.Cands.
-func (b *Balancer) choose(s *scratch, p *Pick, dst []*Backend, ex *Explanation) (Decision, int, error) {
+func (b *Balancer) choose(s *scratch, p *PickInfo, dst []*Backend, ex *Explanation) (Decision, int, error) {
 	tier, reason, err := b.filter(s, p, ex)
 	if err != nil {
 		return Decision{}, 0, err
@@ -234,7 +234,7 @@ func (b *Balancer) choose(s *scratch, p *Pick, dst []*Backend, ex *Explanation) 
 
 // affinity returns the candidate the request's session stays on, unless
 // that backend is saturated or gone, or -1.
-func (b *Balancer) affinity(p *Pick) (int, Reason) {
+func (b *Balancer) affinity(p *PickInfo) (int, Reason) {
 	if b.sessions == nil || p.Req.Session == "" {
 		return -1, ""
 	}
@@ -252,7 +252,7 @@ func (b *Balancer) affinity(p *Pick) (int, Reason) {
 
 // score returns the policy's weighted total per candidate in [0,1]; for
 // pickers that do not score, the fallback order: fewest in flight.
-func (b *Balancer) score(s *scratch, p *Pick) []float64 {
+func (b *Balancer) score(s *scratch, p *PickInfo) []float64 {
 	total := grow(s.total, len(p.Cands))
 	clear(total)
 	s.total = total
@@ -284,7 +284,7 @@ func (b *Balancer) score(s *scratch, p *Pick) []float64 {
 
 // order puts the primary first, then the best of the rest by total score
 // as fallbacks, each with its estimated work.
-func (b *Balancer) order(p *Pick, primary int, total []float64, dst []*Backend) Decision {
+func (b *Balancer) order(p *PickInfo, primary int, total []float64, dst []*Backend) Decision {
 	var dec Decision
 	cands := p.Cands
 	out := append(dst[:0], cands[primary].Backend)
@@ -322,7 +322,7 @@ func below(total []float64, i, j int) bool {
 // commit is the last stage of a pick that is not a dry run: learning
 // scorers and pickers see the outcome, the index records that the primary
 // now holds the prompt, and the session remembers its backend.
-func (b *Balancer) commit(p *Pick, primary int) {
+func (b *Balancer) commit(p *PickInfo, primary int) {
 	be := p.Cands[primary].Backend
 	for _, ws := range b.pol.scorers {
 		if c, ok := ws.s.(committer); ok {
@@ -347,5 +347,5 @@ func grow[T any](s []T, n int) []T {
 // committer is a scorer or picker that learns from the pick's outcome; a
 // pick calls Commit once the primary is chosen, never for a dry run.
 type committer interface {
-	Commit(p *Pick, chosen int)
+	Commit(p *PickInfo, chosen int)
 }

@@ -68,7 +68,7 @@ import (
 // for each replica and each minute (8 replicas, shared-prefix: 1,109
 // first meetings of a replica with a group chose 2.6 servers a group).
 //
-// A conversation goes the same way, by its own key ([Pick.Conversation]),
+// A conversation goes the same way, by its own key ([PickInfo.Conversation]),
 // on every later turn and, once most requests on its system prompt are
 // later turns ([conversations]), on its first: a replica's index knows
 // where a conversation's earlier turns went only if it routed them, which
@@ -105,7 +105,7 @@ func ttftPolicy(cfg TTFTConfig) *policy {
 }
 
 // Choose implements [Picker].
-func (t *TTFTPicker) Choose(p *Pick, total []float64) (int, Reason) {
+func (t *TTFTPicker) Choose(p *PickInfo, total []float64) (int, Reason) {
 	most := 0
 	for i := range p.Cands {
 		most = max(most, p.Cands[i].MatchedTokens)
@@ -188,7 +188,7 @@ func (t *TTFTPicker) Choose(p *Pick, total []float64) (int, Reason) {
 	return pick, reasonFor(p, pick)
 }
 
-// conversations tells, per prompt start (a chat's [Pick.Key], the first
+// conversations tells, per prompt start (a chat's [PickInfo.Key], the first
 // block of its system prompt), whether its requests are mostly later
 // turns of conversations, which come back with their history, from the
 // last 32-64 chats on it: a direct-mapped table of 4,096 entries, each a
@@ -232,7 +232,7 @@ func (c *conversations) mostlyLater(key uint64) bool {
 	return v>>32 == tag && n >= turnsMin && 2*l > n
 }
 
-// promptStarts remembers the prompt starts ([Pick.Key]) a balancer has
+// promptStarts remembers the prompt starts ([PickInfo.Key]) a balancer has
 // routed cold: a direct-mapped table of 16,384 keys, read and written
 // without a lock. Picks that race lose an entry and a key is forgotten
 // when a newer one takes its slot; such a prompt is taken for new.
@@ -274,7 +274,7 @@ const maxClasses = 8
 //   - have room, as in the tie rule: KV tokens free at the last scrape at
 //     least Room of the most any of them has.
 //
-// With conv, the key is the conversation's ([Pick.Conversation]) and the
+// With conv, the key is the conversation's ([PickInfo.Conversation]) and the
 // candidate its home: the highest hash among the fast ones, returned only
 // if it has the backlog and room of the other two rules. A conversation
 // whose home is busy goes where the scores say, which is where its
@@ -300,7 +300,7 @@ const maxClasses = 8
 // x0.25, where the H100s' caches cannot keep all 150 system prompts: TTFT
 // p90 281 -> 182 ms, the median of 24 seeds, as llm-d-precise's 182 ms,
 // which reads the caches' real contents.
-func (t *TTFTPicker) place(p *Pick, conv, evicted bool) int {
+func (t *TTFTPicker) place(p *PickInfo, conv, evicted bool) int {
 	var hw hwClasses
 	hw.classify(p.Cands)
 	// own is what the candidate's own state adds to its class's time.

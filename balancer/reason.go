@@ -37,7 +37,7 @@ const (
 
 // reasonFor names why candidate i of a scored pick won: the adapter when
 // it runs there and not everywhere, else a prefix hit, else load.
-func reasonFor(p *Pick, i int) Reason {
+func reasonFor(p *PickInfo, i int) Reason {
 	c := &p.Cands[i]
 	if c.LoRA == LoRARunning {
 		for j := range p.Cands {

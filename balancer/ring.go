@@ -62,7 +62,7 @@ func (r *RingPicker) ringFor(snap *Snapshot) *ring {
 }
 
 // Choose implements [Picker].
-func (r *RingPicker) Choose(p *Pick, _ []float64) (int, Reason) {
+func (r *RingPicker) Choose(p *PickInfo, _ []float64) (int, Reason) {
 	key := p.Req.UserText
 	if key == nil {
 		key = p.Req.Prompt

@@ -35,7 +35,7 @@ type SGLangPicker struct {
 var _ Picker = (*SGLangPicker)(nil)
 
 // Choose implements [Picker].
-func (s *SGLangPicker) Choose(p *Pick, _ []float64) (int, Reason) {
+func (s *SGLangPicker) Choose(p *PickInfo, _ []float64) (int, Reason) {
 	least, lo, hi, sum := 0, int64(math.MaxInt64), int64(-1), int64(0)
 	for i := range p.Cands {
 		c := &p.Cands[i]
@@ -98,7 +98,7 @@ func (s *SGLangPicker) Choose(p *Pick, _ []float64) (int, Reason) {
 
 // holder returns the least loaded candidate whose match is best, ties at
 // random.
-func (s *SGLangPicker) holder(p *Pick, by []int32, best int32) int {
+func (s *SGLangPicker) holder(p *PickInfo, by []int32, best int32) int {
 	choice, ties := -1, uint64(0)
 	for i := range p.Cands {
 		sl := p.Cands[i].Backend.slot

@@ -82,7 +82,7 @@ const minSamples = 5
 const maxUtilisation = 0.95
 
 // Score implements [Scorer].
-func (s *TTFTScorer) Score(p *Pick, out []float64) {
+func (s *TTFTScorer) Score(p *PickInfo, out []float64) {
 	var pr priors
 	pr.learn(p)
 	k := s.consts(p)
@@ -123,7 +123,7 @@ type priors struct {
 // candidate is learned, or every one is, there is nothing to borrow and
 // the candidates are not classified: a fleet at start-up takes the
 // config's values, a measured one its own.
-func (pr *priors) learn(p *Pick) {
+func (pr *priors) learn(p *PickInfo) {
 	learned, fresh := false, false
 	for i := range p.Cands {
 		if p.Cands[i].Backend.Ledger.est.load().learned() {
@@ -151,7 +151,7 @@ func (pr *priors) learn(p *Pick) {
 }
 
 // of returns the inverse rate and base candidate i borrows.
-func (pr *priors) of(p *Pick, i int, cfg *TTFTConfig) (inv, base float64) {
+func (pr *priors) of(p *PickInfo, i int, cfg *TTFTConfig) (inv, base float64) {
 	if pr.none {
 		return 1 / cfg.PrefillRate, cfg.BaseLatency.Seconds()
 	}
@@ -183,7 +183,7 @@ type scoreConsts struct {
 	least                             float64 // the fewest requests queued on any candidate
 }
 
-func (s *TTFTScorer) consts(p *Pick) scoreConsts {
+func (s *TTFTScorer) consts(p *PickInfo) scoreConsts {
 	out := p.Req.MaxTokens
 	if out <= 0 {
 		out = s.cfg.DefaultMaxTokens
@@ -216,7 +216,7 @@ func (s *TTFTScorer) consts(p *Pick) scoreConsts {
 // the most popular ran on all four, and the rarer ones waited seconds
 // for slots (lora, TTFT p90 0.21-1.92 s at seeds 1-8). Read from the
 // scrape, which every replica reads alike.
-func slotsTaken(p *Pick) float64 {
+func slotsTaken(p *PickInfo) float64 {
 	running := false
 	full, known := 0, 0
 	for i := range p.Cands {
@@ -241,7 +241,7 @@ func slotsTaken(p *Pick) float64 {
 // estimate fills in c's estimate fields from its learned model est, with
 // inv and base its inverse prefill rate and base (est's own once learned,
 // else the priors').
-func (s *TTFTScorer) estimate(p *Pick, c *Candidate, est Estimate, inv, base float64, k *scoreConsts) {
+func (s *TTFTScorer) estimate(p *PickInfo, c *Candidate, est Estimate, inv, base float64, k *scoreConsts) {
 	c.Prefill = base + (c.AheadTokens+float64(c.UncachedTokens))*inv
 	c.QueueWait = c.Queued * est.QueueWait
 	c.Backlog = c.AheadTokens*inv + c.QueueWait
