@@ -47,7 +47,7 @@ type PrefixIndex interface {
 }
 
 // TextTree is a character prefix tree shared by backend slots
-// (prefix.Tree), for the sglang-cache-aware preset.
+// (prefix.Tree), for the presets that match prompt text ([Preset.Tree]).
 type TextTree interface {
 	Match(text []byte, dst []int32) int
 	Insert(slot int, text []byte)
@@ -56,8 +56,8 @@ type TextTree interface {
 }
 
 // Oracle tells the prompt tokens a backend really holds in its prefix cache
-// for a request. Only a simulator knows; the oracle policy uses it as the
-// upper bound in benchmarks.
+// for a request. Only a simulator knows; the presets with
+// [Preset.TrueCache] match prompts with it instead of an index.
 type Oracle interface {
 	CachedTokens(be *Backend, req *Request) int
 }
@@ -87,12 +87,15 @@ type Prefills struct {
 
 // Deps are what a Balancer is built with besides its Config.
 type Deps struct {
-	// Index serves the prefix-aware policies (ttft, epp). Nil disables
-	// prefix matching.
+	// Index is the approximate prefix index of the presets that have one
+	// ([Preset.Index]), cut and sized as the preset's [IndexSpec] says.
+	// Nil disables prefix matching.
 	Index PrefixIndex
-	// Tree serves sglang-cache-aware. Required by it.
+	// Tree serves the presets that match prompt text ([Preset.Tree]),
+	// which require it.
 	Tree TextTree
-	// Oracle makes the policy "oracle" available; nil otherwise.
+	// Oracle serves the presets with [Preset.TrueCache], which require it
+	// and which only the simulator can run; nil otherwise.
 	Oracle Oracle
 	// Events, when set, is read by the presets that use llmlb's own
 	// prefix index (the default) beside that index: a backend's match is
@@ -148,8 +151,8 @@ func (s *Snapshot) Offered(model string) bool {
 // Balancer publishes snapshots and picks backends. Pick, PickWait, Explain
 // and Snapshot may be called concurrently from any goroutine; Pick never
 // blocks on I/O or on writers (picks that attach a guard take turns for
-// their microseconds, so each sees the ledgers the previous one left). Update and Remove calls are serialised by an
-// internal mutex.
+// their microseconds, so each sees the ledgers the previous one left).
+// Update and Remove calls are serialised by an internal mutex.
 type Balancer struct {
 	// immutable after New
 	cfg      Config
@@ -311,7 +314,6 @@ func (b *Balancer) ledgerLocked(id string) *Ledger {
 	return l
 }
 
-// slotLocked gives id the lowest free slot. Caller must hold b.mu.
 // nameLocked returns the default name of the backend with this ID: b1,
 // b2, ... in the order backends first appear (static backends in config
 // order), the same name whenever the ID comes back, never another
@@ -325,6 +327,8 @@ func (b *Balancer) nameLocked(id string) string {
 	return n
 }
 
+// slotLocked returns id's slot, giving a new id the lowest free slot.
+// Caller must hold b.mu.
 func (b *Balancer) slotLocked(id string) int {
 	if s, ok := b.slots[id]; ok {
 		return s

@@ -176,17 +176,14 @@ func (b *Balancer) filter(s *scratch, p *PickInfo, ex *Explanation) (tier string
 // hold part of the prompt when KeepHolders is on, unless a holder's queue
 // is past HolderQueue times the shortest; if none is left, it queues
 // (ErrSaturated) or, with the queue off or in a dry run, keeps them all
-// ([ReasonSaturated]). A preset whose peer has no saturation filter keeps every
-// candidate.
+// ([ReasonSaturated]). A preset whose peer has no saturation filter keeps
+// every candidate.
 //
 // The bound is relative so that a fleet saturated as a whole keeps its
 // prompts where they are, and a holder whose queue runs far ahead of the
-// others' does not: kept with no bound, the holder was often the only
-// candidate left, and took every request on its prompts while the others
-// were full too (4 servers, burst at x4, seed 2: 299 of one 300-request
-// burst went to the A100 holding its prefix, whose queue reached 313
-// while the H100s' stayed near 16; TTFT p90 16.25 s, 5.05 s with the
-// bound; the median of 24 seeds 4.45 -> 3.91 s).
+// others' does not: kept with no bound, a holder is often the only
+// candidate left, and takes every request on its prompts while the others
+// are full too. See docs/design/ttft.md#holder-bound.
 func (b *Balancer) saturation(p *PickInfo, tier string, ex *Explanation) (Reason, error) {
 	if !b.pol.admission {
 		return "", nil

@@ -44,9 +44,9 @@ func (KVScorer) Score(p *PickInfo, out []float64) {
 }
 
 // PrefixScorer is the endpoint picker's prefix-cache scorer: matched
-// blocks over the prompt's blocks (the EPP's defaults are 64-byte blocks,
-// at most 256 per prompt, 31,250 LRU entries per server; main builds the
-// epp preset's index so). 0 when the prompt fills no block.
+// blocks over the prompt's blocks, as the preset's match counts them: its
+// [IndexSpec] (the endpoint picker's is [eppIndex]), or with
+// [Preset.TrueCache] a token a block. 0 when the prompt fills no block.
 type PrefixScorer struct{}
 
 var _ Scorer = PrefixScorer{}
@@ -103,6 +103,7 @@ var (
 	_ committer = (*NoHitLRUScorer)(nil)
 )
 
+// cold reports whether no candidate holds any block of the pick's prompt.
 func cold(p *PickInfo) bool {
 	for i := range p.Cands {
 		if p.Cands[i].MatchedBlocks > 0 {

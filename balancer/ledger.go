@@ -85,12 +85,10 @@ func (l *Ledger) Pending() (requests, tokens int64) {
 // them, at the mean size, is part done: what the drain time says is left
 // at the backend's learned rate, but no less than the others whole, and
 // all of it for a backend with no learned rate or past its drain time (a
-// server slower than learned). Counting the request being prefilled whole
-// made a holder that had taken a request 150 ms earlier look as slow as
-// prefilling the prompt elsewhere (4 servers at shared-prefix x0.25: 68
-// of 3,000 requests passed their holder); discounting more than one made
-// an overloaded server look emptier than it was (mooncake-conversation at
-// x3: 2,003 -> 1,678 tokens/s).
+// server slower than learned). Counting the request in progress whole
+// makes a holder that has just taken a request look as slow as prefilling
+// the prompt elsewhere; discounting more than one makes an overloaded
+// server look emptier than it is. See docs/design/ttft.md#ahead-tokens.
 func (l *Ledger) aheadTokens(requests, tokens int64, now time.Time) float64 {
 	if requests <= 0 || tokens <= 0 {
 		return 0
@@ -136,7 +134,10 @@ func (l *Ledger) noteSent(tokens int) {
 // queuedSize is the size a request queued on the backend that this
 // balancer did not send is guessed at: the mean of our own pending
 // requests when there are any (they share its queue now), else the
-// recent mean of what we sent there, else def.
+// recent mean of what we sent there, else def. Another balancer's
+// requests to a server are guessed to look like ours to it; the prompt
+// being placed (def) is the guess only before we have sent it any. See
+// docs/design/ttft.md#queued-size.
 func (l *Ledger) queuedSize(pending, pendingTok int64, def int) float64 {
 	if pending > 0 {
 		return float64(pendingTok) / float64(pending)

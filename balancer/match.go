@@ -73,7 +73,9 @@ func conversation(req *Request, hashes []uint64, bb int, buf []byte) (uint64, []
 const maxTail = 1024
 
 // applyMatch fills in each candidate's share of the prompt from the index
-// match (or, for the presets that know them, the engines' true caches).
+// match; for the presets with [Preset.TrueCache], from the engines' true
+// caches instead; and with KV events ([Deps.Events]), from the longer of
+// the index's match and the events'.
 func (b *Balancer) applyMatch(s *scratch, p *PickInfo) {
 	req := p.Req
 	if !req.hasPrompt() {

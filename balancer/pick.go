@@ -145,14 +145,14 @@ type Picker interface {
 // stages (see pick): hash the prompt; filter: the backend must serve the
 // model and be ready with fresh metrics; when none is, ready backends with
 // stale metrics are used ([ReasonStaleMetrics]); when none is ready, those
-// not probed yet ([ReasonFallback]); down and draining backends never. Then prefix
-// match; saturation: among the fresh, saturated backends are dropped
-// unless they hold part of the prompt and their queue is not far past the
-// others' (SaturationConfig.KeepHolders, HolderQueue); if
-// all are saturated, Pick returns [ErrSaturated] when the admission queue
-// is on, and uses them all ([ReasonSaturated]) when it is off. Then session
-// affinity, the policy's scorers, its picker and the fallbacks' order,
-// and last the commit. The decision's Candidates are appended to dst[:0],
+// not probed yet ([ReasonFallback]); down and draining backends never.
+// Then prefix match; saturation: among the fresh, saturated backends are
+// dropped unless they hold part of the prompt and their queue is not far
+// past the others' (SaturationConfig.KeepHolders, HolderQueue); if all are
+// saturated, Pick returns [ErrSaturated] when the admission queue is on,
+// and uses them all ([ReasonSaturated]) when it is off. Then session
+// affinity, the policy's scorers, its picker and the fallbacks' order, and
+// last the commit. The decision's Candidates are appended to dst[:0],
 // so a caller that reuses dst does not allocate.
 func (b *Balancer) Pick(req *Request, dst []*Backend) (Decision, error) {
 	return b.pick(req, dst, false, nil)
@@ -165,7 +165,7 @@ func (b *Balancer) Pick(req *Request, dst []*Backend) (Decision, error) {
 // lock. A pick that attaches a guard then holds pickMu only while it reads
 // the ledgers, chooses and attaches: otherwise a burst of picks all read
 // the same idle ledger before any attaches and pile onto one backend. The
-// commit (index insert, sessions, learning pickers) follows unlocked.
+// commit (index insert, sessions, learning scorers) follows unlocked.
 func (b *Balancer) pick(req *Request, dst []*Backend, dry bool, ex *Explanation) (Decision, error) {
 	s := b.pool.Get().(*scratch)
 	defer b.pool.Put(s)
@@ -320,8 +320,9 @@ func below(total []float64, i, j int) bool {
 }
 
 // commit is the last stage of a pick that is not a dry run: learning
-// scorers and pickers see the outcome, the index records that the primary
-// now holds the prompt, and the session remembers its backend.
+// scorers ([committer]) see the outcome, the index records that the
+// primary now holds the prompt, and the session remembers its backend.
+// Pickers that learn do so in Choose, unless the pick is dry.
 func (b *Balancer) commit(p *PickInfo, primary int) {
 	be := p.Cands[primary].Backend
 	for _, ws := range b.pol.scorers {
@@ -337,6 +338,8 @@ func (b *Balancer) commit(p *PickInfo, primary int) {
 	}
 }
 
+// grow returns s with length n, allocating only when its capacity is
+// short, so pooled buffers are reused; the contents are not cleared.
 func grow[T any](s []T, n int) []T {
 	if cap(s) < n {
 		return make([]T, n)
@@ -344,8 +347,9 @@ func grow[T any](s []T, n int) []T {
 	return s[:n]
 }
 
-// committer is a scorer or picker that learns from the pick's outcome; a
-// pick calls Commit once the primary is chosen, never for a dry run.
+// committer is a scorer that learns from the pick's outcome: the pick's
+// commit calls Commit on each of the policy's scorers that has it once the
+// primary is chosen, never for a dry run.
 type committer interface {
 	Commit(p *PickInfo, chosen int)
 }

@@ -9,79 +9,47 @@ import (
 // estimate parts its embedded [TTFTScorer] writes into each candidate
 // (TTFT, Backlog, KVPenalty, LoRAPenalty), which no other scorer fills in,
 // so it runs as its own policy's only scorer as well as its picker
-// ([ttftPolicy]).
+// ([ttftPolicy]). Its margins are the scorer's [TTFTConfig]: TieTolerance,
+// ColdTieTolerance, ColdRoom and ColdBacklog.
 //
-// It takes the highest score; candidates within TieTolerance of it
-// (score ≥ best/(1+TieTolerance)) tie, and within Cold of it when the
-// request is cold (no candidate holds any of its prompt). A warm tie goes
-// to the candidate holding the most of the prompt (the same first token
-// time, less work for the fleet), then to the highest rendezvous hash of
-// the prompt's first block and the backend ID. Replicas that do not share
-// state, and so see loads that differ by their own requests, thus place a
-// conversation on the same backend.
+// Its rules are about where a prompt lives, not only this request's first
+// token: the index sends a prompt's later requests to whoever holds it, so
+// a placement lasts; and replicas that share no state must place a prompt
+// alike. In the order Choose applies them:
 //
-// Both margins are about where a prompt lives, not only this request's
-// first token: the index sends a prompt's later requests to whoever holds
-// it, so a placement lasts. A cold tie goes to the highest rendezvous
-// hash among the tied candidates with room, those whose KV tokens free at
-// the last scrape are at least Room of the most any tied candidate has:
-// new prompts fill the fleet by room, not by a hash that leaves one
-// server 25 prompts and its neighbour 20, nor by a first token time that
-// a start-up backlog of cold prefills distorts; and since the test is
-// coarse and the scrape is what every replica reads, replicas still agree
-// (taking the most free instead split them: 8 replicas kept 0.55 of one
-// replica's shared-prefix hit rate, 0.78 with the threshold). A warm
-// request's candidates that hold less of the prompt than the best holder
-// must beat it by the Cold margin too: a copy of a prompt another server
-// holds stays in both caches while its requests keep coming to either,
-// so it is made only when the holder is clearly slower, not for one
-// request's few hundred milliseconds (8 servers, shared-prefix at x4:
-// copies made while the fleet filled took a third of the prefixes twice,
-// KV use rose to 0.99 where requests landed, and the engines preempted
-// 47-105 requests; TTFT p90 4.28/2.49/1.43 s at seeds 1-3, 1.13/0.78/
-// 0.66 s with both rules, against 0.65/0.72/0.84 s for llm-d-load). Nor
-// is a copy made on a backend with any work queued (a backlog): a copy
-// relieves a busy holder only where its prefill runs at once; behind a
-// queue it adds its prefill to the work every request there waits for,
-// and the holder's queue drains as fast without it (8 servers,
-// shared-prefix at x4, seed 4: seconds behind on the groups' first
-// prompts, the fleet was sent 1.30 M uncached prompt tokens in the first
-// 7 s against epp's 1.24 M, the difference copies onto H100s as far
-// behind as the holders; TTFT p90 0.999 -> 0.912 s without them, the
-// median of 12 seeds 0.858 -> 0.782 s with copies barred behind a
-// backlog longer than the copy's own time, and over 24 seeds 922 ->
-// 839 ms with copies barred behind any backlog; barred behind a quarter
-// of the copy's own time, 836 ms, but the copies still made cost the
-// 4-server shared-prefix overload at x2 3 s of TTFT p90 and lora at x4
-// 2 s, medians of 24 seeds). A burst of one prompt then waits at its
-// holders while every other backend has work of its own (8 servers,
-// burst at x4: 857 -> 1,040 ms over 24 seeds, still 0.65 of the best
-// peer's; 766 ms at 3 seeds with [TTFTPicker.place]'s class backlogs).
-//
-// Before all that, a cold prompt goes by bounded-load rendezvous of its
-// first block when it can ([TTFTPicker.place]): replicas agree on a
-// placement only if the candidates they choose among agree, and a tie
-// window on first token estimates does not hold still: each replica
-// learns every backend's prefill rate from its own few samples, and one
-// replica's estimates of six identical idle H100 servers for one prompt
-// ranged 0.21-0.45 s in one pick, so a 50% window held a different set
-// for each replica and each minute (8 replicas, shared-prefix: 1,109
-// first meetings of a replica with a group chose 2.6 servers a group).
-//
-// A conversation goes the same way, by its own key ([PickInfo.Conversation]),
-// on every later turn and, once most requests on its system prompt are
-// later turns ([conversations]), on its first: a replica's index knows
-// where a conversation's earlier turns went only if it routed them, which
-// with 8 replicas it did for one turn in eight, so the others sent a turn
-// to whoever held the system prompt or, once that server was full, where
-// their own loads said (8 replicas, multi-turn: 520 of 1,020 turns that
-// reached a replica new to their conversation went elsewhere than its
-// server; 0.81 of one replica's hit rate kept). Placed by its key, every
-// replica finds it where the first turn went; the index and the scores
-// decide only when its home is busy or full. A
-// first turn is placed so only on a system prompt whose requests come
-// back: on one whose requests are one-off questions (a shared document,
-// shared-prefix) the questions belong together with their prefix.
+//   - A conversation goes by its own key ([PickInfo.Conversation]) on every
+//     later turn and, once most requests on its system prompt are later
+//     turns ([conversations]), on its first; a cold prompt (no candidate
+//     holds any of it) goes by bounded-load rendezvous of its first block.
+//     Both are placed by a hash every replica computes alike
+//     ([TTFTPicker.place]), since a replica's index knows where a
+//     conversation's earlier turns went only if it routed them, and a tie
+//     window on first-token estimates does not hold still. A first turn
+//     is placed so only on a system prompt whose requests come back:
+//     one-off questions on a shared document belong with their prefix.
+//     ColdBacklog 0 turns this rule off. See
+//     docs/design/ttft.md#rendezvous and docs/design/ttft.md#conversations.
+//   - Otherwise the highest score wins, but a candidate that holds less of
+//     the prompt than the best holder must beat it by ColdTieTolerance, and
+//     one with any work queued (a backlog) may not take it at all: a copy
+//     of a prompt stays in both caches while its requests keep coming to
+//     either, and behind a queue its prefill adds to the work every request
+//     there waits for, while the holder's queue drains as fast without it.
+//     See docs/design/ttft.md#copy-margin and
+//     docs/design/ttft.md#no-copy-behind-a-backlog.
+//   - Candidates within TieTolerance of the best (score ≥
+//     best/(1+TieTolerance)) tie, and within ColdTieTolerance when the
+//     request is cold. A warm tie goes to the candidate holding the most of
+//     the prompt (the same first token, less work for the fleet), then to
+//     the highest rendezvous hash of the prompt's first block and the
+//     backend ID, so that replicas, which see loads that differ by their
+//     own requests, place a conversation on the same backend.
+//   - A cold tie goes to the highest rendezvous hash among the tied
+//     candidates with room: KV tokens free at the last scrape at least
+//     ColdRoom of the most any tied candidate has. New prompts then fill
+//     the fleet by room, and since the test is coarse and reads the scrape
+//     every replica reads, replicas still agree. See
+//     docs/design/ttft.md#cold-room.
 type TTFTPicker struct {
 	// TTFTScorer is the picker's own scorer: Choose reads the estimate
 	// parts it writes into each candidate, and its config.
@@ -137,9 +105,9 @@ func (t *TTFTPicker) Choose(p *PickInfo, total []float64) (int, Reason) {
 			}
 		}
 	}
-	// A copy of what another candidate holds must beat it by the Cold
-	// margin: its score counts for 1/(1+Cold) of what it is; and it is
-	// made only on a backend with no work queued.
+	// A copy of what another candidate holds must beat it by the
+	// ColdTieTolerance margin: its score counts for 1/(1+ColdTieTolerance)
+	// of what it is; and it is made only on a backend with no work queued.
 	copyDiscount := 1 / (1 + t.cfg.ColdTieTolerance)
 	adj := func(i int) float64 {
 		switch c := &p.Cands[i]; {
@@ -249,39 +217,32 @@ func (s *promptStarts) has(key uint64) bool {
 const maxClasses = 8
 
 // place returns the candidate a cold prompt goes to by bounded-load
-// rendezvous of its first block, or -1 when none qualifies: the highest
-// rendezvous hash of the key among the candidates that
+// rendezvous of its first block, or -1 when fewer than two qualify (one
+// backend is no choice to agree on): the highest rendezvous hash of the
+// key among the candidates that
 //
-//   - are as fast as the fastest, within Cold, by their hardware class's
-//     time plus their own penalties (a full cache, the adapter not
-//     loaded): a class is the backends of one engine and one KV size,
-//     taken as the same GPU and model, and its time the mean of its
-//     members' estimates of the prompt's first token less those
-//     penalties, which is steady where each member's own estimate is not
-//     (the decode slowdown, which follows load, stays in the mean: counted
-//     per candidate, it split 8 replicas' placements again, shared-prefix
-//     TTFT p90 125 -> 281 ms). The members' backlogs stay in the mean
-//     too: while the fast class is behind, a slower one with little
-//     queued is as fast for a new prompt, and takes it, where it would
-//     otherwise take the prompt's group only later, by a copy (8 servers,
-//     shared-prefix at x4, seed 1: the A100s were the first server of 10
-//     groups and later home to 9 more, moved there by copying; over 24
-//     seeds TTFT p90 839 -> 788 ms; burst at x4 1,040 -> 766 ms at 3
-//     seeds);
-//   - have a backlog of at most Backlog times the fastest class's time
+//   - are as fast as the fastest, within ColdTieTolerance, by their
+//     hardware class's time plus their own penalties (a full cache, the
+//     adapter not loaded). A class is the backends of one engine and one
+//     KV size, taken as the same GPU and model, and its time the mean of
+//     its members' estimates of the prompt's first token less those
+//     penalties, which is steady where each member's own estimate is not.
+//     The decode slowdown, which follows load, and the members' backlogs
+//     stay in the mean: while the fast class is behind, a slower one with
+//     little queued is as fast for a new prompt, and takes it now rather
+//     than later by a copy. See docs/design/ttft.md#class-time.
+//   - have a backlog of at most ColdBacklog times the fastest class's time
 //     without its backlog, the prompt's time alone there: replicas whose
 //     loads differ below the bound still agree;
 //   - have room, as in the tie rule: KV tokens free at the last scrape at
-//     least Room of the most any of them has.
+//     least ColdRoom of the most any of them has.
 //
-// With conv, the key is the conversation's ([PickInfo.Conversation]) and the
-// candidate its home: the highest hash among the fast ones, returned only
-// if it has the backlog and room of the other two rules. A conversation
-// whose home is busy goes where the scores say, which is where its
-// earlier turns are when the index knows, not to the next in the hash's
-// order, which holds none of it (8 servers, multi-turn at x4, seeds 1-3:
-// TTFT p90 129/109/100 ms to the next, 104/103/98 ms by the scores,
-// both with the key of the last whole block alone).
+// With conv, the key is the conversation's ([PickInfo.Conversation]) and
+// the candidate its home: the highest hash among the fast ones, returned
+// only if it has the backlog and room of the other two rules, else -1. A
+// conversation whose home is busy goes where the scores say, which is
+// where its earlier turns are when the index knows, not to the next in the
+// hash's order, which holds none of it. See docs/design/ttft.md#busy-home.
 //
 // A backend that is slow but reports the same engine and KV size as fast
 // ones shares their class; its backlog, which its slowness grows, is what
@@ -289,17 +250,13 @@ const maxClasses = 8
 //
 // With evicted, the prompt was routed before and no backend holds any of
 // it now: the caches it went to did not keep it until it came back.
-// Placed again among the fastest, it evicts another prompt there, while
-// the slower classes' caches, which new prompts do not go to until the
-// fast ones are busy, hold little. So every class counts as fast as the
-// fastest (a backend's own penalties, a full cache or an adapter not
+// Placed again among the fastest, it would evict another prompt there,
+// while the slower classes' caches, which new prompts do not go to until
+// the fast ones are busy, hold little. So every class counts as fast as
+// the fastest (a backend's own penalties, a full cache or an adapter not
 // loaded, still count, and the backlog bound still counts from the
 // fastest class's time) and room is the share of each one's KV free,
-// since the classes' caches differ in size. Its later requests then hit
-// where it went: 4 servers (three H100s, an A100), shared-prefix at
-// x0.25, where the H100s' caches cannot keep all 150 system prompts: TTFT
-// p90 281 -> 182 ms, the median of 24 seeds, as llm-d-precise's 182 ms,
-// which reads the caches' real contents.
+// since the classes' caches differ in size. See docs/design/ttft.md#evicted.
 func (t *TTFTPicker) place(p *PickInfo, conv, evicted bool) int {
 	var hw hwClasses
 	hw.classify(p.Cands)

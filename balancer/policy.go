@@ -12,14 +12,17 @@ type policy struct {
 	oracle    Oracle
 	events    CacheEvents // the engines' KV events, for the presets with llmlb's own index
 	admission bool        // llmlb's saturation filter and admission queue apply
-	userKeyed bool        // keyed on Request.UserText
+	userKeyed bool        // keyed on Request.UserText, or the prompt's bytes ([Preset.UserKeyed])
 }
 
+// weighted is one of a policy's scorers and its weight in the total.
 type weighted struct {
 	s Scorer
 	w float64
 }
 
+// forget drops what the policy's index and tree remember of a removed
+// backend's slot, which a new backend may take.
 func (p *policy) forget(slot int) {
 	if p.index != nil {
 		p.index.Forget(slot)

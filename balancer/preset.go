@@ -41,6 +41,8 @@ type Preset struct {
 	// commit.
 	Follows string
 
+	// build returns the preset's scorers and picker, once per balancer,
+	// so that they may keep state for its life.
 	build func(cfg Config, d Deps) *policy
 }
 

@@ -11,45 +11,41 @@ import "math"
 //	miss = MissWeight/rate × (step×queued + uncached×ρ/(1−ρ) + (uncached−step)×least)
 //	step = min(uncached, StepTokens)
 //
-// ttft is the request's own time to first token: ahead is the prefill
-// tokens queued before it (our own pending prompts plus the server's other
-// queued requests, each at the mean uncached size of ours pending there, or
-// of the last ten or so we sent there when none is: another replica's
-// requests to a server are guessed to look like ours to it, since this
-// prompt's size counted a holder's queue of hits as misses and sent
-// requests off their holders; [Ledger.queuedSize]; with KV events, plus
-// the share of the prefills the events show in progress that are not
-// ours: [Balancer.othersPrefilling]), uncached is the prompt less the
-// blocks the prefix index says the backend holds, rate, base and wait are
-// learned per backend from measured times to first byte
-// ([Ledger.Estimate]), leaving out those that may include a wait for a
-// LoRA slot ([Work.SlotWait]): a rare adapter's seconds behind popular ones
-// say nothing of prefill, and taught the 4-server lora run's estimates a
-// slow server (TTFT p90 205 -> 113 ms at x1); a backend with too few
-// samples borrows the mean of the candidates of its hardware class that
-// have enough, else of its engine's ([priors]), and the config's values
-// only while none has. kv is a penalty rising from KVSoft to
-// KVPenalty at a full cache plus KVPenalty again when the request would
-// not fit; lora is 0 for a loaded adapter, LoRALoadDelay for a free slot
-// or unknown state (for a free slot when another candidate runs the
-// adapter, plus LoRASlotWait times the share of servers whose slots are
-// full: [slotsTaken]), LoRASlotWait when requests already wait for it and
-// twice that with no free slot; slowdown is what the request's decode
-// loses to the backend's batch (DecodeCost).
+// ttft is the request's own time to first token:
+//
+//   - ahead is the prefill tokens queued before it: our own pending prompts
+//     ([Ledger.aheadTokens]), plus the server's other queued requests, each
+//     guessed to be the size of ours there ([Ledger.queuedSize]), plus, with
+//     KV events, the share of the prefills in progress that are not ours
+//     ([Balancer.othersPrefilling]).
+//   - uncached is the prompt less the blocks the prefix index says the
+//     backend holds.
+//   - rate, base and wait are learned per backend from measured times to
+//     first byte ([Ledger.Estimate]), leaving out those that may include a
+//     wait for a LoRA slot ([Work.SlotWait]), which say nothing of prefill
+//     (see docs/design/ttft.md#slot-waits). A backend with too few samples
+//     borrows the mean of the candidates of its hardware class that have
+//     enough, else of its engine's ([priors]), and the config's values only
+//     while none has.
+//   - kv is a penalty rising from 0 at KVSoft to KVPenalty at a full cache,
+//     plus KVPenalty again when the request would not fit.
+//   - lora is 0 for a loaded adapter; LoRALoadDelay for a free slot or an
+//     unknown state, and for a free slot when another candidate runs the
+//     adapter, plus LoRASlotWait times the share of servers whose slots are
+//     full ([slotsTaken]); LoRASlotWait when requests already wait for it;
+//     twice that with no free slot.
+//   - slowdown is what the request's decode loses to the backend's batch
+//     (DecodeCost).
 //
 // miss is the part the request's own estimate leaves out: prefilling its
 // uncached tokens occupies the GPU for uncached/rate seconds, and requests
 // that share the GPU meanwhile wait for it too:
 //
-//   - Those queued there now wait for at most one step of it. The
+//   - Those queued there now wait for at most one step of it: the
 //     scheduler serves its queue in order, so they are ahead of the new
 //     request, and a chunked prefill takes at most StepTokens of each step
-//     they share. Each is charged step = min(uncached, StepTokens) tokens.
-//     Charging each the whole prefill, as an earlier rule did, kept 468
-//     requests of mooncake-conversation (one replica, seed 1, bench
-//     --trace) on servers with 44,000 tokens of prefill left on average,
-//     besides 28,000 of their own, while another server had none left in
-//     397 of them; they waited 6.0 s on average for a first token.
+//     they share. Each is charged step tokens (see
+//     docs/design/ttft.md#one-step).
 //   - Those arriving while it runs wait for all of it. The estimate takes
 //     ρ/(1−ρ) of them, the mean number of requests an M/M/1 server at
 //     utilisation ρ holds, with ρ the backend's KV-cache use (capped at
@@ -69,6 +65,9 @@ import "math"
 // throughput, is not spent recomputing prompts it already holds. A
 // holder's own queue still counts in full, so a burst spreads once the
 // holder's wait passes what copying the prefix elsewhere costs.
+//
+// Score writes the estimate's parts into each [Candidate]; [TTFTPicker],
+// which embeds the scorer, places the request by them.
 type TTFTScorer struct{ cfg TTFTConfig }
 
 var _ Scorer = (*TTFTScorer)(nil)
@@ -183,6 +182,8 @@ type scoreConsts struct {
 	least                             float64 // the fewest requests queued on any candidate
 }
 
+// consts converts the config's figures for p's estimates, and finds the
+// shortest candidate queue.
 func (s *TTFTScorer) consts(p *PickInfo) scoreConsts {
 	out := p.Req.MaxTokens
 	if out <= 0 {
@@ -206,16 +207,11 @@ func (s *TTFTScorer) consts(p *PickInfo) scoreConsts {
 // slotsTaken is, for a request for an adapter that a candidate runs, the
 // share of the candidates whose adapter slots the last scrape showed all
 // in use; else 0. A free slot taken for such an adapter is a copy of it:
-// both servers keep it while its requests keep coming to either, and the
-// next adapter that runs nowhere then finds one slot fewer, and where
-// every slot is taken it waits for one ([TTFTConfig.LoRASlotWait]). The
-// share of full servers is taken as the chance it does. Without this
-// charge a copy cost only the load delay, so a popular adapter's holders,
-// a little busier than a server with a free slot, spread it over the
-// fleet: on 4 servers with 4 slots each for 16 adapters, at 8 replicas,
-// the most popular ran on all four, and the rarer ones waited seconds
-// for slots (lora, TTFT p90 0.21-1.92 s at seeds 1-8). Read from the
-// scrape, which every replica reads alike.
+// both servers keep it while its requests keep coming to either, so the
+// next adapter that runs nowhere finds one slot fewer, and where every
+// slot is taken it waits for one ([TTFTConfig.LoRASlotWait]). The share of
+// full servers is taken as the chance it does. It reads the scrape, which
+// every replica reads alike. See docs/design/ttft.md#lora-copy.
 func slotsTaken(p *PickInfo) float64 {
 	running := false
 	full, known := 0, 0
