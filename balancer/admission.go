@@ -1,6 +1,7 @@
 package balancer
 
 import (
+	"context"
 	"errors"
 	"math"
 	"slices"
@@ -19,6 +20,11 @@ var (
 	// ErrShed: a sheddable request (negative priority) met saturation (429).
 	ErrShed = errors.New("every backend is saturated and the request is sheddable")
 )
+
+// ErrSaturated is returned by [Balancer.Pick] when every backend that could
+// take the request is saturated and the admission queue is on:
+// [Balancer.PickWait] then waits for capacity.
+var ErrSaturated = errors.New("every backend is saturated")
 
 // admission is the bounded queue of requests waiting for capacity: ordered
 // by priority, highest first, FIFO within a priority. Only the head is
@@ -149,4 +155,95 @@ func (b *Balancer) Refusals() map[string]int64 {
 func (b *Balancer) RetryAfter() time.Duration {
 	s := math.Float64frombits(b.adm.waitBits.Load())
 	return max(time.Second, time.Duration(math.Ceil(s))*time.Second)
+}
+
+// PickWait is Pick that waits in the admission queue, in priority order,
+// while every backend is saturated, for at most the admission timeout or
+// until ctx ends. A sheddable request (negative priority) is refused at
+// once with [ErrShed]; a full queue gives [ErrQueueFull]; the timeout
+// [ErrQueueTimeout].
+func (b *Balancer) PickWait(ctx context.Context, req *Request, dst []*Backend) (Decision, error) {
+	dec, err := b.Pick(req, dst)
+	if !errors.Is(err, ErrSaturated) {
+		return dec, err
+	}
+	t, err := b.Enqueue(req)
+	if err != nil {
+		return dec, err
+	}
+	timer := time.NewTimer(b.cfg.Admission.Timeout)
+	defer timer.Stop()
+	for {
+		select {
+		case <-t.w.ch:
+		case <-ctx.Done():
+			t.Leave("cancelled")
+			return dec, ctx.Err()
+		case <-timer.C:
+			t.Leave("timeout")
+			return dec, ErrQueueTimeout
+		}
+		dec, err = t.Pick(dst)
+		if !errors.Is(err, ErrSaturated) {
+			return dec, err
+		}
+	}
+}
+
+// Ticket is a request's place in the admission queue. [Balancer.PickWait]
+// waits on one in real time; a driver with its own clock (the routing
+// benchmark's virtual time) calls [Ticket.Pick] as capacity may free and
+// [Ticket.Leave] when its timeout passes. A Ticket is used by one
+// goroutine.
+type Ticket struct {
+	b     *Balancer
+	w     *waiter
+	req   *Request
+	since time.Time
+	done  bool
+}
+
+// Enqueue puts req, which [Balancer.Pick] found saturated, in the admission
+// queue. A sheddable request is refused with [ErrShed], and a full queue
+// with [ErrQueueFull].
+func (b *Balancer) Enqueue(req *Request) (*Ticket, error) {
+	if req.Priority < 0 {
+		b.adm.refuse("shed")
+		return nil, ErrShed
+	}
+	w, err := b.adm.enter(req.Priority)
+	if err != nil {
+		return nil, err
+	}
+	return &Ticket{b: b, w: w, req: req, since: b.now()}, nil
+}
+
+// Pick picks for the ticket's request if it is first in line and a
+// backend has room; it returns [ErrSaturated] otherwise, and the ticket
+// keeps its place. Any other outcome leaves the queue, with the decision's
+// Waited set.
+func (t *Ticket) Pick(dst []*Backend) (Decision, error) {
+	if t.done || !t.b.adm.isHead(t.w) {
+		return Decision{}, ErrSaturated
+	}
+	dec, err := t.b.Pick(t.req, dst)
+	if errors.Is(err, ErrSaturated) {
+		return dec, err
+	}
+	t.done = true
+	t.b.adm.leave(t.w)
+	dec.Waited = t.b.now().Sub(t.since)
+	t.b.adm.observeWait(dec.Waited)
+	return dec, err
+}
+
+// Leave gives up the ticket's place; reason ("timeout", "cancelled") is
+// counted among [Balancer.Refusals].
+func (t *Ticket) Leave(reason string) {
+	if t.done {
+		return
+	}
+	t.done = true
+	t.b.adm.leave(t.w)
+	t.b.adm.refuse(reason)
 }

@@ -47,7 +47,7 @@ type PrefixIndex interface {
 }
 
 // TextTree is a character prefix tree shared by backend slots
-// (prefix.Tree), for the sglang-cache-aware preset.
+// (prefix.Tree), for the presets that match prompt text ([Preset.Tree]).
 type TextTree interface {
 	Match(text []byte, dst []int32) int
 	Insert(slot int, text []byte)
@@ -56,8 +56,8 @@ type TextTree interface {
 }
 
 // Oracle tells the prompt tokens a backend really holds in its prefix cache
-// for a request. Only a simulator knows; the oracle policy uses it as the
-// upper bound in benchmarks.
+// for a request. Only a simulator knows; the presets with
+// [Preset.TrueCache] match prompts with it instead of an index.
 type Oracle interface {
 	CachedTokens(be *Backend, req *Request) int
 }
@@ -87,12 +87,15 @@ type Prefills struct {
 
 // Deps are what a Balancer is built with besides its Config.
 type Deps struct {
-	// Index serves the prefix-aware policies (ttft, epp). Nil disables
-	// prefix matching.
+	// Index is the approximate prefix index of the presets that have one
+	// ([Preset.Index]), cut and sized as the preset's [IndexSpec] says.
+	// Nil disables prefix matching.
 	Index PrefixIndex
-	// Tree serves sglang-cache-aware. Required by it.
+	// Tree serves the presets that match prompt text ([Preset.Tree]),
+	// which require it.
 	Tree TextTree
-	// Oracle makes the policy "oracle" available; nil otherwise.
+	// Oracle serves the presets with [Preset.TrueCache], which require it
+	// and which only the simulator can run; nil otherwise.
 	Oracle Oracle
 	// Events, when set, is read by the presets that use llmlb's own
 	// prefix index (the default) beside that index: a backend's match is
@@ -148,8 +151,8 @@ func (s *Snapshot) Offered(model string) bool {
 // Balancer publishes snapshots and picks backends. Pick, PickWait, Explain
 // and Snapshot may be called concurrently from any goroutine; Pick never
 // blocks on I/O or on writers (picks that attach a guard take turns for
-// their microseconds, so each sees the ledgers the previous one left). Update and Remove calls are serialised by an
-// internal mutex.
+// their microseconds, so each sees the ledgers the previous one left).
+// Update and Remove calls are serialised by an internal mutex.
 type Balancer struct {
 	// immutable after New
 	cfg      Config
@@ -163,10 +166,7 @@ type Balancer struct {
 	pool     sync.Pool                         // *scratch
 
 	snap   atomic.Pointer[Snapshot]
-	pickMu sync.Mutex    // serialises picks that attach a guard
-	rr     atomic.Uint64 // round-robin position
-	ring   atomic.Pointer[ring]
-	cold   coldLRU // llm-d-load's no-hit-lru order
+	pickMu sync.Mutex // serialises picks that attach a guard
 
 	// passive health (passive.go)
 	ejectMu   sync.Mutex // serialises ejections, so that two cannot both pass the cap
@@ -212,7 +212,7 @@ func New(cfg Config, deps Deps, models []ModelRoute, logger *slog.Logger) (*Bala
 		names:   make(map[string]string),
 	}
 	b.SetModels(models)
-	pol, err := newPolicy(b, cfg, deps)
+	pol, err := newPolicy(cfg, deps)
 	if err != nil {
 		return nil, err
 	}
@@ -314,7 +314,6 @@ func (b *Balancer) ledgerLocked(id string) *Ledger {
 	return l
 }
 
-// slotLocked gives id the lowest free slot. Caller must hold b.mu.
 // nameLocked returns the default name of the backend with this ID: b1,
 // b2, ... in the order backends first appear (static backends in config
 // order), the same name whenever the ID comes back, never another
@@ -328,6 +327,8 @@ func (b *Balancer) nameLocked(id string) string {
 	return n
 }
 
+// slotLocked returns id's slot, giving a new id the lowest free slot.
+// Caller must hold b.mu.
 func (b *Balancer) slotLocked(id string) int {
 	if s, ok := b.slots[id]; ok {
 		return s
@@ -404,76 +405,5 @@ func (b *Balancer) publishLocked(now time.Time) {
 	b.snap.Store(&Snapshot{Backends: backends, Built: now, gen: b.gen, slots: b.nextSlot, offered: b.offered})
 }
 
-// route is a public model name's targets with cumulative weights.
-type route struct {
-	targets  []string
-	cum      []float64
-	priority int
-}
-
-// SetModels replaces the model aliases and splits, at once for every
-// request routed after it returns. models must have passed ValidateModels.
-func (b *Balancer) SetModels(models []ModelRoute) {
-	r := newRoutes(models)
-	b.routes.Store(&r)
-}
-
-func newRoutes(models []ModelRoute) map[string]*route {
-	m := make(map[string]*route, len(models))
-	for _, r := range models {
-		rt := &route{priority: r.Priority}
-		sum := 0.0
-		for _, t := range r.Targets {
-			w := t.Weight
-			if len(r.Targets) == 1 && w <= 0 {
-				w = 1
-			}
-			sum += w
-			rt.targets = append(rt.targets, t.Model)
-			rt.cum = append(rt.cum, sum)
-		}
-		m[r.Name] = rt
-	}
-	return m
-}
-
-// Route resolves a public model name to the model backends are asked for,
-// choosing among weighted targets at random, and returns the model's
-// default priority. A name with no route is its own target.
-func (b *Balancer) Route(model string) (target string, priority int) {
-	rt := (*b.routes.Load())[model]
-	if rt == nil {
-		return model, 0
-	}
-	if len(rt.targets) == 1 {
-		return rt.targets[0], rt.priority
-	}
-	x := float64(b.rand()>>11) / (1 << 53) * rt.cum[len(rt.cum)-1]
-	for i, c := range rt.cum {
-		if x < c {
-			return rt.targets[i], rt.priority
-		}
-	}
-	return rt.targets[len(rt.targets)-1], rt.priority
-}
-
-// PublicModels returns the model names routes add, sorted.
-func (b *Balancer) PublicModels() []string {
-	routes := *b.routes.Load()
-	out := make([]string, 0, len(routes))
-	for name := range routes {
-		out = append(out, name)
-	}
-	slices.Sort(out)
-	return out
-}
-
-// RouteTargets returns the targets of a public model name, or nil.
-func (b *Balancer) RouteTargets(model string) []string {
-	if rt := (*b.routes.Load())[model]; rt != nil {
-		return slices.Clone(rt.targets)
-	}
-	return nil
-}
-
+// errModel wraps a pick error with the model it was for.
 func errModel(model string, err error) error { return fmt.Errorf("model %q: %w", model, err) }

@@ -1,9 +1,11 @@
 package balancer
 
 import (
-	"errors"
+	"fmt"
 	"maps"
+	"math"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -34,142 +36,6 @@ func backend(t *testing.T, b *Balancer, id string) *Backend {
 	}
 	t.Fatalf("backend %s not in snapshot", id)
 	return nil
-}
-
-func TestPickOrdersByInFlightThenTotal(t *testing.T) {
-	b := newBal(t, "least-request")
-	b.Update(spec("a", StateReady, "m"), spec("b", StateReady, "m"), spec("c", StateReady, "m"))
-	ga, gb := NewGuard(), NewGuard()
-	ga.Attach(backend(t, b, "a"), Work{}, time.Now())
-	gb.Attach(backend(t, b, "b"), Work{}, time.Now())
-	gb.Release() // b: 0 in flight, 1 served; c: 0 in flight, 0 served
-
-	d, err := b.Pick(&Request{Model: "m"}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, want := ids(d.Candidates), []string{"c", "b", "a"}; !equal(got, want) {
-		t.Errorf("candidates = %v, want %v", got, want)
-	}
-	if d.Reason != "least-load" {
-		t.Errorf("reason = %q", d.Reason)
-	}
-	ga.Release()
-}
-
-func TestPickSkipsBackendsThatCannotServe(t *testing.T) {
-	b := newBal(t, "least-request")
-	b.Update(
-		spec("down", StateDown, "m"),
-		spec("draining", StateDraining, "m"),
-		spec("other", StateReady, "n"),
-		spec("up", StateReady, "m"),
-		spec("unknown", StateUnknown, "m"),
-	)
-	d, err := b.Pick(&Request{Model: "m"}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := ids(d.Candidates); !equal(got, []string{"up"}) {
-		t.Errorf("candidates = %v, want [up]", got)
-	}
-
-	// With no ready backend, those whose health is not known yet are tried.
-	b.Update(spec("up", StateDown, "m"))
-	d, err = b.Pick(&Request{Model: "m"}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := ids(d.Candidates); !equal(got, []string{"unknown"}) || d.Reason != "fallback" {
-		t.Errorf("candidates = %v reason %q, want [unknown] fallback", got, d.Reason)
-	}
-
-	b.Update(spec("unknown", StateDown, "m"))
-	if _, err := b.Pick(&Request{Model: "m"}, nil); !errors.Is(err, ErrNoBackend) {
-		t.Errorf("all down: err = %v, want ErrNoBackend", err)
-	}
-}
-
-func TestPickUnknownModel(t *testing.T) {
-	b := newBal(t, "least-request")
-	b.Update(spec("a", StateReady, "m"))
-	if _, err := b.Pick(&Request{Model: "nope"}, nil); !errors.Is(err, ErrUnknownModel) {
-		t.Errorf("err = %v, want ErrUnknownModel", err)
-	}
-	// While some backend's model list is not known yet, the model may exist.
-	b.Update(Spec{ID: "b", URL: &url.URL{Scheme: "http", Host: "b"}, State: StateReady})
-	if _, err := b.Pick(&Request{Model: "nope"}, nil); !errors.Is(err, ErrNoBackend) {
-		t.Errorf("err = %v, want ErrNoBackend while b's models are unknown", err)
-	}
-	// Down with its models never learned, b may still be the model's only
-	// server: a 404 would be a guess that clients take as final.
-	b.Update(Spec{ID: "b", URL: &url.URL{Scheme: "http", Host: "b"}, State: StateDown})
-	if _, err := b.Pick(&Request{Model: "nope"}, nil); !errors.Is(err, ErrNoBackend) {
-		t.Errorf("err = %v, want ErrNoBackend while b is down with its models unknown", err)
-	}
-	// Draining, b is on its way out and says nothing of the model.
-	b.Update(Spec{ID: "b", URL: &url.URL{Scheme: "http", Host: "b"}, State: StateDraining})
-	if _, err := b.Pick(&Request{Model: "nope"}, nil); !errors.Is(err, ErrUnknownModel) {
-		t.Errorf("err = %v, want ErrUnknownModel when b is draining", err)
-	}
-}
-
-// TestPickModelOnceOfferedIs503: a model whose only backend is gone (DNS
-// dropped it, a reload removed it) or no longer lists it answers
-// ErrNoBackend, not ErrUnknownModel; a name never offered stays unknown.
-func TestPickModelOnceOfferedIs503(t *testing.T) {
-	b := newBal(t, "least-request")
-	lora := spec("a", StateReady, "m")
-	lora.Adapters = []Adapter{{Name: "sql-lora", Parent: "m"}}
-	b.Update(lora, spec("b", StateReady, "n"))
-	b.Remove("a")
-	b.Update(spec("b", StateReady, "n", "o"))
-	tests := []struct {
-		model string
-		want  error
-	}{
-		{"m", ErrNoBackend},
-		{"sql-lora", ErrNoBackend},
-		{"nope", ErrUnknownModel},
-	}
-	for _, tc := range tests {
-		if _, err := b.Pick(&Request{Model: tc.model}, nil); !errors.Is(err, tc.want) {
-			t.Errorf("Pick(%q) err = %v, want %v", tc.model, err, tc.want)
-		}
-	}
-	if _, err := b.Pick(&Request{Model: "o"}, nil); err != nil {
-		t.Errorf("Pick(o) err = %v, want a pick", err)
-	}
-	// With no backend at all, nothing is known either way.
-	b.Remove("b")
-	if _, err := b.Pick(&Request{Model: "nope"}, nil); !errors.Is(err, ErrNoBackend) {
-		t.Errorf("no backends: err = %v, want ErrNoBackend", err)
-	}
-}
-
-func TestPickServesAdapters(t *testing.T) {
-	b := newBal(t, "least-request")
-	s := spec("a", StateReady, "base")
-	s.Adapters = []Adapter{{Name: "sql-lora", Parent: "base"}}
-	b.Update(s)
-	d, err := b.Pick(&Request{Model: "sql-lora"}, nil)
-	if err != nil || len(d.Candidates) != 1 {
-		t.Fatalf("pick adapter: %v %v", ids(d.Candidates), err)
-	}
-}
-
-func TestPickReusesDst(t *testing.T) {
-	b := newBal(t, "least-request")
-	b.Update(spec("a", StateReady, "m"), spec("b", StateReady, "m"))
-	dst := make([]*Backend, 0, 8)
-	req := &Request{Model: "m"}
-	allocs := testing.AllocsPerRun(100, func() {
-		d, _ := b.Pick(req, dst)
-		dst = d.Candidates
-	})
-	if allocs != 0 && !raceEnabled {
-		t.Errorf("Pick allocates %.0f times per call", allocs)
-	}
 }
 
 func TestLedgerSurvivesUpdateAndStateSinceIsKept(t *testing.T) {
@@ -246,21 +112,6 @@ func TestGuardMovesAndReleasesOnce(t *testing.T) {
 	}
 	if d := g.FirstByte(time.Now()); d != 0 {
 		t.Errorf("FirstByte on a released guard = %v", d)
-	}
-}
-
-func TestTTFBMovingAverage(t *testing.T) {
-	var l Ledger
-	if l.TTFB() != 0 {
-		t.Fatal("TTFB before samples")
-	}
-	l.ObserveTTFB(time.Second)
-	if l.TTFB() != time.Second {
-		t.Errorf("first sample: %v", l.TTFB())
-	}
-	l.ObserveTTFB(2 * time.Second)
-	if got, want := l.TTFB(), 1200*time.Millisecond; got != want {
-		t.Errorf("after 1s, 2s: %v, want %v", got, want)
 	}
 }
 
@@ -371,5 +222,97 @@ func TestBackendNames(t *testing.T) {
 	}
 	if !maps.Equal(got, want) {
 		t.Errorf("names %v, want %v", got, want)
+	}
+}
+
+// ready returns a ready backend spec serving "m" with a fresh reading.
+func ready(id string, q, running, kv float64) Spec {
+	s := spec(id, StateReady, "m")
+	s.Metrics = Metrics{Queued: Known(q), Running: Known(running), KVUsage: Known(kv), At: time.Now()}
+	return s
+}
+
+// pickScores runs scorer over the candidates of b for req and returns
+// the scores by backend ID.
+func pickScores(t *testing.T, b *Balancer, sc Scorer, req *Request) map[string]float64 {
+	t.Helper()
+	s := &scratch{}
+	snap := b.Snapshot()
+	p := &PickInfo{Req: req, snap: snap}
+	for _, be := range snap.Backends {
+		p.Cands = b.appendCandidate(p.Cands, be, req, time.Now())
+	}
+	b.hashPrompt(s, p)
+	b.applyMatch(s, p)
+	out := make([]float64, len(p.Cands))
+	sc.Score(p, out)
+	got := map[string]float64{}
+	for i, c := range p.Cands {
+		got[c.Backend.ID] = out[i]
+	}
+	return got
+}
+
+func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
+
+// busy returns a ready backend spec with a full view of its load and
+// capacity: q waiting, running requests, KV use kv of 100,000 tokens.
+func busy(id string, q, running, kv float64) Spec {
+	s := ready(id, q, running, kv)
+	s.Metrics.BlockSize, s.Metrics.NumBlocks = Known(16), Known(6250)
+	return s
+}
+
+// smallKV is busy(id, 0, 0, 0) with a smaller KV cache (32,000 tokens):
+// another hardware class.
+func smallKV(id string) Spec {
+	s := busy(id, 0, 0, 0)
+	s.Metrics.NumBlocks = Known(2000)
+	return s
+}
+
+// learnRate teaches b that backend id prefills rate tokens/s after a 20 ms
+// base, from 50 first tokens.
+func learnRate(t *testing.T, b *Balancer, id string, rate float64) {
+	t.Helper()
+	for i := range 50 {
+		work := float64(1000 + 200*(i%20))
+		backend(t, b, id).Ledger.est.observe(work, 0, 0.02+work/rate, 1/b.cfg.TTFT.PrefillRate, 0.02)
+	}
+}
+
+// distinct returns the i-th of many prompts that share nothing.
+func distinct(i, tokens int) *Request {
+	p := fmt.Appendf(nil, "tenant request %d ", i)
+	p = append(p, strings.Repeat("d", tokens*4-len(p))...)
+	return &Request{Model: "m", Prompt: p, PromptTokens: tokens, MaxTokens: 100}
+}
+
+// pickHeld picks req with a guard attached and never released, as
+// concurrent requests that have not answered yet, and returns the
+// primary's ID.
+func pickHeld(t *testing.T, b *Balancer, req *Request) string {
+	t.Helper()
+	req.Guard = b.NewGuard()
+	d, err := b.Pick(req, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(req.Guard.Release)
+	return d.Candidates[0].ID
+}
+
+// spread picks n requests, each held in flight, on a fleet of four and
+// fails if any backend took over 1.5x its fair share.
+func spread(t *testing.T, b *Balancer, n int, req func(int) *Request) {
+	t.Helper()
+	count := map[string]int{}
+	for i := range n {
+		count[pickHeld(t, b, req(i))]++
+	}
+	for id, c := range count {
+		if c > n*3/8 {
+			t.Errorf("%s took %d of %d concurrent requests, over 1.5x its fair share of %d (%v)", id, c, n, n/4, count)
+		}
 	}
 }

@@ -90,7 +90,7 @@ type TTFTConfig struct {
 	// ColdBacklog bounds the work a backend may have queued, as a share
 	// of the cold prompt's first token time on the fastest idle backend,
 	// for it to take the prompt by rendezvous hash among the backends as
-	// fast as the fastest (see [TiePicker]). Replicas then place a new
+	// fast as the fastest (see [TTFTPicker]). Replicas then place a new
 	// prompt alike as long as the loads they see are under the bound,
 	// however much they differ below it. 0 turns it off: the tie window
 	// alone decides. (default 1)

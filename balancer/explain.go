@@ -11,7 +11,7 @@ type Explanation struct {
 	PromptTokens int                `json:"prompt_tokens"`
 	Backends     []BackendBreakdown `json:"backends"`
 	Chosen       []string           `json:"chosen"`
-	Reason       string             `json:"reason"`
+	Reason       Reason             `json:"reason"`
 	Error        string             `json:"error,omitempty"`
 }
 
@@ -40,8 +40,8 @@ func (e *Explanation) add(c *Candidate, score float64, why string) {
 }
 
 // Explain runs the pick for req without sending anything or changing any
-// state (the prefix index, round-robin position and sessions are left
-// as they are) and returns every backend's breakdown.
+// state (the prefix index, the pickers' and scorers' state and the
+// sessions are left as they are) and returns every backend's breakdown.
 func (b *Balancer) Explain(req *Request) Explanation {
 	ex := &Explanation{Policy: b.pol.name, Model: req.Model, PromptTokens: req.PromptTokens}
 	_, err := b.pick(req, nil, true, ex)

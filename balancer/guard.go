@@ -39,8 +39,9 @@ type Work struct {
 // error, retry, client gone, timeout or panic. Release is idempotent, so a
 // deferred Release is always safe. A Guard is safe for concurrent use.
 type Guard struct {
-	onRelease func()    // immutable; may be nil
-	bal       *Balancer // immutable; nil for NewGuard's: no passive health
+	onRelease func()      // immutable; may be nil
+	bal       *Balancer   // immutable; nil for NewGuard's: no passive health
+	cfg       *TTFTConfig // immutable; nil for NewGuard's: first bytes teach no estimate
 
 	mu       sync.Mutex
 	backend  *Backend  // guarded by mu; nil when not attached
@@ -48,7 +49,6 @@ type Guard struct {
 	attached time.Time // guarded by mu
 	first    bool      // guarded by mu; the first byte arrived
 	stream   bool      // guarded by mu; the first byte is the first token
-	cfg      *TTFTConfig
 }
 
 // NewGuard returns a guard attached to no backend.

@@ -33,13 +33,17 @@ type Preset struct {
 	// Admission: llmlb's saturation filter and admission queue apply.
 	Admission bool
 	// UserKeyed: the preset keys requests on the first user message
-	// ([Request.UserText]), which the proxy then reads.
+	// ([Request.UserText]), or on the prompt's bytes when a request has
+	// none, so the proxy fills UserText for a chat and passes the prompt
+	// whole, never in parts ([Balancer.PromptInParts]).
 	UserKeyed bool
 	// Follows cites the code the preset follows: repository, file and
 	// commit.
 	Follows string
 
-	build func(b *Balancer, cfg Config, d Deps) *policy
+	// build returns the preset's scorers and picker, once per balancer,
+	// so that they may keep state for its life.
+	build func(cfg Config, d Deps) *policy
 }
 
 // IndexSpec sizes a preset's approximate prefix index.
@@ -82,38 +86,34 @@ var presets = []Preset{
 	{
 		Name: "ttft", Index: &IndexSpec{Own: true}, Admission: true,
 		Follows: "llmlb's own: estimated time to first token ([TTFTScorer])",
-		build: func(b *Balancer, cfg Config, d Deps) *policy {
-			return &policy{scorers: []weighted{{&TTFTScorer{cfg: cfg.TTFT}, 1}}, picker: &TiePicker{Tolerance: cfg.TTFT.TieTolerance, Cold: cfg.TTFT.ColdTieTolerance, Room: cfg.TTFT.ColdRoom, Backlog: cfg.TTFT.ColdBacklog}}
-		},
+		build:   func(cfg Config, d Deps) *policy { return ttftPolicy(cfg.TTFT) },
 	},
 	{
 		Name: "ttft-true-cache", TrueCache: true, Admission: true,
 		Follows: "llmlb's ttft policy fed what each server's cache really holds, to measure the index's error; not a bound",
-		build: func(b *Balancer, cfg Config, d Deps) *policy {
-			return &policy{scorers: []weighted{{&TTFTScorer{cfg: cfg.TTFT}, 1}}, picker: &TiePicker{Tolerance: cfg.TTFT.TieTolerance, Cold: cfg.TTFT.ColdTieTolerance, Room: cfg.TTFT.ColdRoom, Backlog: cfg.TTFT.ColdBacklog}}
-		},
+		build:   func(cfg Config, d Deps) *policy { return ttftPolicy(cfg.TTFT) },
 	},
 	{
 		Name:    "round-robin",
 		Follows: "nginx's default round-robin, unweighted (nginx/nginx src/http/ngx_http_upstream_round_robin.c at 8f3dfde7), with no queue of its own",
-		build: func(b *Balancer, cfg Config, d Deps) *policy {
-			return &policy{picker: &RoundRobinPicker{pos: &b.rr}}
+		build: func(cfg Config, d Deps) *policy {
+			return &policy{picker: new(RoundRobinPicker)}
 		},
 	},
 	{
 		Name:    "random",
 		Follows: "the SGLang model gateway's random policy: uniform over healthy workers (smg-project/smg model_gateway/src/policies/random.rs at 50899277)",
-		build:   func(b *Balancer, cfg Config, d Deps) *policy { return &policy{picker: &RandomPicker{rand: d.Rand}} },
+		build:   func(cfg Config, d Deps) *policy { return &policy{picker: &RandomPicker{rand: d.Rand}} },
 	},
 	{
 		Name:    "least-request",
 		Follows: "nginx's least_conn, unweighted (nginx/nginx src/http/modules/ngx_http_upstream_least_conn_module.c at dc0e4989)",
-		build:   func(b *Balancer, cfg Config, d Deps) *policy { return &policy{picker: LeastRequestPicker{}} },
+		build:   func(cfg Config, d Deps) *policy { return &policy{picker: LeastRequestPicker{}} },
 	},
 	{
 		Name:    "power-of-two",
 		Follows: "grpc-go's least-request balancer with choiceCount 2 (grpc/grpc-go balancer/leastrequest/leastrequest.go at d49b2141)",
-		build: func(b *Balancer, cfg Config, d Deps) *policy {
+		build: func(cfg Config, d Deps) *policy {
 			return &policy{picker: &PowerOfTwoPicker{rand: d.Rand}}
 		},
 	},
@@ -124,7 +124,7 @@ var presets = []Preset{
 		// hot prefix on one server however long its queue.
 		Name: "epp", Index: eppIndex(131072), ScrapeInterval: 50 * time.Millisecond,
 		Follows: "llm-d/llm-d-router at ebab6879: default profile (pkg/epp/config/loader/defaults.go:47-91) queue-scorer 2, kv-cache-utilization-scorer 2, prefix-cache-scorer 3, max-score-picker; approximateprefix plugin types.go:115, plugin.go:303-313",
-		build: func(b *Balancer, cfg Config, d Deps) *policy {
+		build: func(cfg Config, d Deps) *policy {
 			return &policy{scorers: []weighted{{QueueScorer{}, 2}, {KVScorer{}, 2}, {PrefixScorer{}, 3}}, picker: &MaxScorePicker{rand: d.Rand}}
 		},
 	},
@@ -134,29 +134,29 @@ var presets = []Preset{
 		// moment late.
 		Name: "llm-d-precise", TrueCache: true, ScrapeInterval: 50 * time.Millisecond,
 		Follows: "llm-d/llm-d guides/precise-prefix-cache-aware/scheduler/precise-prefix-cache-aware.values.yaml at 955190d9: precise-prefix-cache-scorer 2, kv-cache-utilization-scorer 1, queue-scorer 1, max-score-picker",
-		build: func(b *Balancer, cfg Config, d Deps) *policy {
+		build: func(cfg Config, d Deps) *policy {
 			return &policy{scorers: []weighted{{PrefixScorer{}, 2}, {KVScorer{}, 1}, {QueueScorer{}, 1}}, picker: &MaxScorePicker{rand: d.Rand}}
 		},
 	},
 	{
 		Name: "llm-d-load", Index: eppIndex(100000), ScrapeInterval: 50 * time.Millisecond,
 		Follows: "llm-d/llm-d-router test/perf/config/router-configs/optimized-baseline.yaml at ebab6879: queue-scorer 2, kv-cache-utilization-scorer 2, prefix-cache-scorer 3 (100,000-token match cap), no-hit-lru-scorer 2, max-score-picker",
-		build: func(b *Balancer, cfg Config, d Deps) *policy {
-			return &policy{scorers: []weighted{{QueueScorer{}, 2}, {KVScorer{}, 2}, {PrefixScorer{}, 3}, {&NoHitLRUScorer{lru: &b.cold}, 2}},
+		build: func(cfg Config, d Deps) *policy {
+			return &policy{scorers: []weighted{{QueueScorer{}, 2}, {KVScorer{}, 2}, {PrefixScorer{}, 3}, {new(NoHitLRUScorer), 2}},
 				picker: &MaxScorePicker{rand: d.Rand}}
 		},
 	},
 	{
 		Name: "sglang-cache-aware", Tree: true,
 		Follows: "the SGLang model gateway's cache_aware (smg-project/smg model_gateway/src/policies/cache_aware.rs at f8daa883; sglang PR #14650, 2025-12-08: a miss goes to the least loaded worker)",
-		build: func(b *Balancer, cfg Config, d Deps) *policy {
+		build: func(cfg Config, d Deps) *policy {
 			return &policy{tree: d.Tree, picker: &SGLangPicker{cfg: cfg.SGLang, tree: d.Tree, rand: d.Rand}}
 		},
 	},
 	{
 		Name: "sglang-v04-cache-aware", Tree: true, Scenario: "sglang-v04-shared-prefix",
 		Follows: "sglang-router as SGLang v0.4 shipped it (lmsys.org/blog/2024-12-04-sglang-v0-4): cache_threshold 0.5, balance_abs_threshold 32, balance_rel_threshold 1.0001, a miss to the smallest tree",
-		build: func(b *Balancer, cfg Config, d Deps) *policy {
+		build: func(cfg Config, d Deps) *policy {
 			c := cfg.SGLang
 			c.CacheThreshold, c.BalanceAbsThreshold, c.BalanceRelThreshold = 0.5, 32, 1.0001
 			return &policy{tree: d.Tree, picker: &SGLangPicker{cfg: c, tree: d.Tree, rand: d.Rand, legacy: true}}
@@ -170,29 +170,29 @@ var presets = []Preset{
 		Name: "llm-d-2025-approximate", Index: &IndexSpec{BlockBytes: 64, MaxBlocks: 256, Entries: 31250, HeadFirst: true}, ScrapeInterval: 50 * time.Millisecond,
 		Scenario: "llm-d-kv-cache-wins",
 		Follows:  "llm-d/llm-d-kv-cache-manager benchmarking/73-capacity/README.md at d070ea60: estimated-scheduling, prefix 1, kv 1, queue 1",
-		build: func(b *Balancer, cfg Config, d Deps) *policy {
+		build: func(cfg Config, d Deps) *policy {
 			return &policy{scorers: []weighted{{PrefixScorer{}, 1}, {KVScorer{}, 1}, {QueueScorer{}, 1}}, picker: &MaxScorePicker{rand: d.Rand}}
 		},
 	},
 	{
 		Name: "llm-d-2025-precise", TrueCache: true, ScrapeInterval: 50 * time.Millisecond, Scenario: "llm-d-kv-cache-wins",
 		Follows: "llm-d/llm-d-kv-cache-manager benchmarking/73-capacity/README.md at d070ea60: precise-scheduling, prefix (KV events) 3, kv 2, queue 2",
-		build: func(b *Balancer, cfg Config, d Deps) *policy {
+		build: func(cfg Config, d Deps) *policy {
 			return &policy{scorers: []weighted{{PrefixScorer{}, 3}, {KVScorer{}, 2}, {QueueScorer{}, 2}}, picker: &MaxScorePicker{rand: d.Rand}}
 		},
 	},
 	{
 		Name: "llm-d-2025-load", ScrapeInterval: 50 * time.Millisecond, Scenario: "llm-d-kv-cache-wins",
 		Follows: "llm-d/llm-d-kv-cache-manager benchmarking/73-capacity/README.md at d070ea60: load-scheduling, queue 1, kv 1",
-		build: func(b *Balancer, cfg Config, d Deps) *policy {
+		build: func(cfg Config, d Deps) *policy {
 			return &policy{scorers: []weighted{{QueueScorer{}, 1}, {KVScorer{}, 1}}, picker: &MaxScorePicker{rand: d.Rand}}
 		},
 	},
 	{
 		Name: "consistent-hash", UserKeyed: true,
 		Follows: "KubeAI's CHWBL (kubeai-project/kubeai internal/loadbalancer and api/openai/v1/chat_completions.go at f442a2cd)",
-		build: func(b *Balancer, cfg Config, d Deps) *policy {
-			return &policy{picker: &RingPicker{cfg: cfg.ConsistentHash, ring: &b.ring}}
+		build: func(cfg Config, d Deps) *policy {
+			return &policy{picker: &RingPicker{cfg: cfg.ConsistentHash}}
 		},
 	},
 }
@@ -226,8 +226,10 @@ func PolicyNames() []string {
 	return out
 }
 
-// newPolicy builds cfg's preset for b.
-func newPolicy(b *Balancer, cfg Config, d Deps) (*policy, error) {
+// newPolicy builds cfg's preset, once per balancer: the policy's scorers
+// and picker keep their state (a round-robin position, a ring, an LRU)
+// for the balancer's life.
+func newPolicy(cfg Config, d Deps) (*policy, error) {
 	pr, err := LookupPreset(cfg.Policy)
 	if err != nil {
 		return nil, err
@@ -238,7 +240,7 @@ func newPolicy(b *Balancer, cfg Config, d Deps) (*policy, error) {
 	case pr.Tree && d.Tree == nil:
 		return nil, fmt.Errorf("policy %s: needs a prefix tree", pr.Name)
 	}
-	pol := pr.build(b, cfg, d)
+	pol := pr.build(cfg, d)
 	pol.name = pr.Name
 	pol.admission = pr.Admission
 	pol.userKeyed = pr.UserKeyed

@@ -48,26 +48,6 @@ func TestPeerPresetsNeverQueue(t *testing.T) {
 	}
 }
 
-// TestNoHitLRUSpreadsColdRequests: with nothing cached anywhere, llm-d's
-// no-hit-lru scorer sends each new prompt to the backend that took a cold
-// request longest ago, so four distinct prompts land on four backends.
-func TestNoHitLRUSpreadsColdRequests(t *testing.T) {
-	b := newBal(t, "llm-d-load")
-	b.Update(ready("a", 0, 0, 0), ready("b", 0, 0, 0), ready("c", 0, 0, 0), ready("d", 0, 0, 0))
-	seen := map[string]bool{}
-	for i := range 4 {
-		p := []byte(strings.Repeat(string(rune('p'+i)), 600))
-		d, err := b.Pick(&Request{Model: "m", Prompt: p, PromptTokens: 150}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		seen[d.Candidates[0].ID] = true
-	}
-	if len(seen) != 4 {
-		t.Errorf("4 cold prompts went to %d backends, want 4", len(seen))
-	}
-}
-
 // TestPresetsCiteWhatTheyFollow: every peer's preset names the file and
 // commit (or the publication) it follows.
 func TestPresetsCiteWhatTheyFollow(t *testing.T) {

@@ -57,7 +57,7 @@ type TraceRecord struct {
 // tracePick fills in what the servers held and had left when f was
 // picked for server f.srv.
 func (r *run) tracePick(f *flight, dec *balancer.Decision) {
-	t := &TraceRecord{Request: f.idx, Replica: f.rep, Server: r.servers[f.srv].id, Reason: dec.Reason,
+	t := &TraceRecord{Request: f.idx, Replica: f.rep, Server: r.servers[f.srv].id, Reason: string(dec.Reason),
 		ArrivedS: f.arrived.Seconds(), AheadTokens: dec.Work[0].AheadTokens}
 	best, least := f.srv, f.srv
 	t.LeastLeftTokens = math.MaxInt

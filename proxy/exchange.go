@@ -91,7 +91,7 @@ func (ex *exchange) reason() string {
 	if ex.attempts > 1 {
 		return "retry"
 	}
-	return ex.dec.Reason
+	return string(ex.dec.Reason)
 }
 
 // status is the request's status as counted and logged, decided here and

@@ -69,7 +69,7 @@ func TestLongPromptPicksInParts(t *testing.T) {
 	if !reflect.DeepEqual(inParts, inOne) {
 		t.Errorf("explained in parts:\n%+v\nin one piece:\n%+v", inParts, inOne)
 	}
-	if len(inParts.Chosen) == 0 || inParts.Chosen[0]+" "+inParts.Reason != dec.Candidates[0].ID+" prefix-hit" {
+	if len(inParts.Chosen) == 0 || inParts.Chosen[0]+" "+string(inParts.Reason) != dec.Candidates[0].ID+" prefix-hit" {
 		t.Errorf("second request: %v %s, want %s prefix-hit", inParts.Chosen, inParts.Reason, dec.Candidates[0].ID)
 	}
 

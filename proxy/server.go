@@ -241,7 +241,7 @@ func (s *Server) pick(ex *exchange, breq *balancer.Request) error {
 	if err != nil {
 		return err
 	}
-	s.metrics.picks.WithLabelValues(dec.Candidates[0].ID, dec.Reason).Inc()
+	s.metrics.picks.WithLabelValues(dec.Candidates[0].ID, string(dec.Reason)).Inc()
 	return nil
 }
 
