@@ -198,8 +198,8 @@ func New(cfg Config, deps Deps, models []ModelRoute, logger *slog.Logger) (*Bala
 	if deps.Now == nil {
 		deps.Now = time.Now
 	}
-	if cfg.MaxCandidates < 1 || cfg.MaxCandidates > maxCandidates {
-		cfg.MaxCandidates = min(max(cfg.MaxCandidates, 1), maxCandidates)
+	if cfg.MaxCandidates < 1 || cfg.MaxCandidates > CandidateLimit {
+		cfg.MaxCandidates = min(max(cfg.MaxCandidates, 1), CandidateLimit)
 	}
 	b := &Balancer{
 		cfg:     cfg,

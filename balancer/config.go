@@ -16,7 +16,8 @@ type Config struct {
 	Policy string `mapstructure:"policy"`
 	// MaxCandidates is how many backends a pick returns, best first: the
 	// primary and the fallbacks the proxy retries on. Set from
-	// proxy.max_attempts. (default 3, at most 8)
+	// proxy.max_attempts; [New] clamps it to 1..[CandidateLimit].
+	// (default 3)
 	MaxCandidates int `mapstructure:"-"`
 	// TTFT tunes the default policy's time-to-first-token estimate.
 	TTFT TTFTConfig `mapstructure:"ttft"`
@@ -265,9 +266,6 @@ func (c Config) Validate() error {
 	}
 	if !slices.Contains(PolicyNames(), c.Policy) {
 		bad("policy", "unknown policy %q (known: %s)", c.Policy, strings.Join(PolicyNames(), ", "))
-	}
-	if c.MaxCandidates < 1 || c.MaxCandidates > maxCandidates {
-		bad("max_candidates", "must be 1..%d, got %d", maxCandidates, c.MaxCandidates)
 	}
 	c.Passive.validate(bad)
 	t := c.TTFT

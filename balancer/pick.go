@@ -6,8 +6,9 @@ import (
 	"time"
 )
 
-// maxCandidates bounds the backends one pick returns.
-const maxCandidates = 8
+// CandidateLimit bounds the backends one pick returns, and so the
+// attempts one request may make (proxy.max_attempts).
+const CandidateLimit = 8
 
 // Request is what the picker needs to know about one request.
 type Request struct {
@@ -82,7 +83,7 @@ type Decision struct {
 	// returns a nil error.
 	Candidates []*Backend
 	// Work is each candidate's estimated cost, for [Guard.Attach].
-	Work [maxCandidates]Work
+	Work [CandidateLimit]Work
 	// Reason says why the first candidate was chosen.
 	Reason Reason
 	// Waited is the time spent in the admission queue.

@@ -70,9 +70,9 @@ type IndexSpec struct {
 }
 
 // eppIndex is the endpoint picker's approximate prefix index: 64-token
-// blocks at 4 bytes a token, the trailing partial block hashed, and an LRU
-// per server of as many entries as the server has KV blocks
-// (llm-d/llm-d-router pkg/epp/.../approximateprefix types.go:115 and
+// blocks at 4 bytes a token (the picker's own figure, not llmlb's), the
+// trailing partial block hashed, and an LRU per server of as many entries
+// as the server has KV blocks (llm-d/llm-d-router pkg/epp/.../approximateprefix types.go:115 and
 // plugin.go:303-313 at ebab6879), which adds a prompt's blocks to it in
 // order (indexer.go Add).
 func eppIndex(maxTokens int) *IndexSpec {
@@ -254,4 +254,14 @@ func newPolicy(cfg Config, d Deps) (*policy, error) {
 		pol.events = d.Events
 	}
 	return pol, nil
+}
+
+// ScrapeEvery returns how often a backend's metrics are read under p: set
+// when the operator chose it (explicit), else the peer's own refresh, so
+// that a peer's preset sees loads as often as the peer does, else set.
+func (p Preset) ScrapeEvery(set time.Duration, explicit bool) time.Duration {
+	if explicit || p.ScrapeInterval <= 0 {
+		return set
+	}
+	return p.ScrapeInterval
 }

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -38,7 +39,7 @@ type Cluster struct {
 	// zero); the epp preset uses the endpoint picker's own sizes.
 	Prefix *prefix.Config
 	// ScrapeInterval is the time between scrapes of one server (default:
-	// the preset's, else 100ms, as `llmlb serve` does); each is jittered
+	// the preset's, else scrape.interval's, as `llmlb serve` does); each is jittered
 	// ±10%.
 	ScrapeInterval time.Duration
 	// Replicas is how many independent balancers run side by side, each
@@ -218,13 +219,7 @@ func (r *run) build() error {
 	if r.c.Prefix != nil {
 		pcfg = *r.c.Prefix
 	}
-	interval := r.c.ScrapeInterval
-	if interval == 0 {
-		interval = pr.ScrapeInterval
-	}
-	if interval == 0 {
-		interval = 100 * time.Millisecond
-	}
+	interval := pr.ScrapeEvery(cmp.Or(r.c.ScrapeInterval, scrape.DefaultConfig().Interval), r.c.ScrapeInterval != 0)
 	for i := range r.c.Replicas {
 		// Each replica draws from its own stream, so that adding one does
 		// not change what the others do.

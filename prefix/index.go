@@ -62,10 +62,15 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// bytesPerToken is the rule of thumb converting engine tokens to canonical
-// bytes: about 4 bytes of English text per token for Llama-style
-// tokenizers, and exactly 4 for token-id prompts.
-const bytesPerToken = 4
+// BytesPerToken is llmlb's rule of thumb converting engine tokens to
+// canonical bytes: about 4 bytes of English text per token for Llama-style
+// tokenizers, and exactly 4 for token-id prompts. It is the one place
+// llmlb assumes a tokenizer's rate.
+const BytesPerToken = 4
+
+// Tokens estimates the tokens in n bytes of canonical prompt, at
+// [BytesPerToken], rounding up.
+func Tokens(n int) int { return (n + BytesPerToken - 1) / BytesPerToken }
 
 // minAutoBlockBytes keeps auto-tuned blocks coarse enough that MaxBlocks
 // covers a long prompt, while one block is still a small fraction of it.
@@ -311,9 +316,9 @@ func NewIndex(cfg Config) *Index {
 }
 
 func autoBlockBytes(engineBlock int) int {
-	unit := engineBlock * bytesPerToken
+	unit := engineBlock * BytesPerToken
 	if unit <= 0 {
-		unit = 16 * bytesPerToken
+		unit = 16 * BytesPerToken
 	}
 	return (minAutoBlockBytes + unit - 1) / unit * unit
 }
@@ -322,7 +327,7 @@ func autoBlockBytes(engineBlock int) int {
 func (x *Index) BlockBytes() int { return int(x.blockBytes.Load()) }
 
 // BlockTokens returns about how many engine tokens one block holds.
-func (x *Index) BlockTokens() int { return x.BlockBytes() / bytesPerToken }
+func (x *Index) BlockTokens() int { return x.BlockBytes() / BytesPerToken }
 
 // AppendHashes appends the chained hashes of prompt's blocks at the
 // index's block size, at most MaxBlocks of them, and with Partial a last

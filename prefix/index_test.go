@@ -112,7 +112,7 @@ func (m *modelIndex) resize(s, blockTokens, numBlocks int) {
 	case numBlocks > 0 && m.cfg.EntriesPerEngineBlock:
 		size = numBlocks
 	case blockTokens > 0 && numBlocks > 0:
-		size = max(1, blockTokens*numBlocks/(m.blockBytes/bytesPerToken))
+		size = max(1, blockTokens*numBlocks/(m.blockBytes/BytesPerToken))
 	}
 	l := m.slot(s)
 	l.size = size

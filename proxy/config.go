@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/llmlb/llmlb/balancer"
 )
 
 // Config is the `proxy:` section of config.yaml.
@@ -165,8 +167,8 @@ func (c Config) Validate() error {
 	if c.MaxBodyBytes <= 0 {
 		errs = append(errs, fmt.Errorf("proxy.max_body_bytes: must be positive, got %d", c.MaxBodyBytes))
 	}
-	if c.MaxAttempts < 1 || c.MaxAttempts > 8 {
-		errs = append(errs, fmt.Errorf("proxy.max_attempts: must be 1..8, got %d", c.MaxAttempts))
+	if c.MaxAttempts < 1 || c.MaxAttempts > balancer.CandidateLimit {
+		errs = append(errs, fmt.Errorf("proxy.max_attempts: must be 1..%d, got %d", balancer.CandidateLimit, c.MaxAttempts))
 	}
 	for _, s := range c.RetryStatuses {
 		if s < 400 || s > 599 {

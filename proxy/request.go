@@ -52,9 +52,9 @@ type Request struct {
 	CacheSalt string
 }
 
-// PromptTokens estimates the prompt's tokens from its canonical bytes, at
-// about 4 bytes a token.
-func (r *Request) PromptTokens() int { return (r.Canonical.Len() + 3) / 4 }
+// PromptTokens estimates the prompt's tokens from its canonical bytes
+// ([prefix.Tokens]).
+func (r *Request) PromptTokens() int { return prefix.Tokens(r.Canonical.Len()) }
 
 // wireRequest holds the only fields routed on, each found by its exact
 // key: OpenAI-compatible servers (pydantic models) match keys with case, so

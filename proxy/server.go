@@ -190,8 +190,8 @@ func (s *Server) admit(ex *exchange) error {
 		return &unknownModelError{model: ex.req.Model, err: errModelNotAllowed}
 	}
 	est := ex.req.PromptTokens()
-	if ex.req.Kind == KindOther { // no prompt read, and no usage will be: the body's bytes/4 stand
-		est = (len(ex.req.Body) + 3) / 4
+	if ex.req.Kind == KindOther { // no prompt read, and no usage will be: the body's bytes stand
+		est = prefix.Tokens(len(ex.req.Body))
 	}
 	q, err := t.limiter.admit(time.Now(), est)
 	q.setHeaders(ex.w.Header())

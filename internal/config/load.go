@@ -76,13 +76,10 @@ func Load(path string, env Environ) (Config, error) {
 	for _, name := range decodeErrorKeys(err) {
 		resetList(reflect.ValueOf(&cfg).Elem(), reflect.ValueOf(def), name)
 	}
-	cfg.Balancer.MaxCandidates = min(cfg.Proxy.MaxAttempts, 8)
-	// A peer's preset scrapes as often as the peer does (the endpoint
-	// picker every 50ms), unless the file or the environment says
-	// otherwise.
-	if pr, err := balancer.LookupPreset(cfg.Balancer.Policy); err == nil && pr.ScrapeInterval > 0 &&
-		!v.InConfig("scrape.interval") && env.Get("LLMLB_SCRAPE_INTERVAL") == "" {
-		cfg.Scrape.Interval = pr.ScrapeInterval
+	cfg.Balancer.MaxCandidates = cfg.Proxy.MaxAttempts
+	if pr, err := balancer.LookupPreset(cfg.Balancer.Policy); err == nil {
+		explicit := v.InConfig("scrape.interval") || env.Get("LLMLB_SCRAPE_INTERVAL") != ""
+		cfg.Scrape.Interval = pr.ScrapeEvery(cfg.Scrape.Interval, explicit)
 	}
 	problems = append(problems, unjoin(cfg.Validate())...)
 	if len(problems) > 0 {
