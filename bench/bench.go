@@ -57,12 +57,18 @@ type TraceRun struct {
 	Records  []TraceRecord
 }
 
+// DefaultPolicy is the row of llmlb's default policy in benchmark tables:
+// whatever preset balancer.DefaultConfig names (ttft), under a name that
+// stays the same when the default changes, so that tables of different
+// versions compare the shipped default.
+const DefaultPolicy = "default"
+
 // DefaultPolicies are the rows of a benchmark table: llmlb's default, every
 // other preset serve runs, and those only the simulator can run (llm-d's
 // precise profile, fed by KV events, and llmlb's scorer fed the true
 // caches, which measures the index's error).
 func DefaultPolicies() []string {
-	out := []string{"default"}
+	out := []string{DefaultPolicy}
 	def := balancer.DefaultConfig().Policy
 	for _, p := range balancer.Presets() {
 		if p.Name != def && p.Scenario == "" {
@@ -102,7 +108,7 @@ func Bench(ctx context.Context, o Options) (Report, error) {
 		o.Backends = 8
 	}
 	for _, p := range o.Policies {
-		if p != "default" && !slices.Contains(DefaultPolicies(), p) {
+		if p != DefaultPolicy && !slices.Contains(DefaultPolicies(), p) {
 			if _, err := balancer.LookupPreset(p); err != nil {
 				return Report{}, fmt.Errorf("bench: unknown policy %q (have %v)", p, DefaultPolicies())
 			}

@@ -205,7 +205,7 @@ func (r *run) build() error {
 	if r.c.Balancer != nil {
 		bcfg = *r.c.Balancer
 	}
-	if r.c.Policy != "" && r.c.Policy != "default" {
+	if r.c.Policy != "" && r.c.Policy != DefaultPolicy {
 		bcfg.Policy = r.c.Policy
 	}
 	pr, err := balancer.LookupPreset(bcfg.Policy)

@@ -78,7 +78,7 @@ func Experiments() []Experiment {
 				{"estimated-scheduling", "llm-d-2025-approximate", 31.083, 6944.4, nan},
 				{"load-scheduling", "llm-d-2025-load", 94.865, 4266.4, nan},
 				{"random-scheduling", "random", 92.551, 4428.7, nan},
-				{"(not published) llmlb default", "default", nan, nan, nan},
+				{"(not published) llmlb default", DefaultPolicy, nan, nan, nan},
 				{"(not published) llm-d precise today", "llm-d-precise", nan, nan, nan},
 				{"(not published) endpoint picker today", "epp", nan, nan, nan},
 			},
@@ -94,7 +94,7 @@ func Experiments() []Experiment {
 			Rows: []Published{
 				{"cache-aware router (v0.4)", "sglang-v04-cache-aware", nan, 158596, 0.75},
 				{"round-robin DP (v0.3)", "round-robin", nan, 82665, 0.20},
-				{"(not published) llmlb default", "default", nan, nan, nan},
+				{"(not published) llmlb default", DefaultPolicy, nan, nan, nan},
 				{"(not published) sglang cache-aware today", "sglang-cache-aware", nan, nan, nan},
 			},
 			build: sglangGSP,
