@@ -2,16 +2,11 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
-	"fmt"
 	"io"
-	"os"
 	"strings"
-	"time"
 
 	"github.com/llmlb/llmlb/bench"
-	"github.com/llmlb/llmlb/overhead"
 )
 
 // cmdBench replays workloads through every policy on an emulated cluster in
@@ -71,63 +66,4 @@ func split(s string) []string {
 		}
 	}
 	return out
-}
-
-// cmdOverhead measures what llmlb adds to a request against a direct
-// connection, Go's reverse proxy alone, HAProxy and nginx, in front of one
-// fast emulated backend; with --go-proxy it is instead the go row's
-// process.
-func cmdOverhead(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("overhead", "llmlb overhead [--proxy direct,llmlb,go,haproxy,nginx] [--duration D] [--scale F] [--scenario S,...] [--json FILE] [--cpuprofile DIR] [--require] [--quiet] [--llmlb PATH]", stderr)
-	proxies := fs.String("proxy", "direct,llmlb,go,haproxy,nginx", "comma-separated rows: direct, llmlb (this executable), go (Go's httputil.ReverseProxy alone, run by this executable), haproxy, nginx (from PATH or /usr/sbin)")
-	duration := fs.Duration("duration", 5*time.Second, "how long each scenario runs against each proxy")
-	scale := fs.Float64("scale", 1, "share of the clients of the concurrent scenarios (64 requests, 8 long prompts, 150 long chats, 256 streams)")
-	require := fs.Bool("require", false, "fail when a proxy is not installed instead of skipping its row")
-	jsonFile := fs.String("json", "", "also write the results as JSON to this file")
-	quiet := fs.Bool("quiet", false, "no progress lines")
-	self := fs.String("llmlb", "", "llmlb executable to measure (default: this one)")
-	scenarios := fs.String("scenario", "", "comma-separated scenarios to run: latency, throughput, long-prompt, long-chat, streams (default: all)")
-	profDir := fs.String("cpuprofile", "", "write llmlb's CPU profile of each scenario, from its admin pprof, to DIR/llmlb-<scenario>.pprof")
-	goProxy := fs.String("go-proxy", "", "instead of measuring, serve as the go row's process: Go's httputil.ReverseProxy alone in front of this backend URL, until interrupted")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if *goProxy != "" {
-		return overhead.ServeGoProxy(ctx, *goProxy, stdout)
-	}
-	if *duration <= 0 || *scale <= 0 {
-		return fmt.Errorf("overhead: --duration and --scale must be positive")
-	}
-	if *self == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return fmt.Errorf("overhead: %w", err)
-		}
-		*self = exe
-	}
-	o := overhead.Options{LLMLB: *self, Proxies: split(*proxies), Duration: *duration, Scale: *scale,
-		Require: *require || getenv("LLMLB_REQUIRE_PROXIES") == "1", Scenarios: split(*scenarios), ProfileDir: *profDir}
-	if *profDir != "" {
-		if err := os.MkdirAll(*profDir, 0o755); err != nil {
-			return fmt.Errorf("overhead: --cpuprofile: %w", err)
-		}
-	}
-	if !*quiet {
-		o.Progress = stderr
-	}
-	rep, err := overhead.Run(ctx, o)
-	if err != nil {
-		return err
-	}
-	overhead.Write(stdout, rep)
-	if *jsonFile != "" {
-		b, err := json.MarshalIndent(rep, "", "  ")
-		if err == nil {
-			err = os.WriteFile(*jsonFile, append(b, '\n'), 0o644)
-		}
-		if err != nil {
-			return fmt.Errorf("overhead: --json: %w", err)
-		}
-	}
-	return nil
 }
