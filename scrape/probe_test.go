@@ -136,12 +136,7 @@ func TestProbeLiveServers(t *testing.T) {
 // TestProbeErrors: a missing file, an unknown engine and a page answered
 // as JSON each fail with nothing read.
 func TestProbeErrors(t *testing.T) {
-	s, err := sim.NewServer(sim.ServerConfig{Engine: "trtllm-serve", Model: "m"}, sim.NewSteady(sim.SteadyConfig{}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(s.Handler())
-	defer srv.Close()
+	srv := simServer(t, "trtllm-serve")
 	for _, tt := range []struct {
 		name string
 		o    ProbeOptions
@@ -173,12 +168,7 @@ func TestProbeErrors(t *testing.T) {
 // still returns what it read, with an error naming the engines whose rows
 // read the page.
 func TestProbeNoSignals(t *testing.T) {
-	s, err := sim.NewServer(sim.ServerConfig{Engine: "vllm", Model: "m"}, sim.NewSteady(sim.SteadyConfig{}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(s.Handler())
-	defer srv.Close()
+	srv := simServer(t, "vllm")
 	for _, tt := range []struct {
 		name, engine, src string
 		wantMatches       []string
