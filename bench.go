@@ -1,0 +1,69 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"io"
+	"strings"
+
+	"github.com/llmlb/llmlb/bench"
+)
+
+// cmdBench replays workloads through every policy on an emulated cluster in
+// virtual time and prints one table per workload; with --target it replays
+// them in real time over HTTP against a running balancer instead.
+func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("bench", "llmlb bench [--workload W,...] [--policy P,...] [--backends N] [--slow N] [--rate X] [--scale F] [--seed S] [--clients N] [--engine E] [--kv-events] [--perturb S] [--sweep [--rates F,...] [--seeds N]] [--replicas R] [--scenario NAME] [--json FILE] [--plot FILE.png] [--trace FILE] [--quiet] [--target URL [--model M] [--label L]]", stderr)
+	var c bench.Command
+	workloads := fs.String("workload", strings.Join(bench.WorkloadNames(), ","), "comma-separated workloads")
+	policies := fs.String("policy", strings.Join(bench.DefaultPolicies(), ","), "comma-separated policies; default is llmlb's default; ttft-true-cache and llm-d-precise know every cache")
+	fs.IntVar(&c.Backends, "backends", 8, "emulated servers; with --target, the backends behind it (for imbalance; default: those that answered)")
+	fs.IntVar(&c.Slow, "slow", 0, "of those, servers on the slower a100-8b preset (0: a quarter, -1: none)")
+	fs.Float64Var(&c.Params.Rate, "rate", 0, "arrival-rate factor (0: each workload's default)")
+	fs.Float64Var(&c.Params.Scale, "scale", 1, "share of each workload to run (requests, groups or trace lines)")
+	fs.Uint64Var(&c.Params.Seed, "seed", 1, "seed for workloads, scrape jitter and random policies")
+	fs.IntVar(&c.Clients, "clients", -1, "also run each workload closed-loop with this many clients and report its output tokens/s as saturated tok/s; -1: 32 a server, 0: skip it")
+	fs.StringVar(&c.Engine, "engine", "vllm", "metrics flavour the emulated servers render and llmlb scrapes")
+	fs.StringVar(&c.JSONFile, "json", "", "also write the results as JSON to this file")
+	fs.StringVar(&c.PlotFile, "plot", "", "also draw TTFT distributions per policy to this PNG file")
+	quiet := fs.Bool("quiet", false, "no progress line")
+	fs.StringVar(&c.Target, "target", "", "replay over HTTP, in real time, against the balancer (or server) at this base URL instead of emulating a cluster; the lora workload needs adapters lora-00..lora-15 there")
+	fs.StringVar(&c.Model, "model", "", "with --target: the base model to ask for (default: the first base model of the target's /v1/models)")
+	fs.StringVar(&c.Label, "label", "target", "with --target: the name of the result's row")
+	fs.BoolVar(&c.Sweep, "sweep", false, "run each workload at a ladder of arrival rates (x0.25 to x4 its default, x2 for the Mooncake traces) and print TTFT p90 and output tok/s per policy at each, the default's worst ratio to each peer, and with --plot one PNG per workload")
+	fs.StringVar(&c.Rates, "rates", "", "with --sweep: comma-separated arrival-rate factors instead of the default ladder")
+	fs.IntVar(&c.Seeds, "seeds", 1, "with --sweep: run every point at N seeds (--seed, --seed+1, ...) and print the medians, the seeds' own ratios where the default's worst is, and at how many seeds it is more than 3% worse than each policy")
+	fs.IntVar(&c.Replicas, "replicas", 1, "independent balancers in front of the cluster, each arrival to one at random; above 1 also prints the table against one replica")
+	fs.BoolVar(&c.KVEvents, "kv-events", false, "the emulated servers publish their KV-cache events, as vLLM does with --kv-events-config, and llmlb's default reads them (each request tokenized first, at a cost); the peers run as without")
+	fs.StringVar(&c.Perturb, "perturb", "", "scale the emulated engines' costs without telling the balancer: prefill=F (prefill per token and attention), request=F (per-request intake), tokens=F (the prompt tokens the balancer is told, as another tokenizer counts them), comma-separated")
+	fs.StringVar(&c.TraceFile, "trace", "", "also write one JSON line per served request of each emulated run to this file: its server and reason, what every server's cache held of its prompt and the prefill work truly queued at the pick, and its time to first token (not with --sweep, --scenario or --target)")
+	fs.StringVar(&c.Scenario, "scenario", "", "replay a published experiment and print its published figures beside ours: llm-d-kv-cache-wins or sglang-v04-shared-prefix")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	c.Workloads, c.Policies = split(*workloads), split(*policies)
+	if !*quiet {
+		c.Progress = stderr
+	}
+	if c.Target != "" { // the backends behind it: only those that answered, unless --backends says
+		n := 0
+		fs.Visit(func(f *flag.Flag) {
+			if f.Name == "backends" {
+				n = c.Backends
+			}
+		})
+		c.Backends = n
+	}
+	return c.Run(ctx, stdout)
+}
+
+// split returns the non-empty fields of the comma-separated list s.
+func split(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
