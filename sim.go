@@ -12,14 +12,7 @@ import (
 	"github.com/llmlb/llmlb/sim"
 )
 
-func faultKinds() []string {
-	var s []string
-	for _, k := range sim.FaultKinds() {
-		s = append(s, string(k))
-	}
-	return s
-}
-
+// cmdSim runs emulated model servers until ctx ends.
 func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("sim", "llmlb sim [--engine vllm] [--preset h100-8b] [--listen ADDR] [--model NAME] [--lora a,b] [--max-lora N] [--speed X] [--count N] [--fault KIND[:k=v,...],... [--fault-on 0,2]]", stderr)
 	engine := fs.String("engine", "vllm", "engine flavour to emulate: vllm, sglang, triton-tensorrt-llm or trtllm-serve")
@@ -30,7 +23,8 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	speed := fs.Float64("speed", 1, "run this many times faster than real time")
 	count := fs.Int("count", 1, "number of servers to start")
 	maxLoRA := fs.Int("max-lora", 0, "adapters a batch may use at once (0: the preset's)")
-	faultSpec := fs.String("fault", "", "faults to show, e.g. die-mid-stream:after=5s,for=10s (kinds: "+strings.Join(faultKinds(), ", ")+"); switch them at runtime with PUT /sim/faults")
+	kinds := strings.ReplaceAll(strings.Trim(fmt.Sprint(sim.FaultKinds()), "[]"), " ", ", ") // a list of one-word names
+	faultSpec := fs.String("fault", "", "faults to show, e.g. die-mid-stream:after=5s,for=10s (kinds: "+kinds+"); switch them at runtime with PUT /sim/faults")
 	faultOnList := fs.String("fault-on", "0", "comma-separated indexes (from 0) of the servers --fault applies to")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -70,11 +64,11 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	for i, u := range fleet.URLs {
-		note := ""
+		fmt.Fprintf(stdout, "sim: %s (%s, x%g) serving %s at %s", *engine, *preset, *speed, *model, u)
 		if slices.Contains(faultOn, i) && len(faults) > 0 {
-			note = " with faults " + faults.String()
+			fmt.Fprint(stdout, " with faults "+faults.String())
 		}
-		fmt.Fprintf(stdout, "sim: %s (%s, x%g) serving %s at %s%s\n", *engine, *preset, *speed, *model, u, note)
+		fmt.Fprintln(stdout)
 	}
 	<-ctx.Done()
 	fleet.Close()

@@ -17,10 +17,7 @@ func cmdVersion(args []string, stdout, stderr io.Writer) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("version: unexpected argument %q", fs.Arg(0))
 	}
-	info, ok := debug.ReadBuildInfo()
-	if !ok {
-		info = nil
-	}
+	info, _ := debug.ReadBuildInfo() // nil when the binary carries none
 	fmt.Fprint(stdout, versionText(info))
 	return nil
 }
