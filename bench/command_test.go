@@ -113,10 +113,10 @@ func smallCommand() Command {
 		Params: Params{Scale: 0.05, Seed: 1}, Engine: "vllm", Replicas: 1, Seeds: 1}
 }
 
-// TestCommandRefusesBeforeRunning: a command whose flags do not go
+// TestBenchCommandRefusesBeforeRunning: a command whose flags do not go
 // together is refused before it runs anything and leaves a trace already
 // in its trace file as it was; a trace it cannot take is not created.
-func TestCommandRefusesBeforeRunning(t *testing.T) {
+func TestBenchCommandRefusesBeforeRunning(t *testing.T) {
 	dir := t.TempDir()
 	old := []byte("an earlier trace\n")
 	for _, tc := range []struct {
@@ -178,9 +178,9 @@ func TestCommandRefusesBeforeRunning(t *testing.T) {
 	}
 }
 
-// TestCommandRuns runs each kind of emulated command small and checks
+// TestBenchCommandRuns runs each kind of emulated command small and checks
 // what it prints and the files it writes.
-func TestCommandRuns(t *testing.T) {
+func TestBenchCommandRuns(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		change    func(c *Command, dir string)
@@ -239,10 +239,10 @@ func TestCommandRuns(t *testing.T) {
 	}
 }
 
-// TestCommandTrace: the trace has a line a served request of each run,
+// TestBenchCommandTrace: the trace has a line a served request of each run,
 // naming the run; with replicas, both the one-replica and the R-replica
 // runs are there; the same command writes the same file.
-func TestCommandTrace(t *testing.T) {
+func TestBenchCommandTrace(t *testing.T) {
 	dir := t.TempDir()
 	c := smallCommand()
 	c.Replicas, c.Params.Seed = 2, 4
@@ -273,10 +273,10 @@ func TestCommandTrace(t *testing.T) {
 	}
 }
 
-// TestCommandTarget replays a workload over HTTP against an emulated
+// TestBenchCommandTarget replays a workload over HTTP against an emulated
 // server that names itself as a balancer's backend: it serves every
 // request, and the table counts the idle backends the command names.
-func TestCommandTarget(t *testing.T) {
+func TestBenchCommandTarget(t *testing.T) {
 	ecfg, err := sim.Preset("h100-8b")
 	if err != nil {
 		t.Fatal(err)

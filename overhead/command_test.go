@@ -12,9 +12,9 @@ import (
 	"time"
 )
 
-// TestCommandRefusesNonPositive: a duration or scale that is not positive
+// TestOverheadCommandRefusesNonPositive: a duration or scale that is not positive
 // is refused before anything runs or is created.
-func TestCommandRefusesNonPositive(t *testing.T) {
+func TestOverheadCommandRefusesNonPositive(t *testing.T) {
 	for _, tt := range []struct {
 		name            string
 		duration        time.Duration
@@ -39,10 +39,10 @@ func TestCommandRefusesNonPositive(t *testing.T) {
 	}
 }
 
-// TestCommandWritesTableAndJSON runs the direct row's latency scenario
+// TestOverheadCommandWritesTableAndJSON runs the direct row's latency scenario
 // briefly: the table is printed, the report written as JSON, and the
 // profile directory made.
-func TestCommandWritesTableAndJSON(t *testing.T) {
+func TestOverheadCommandWritesTableAndJSON(t *testing.T) {
 	dir := t.TempDir()
 	c := Command{Options: Options{Proxies: []string{"direct"}, Scenarios: []string{"latency"}, Duration: 100 * time.Millisecond,
 		Scale: 0.05, ProfileDir: filepath.Join(dir, "profiles")}, JSONFile: filepath.Join(dir, "o.json")}

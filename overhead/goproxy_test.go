@@ -6,10 +6,10 @@ import (
 	"testing"
 )
 
-// TestServeGoProxyRefusesNonHTTPURL: the go row's mode refuses a backend
+// TestOverheadGoProxyRefusesNonHTTPURL: the go row's mode refuses a backend
 // that is not an http(s) URL, saying which, instead of serving a proxy to
 // nowhere.
-func TestServeGoProxyRefusesNonHTTPURL(t *testing.T) {
+func TestOverheadGoProxyRefusesNonHTTPURL(t *testing.T) {
 	for _, u := range []string{"localhost:8000", "ftp://x", "http://"} {
 		var out strings.Builder
 		err := ServeGoProxy(context.Background(), u, &out)
