@@ -14,10 +14,9 @@ import (
 )
 
 // exchange is one client request from its arrival to its last byte: the one
-// object the handler's stages (authorize, parse, admit, route, pick,
-// forward) fill in, and
-// from which [Server.finish] derives, once, the request's status, metrics,
-// status-page entry and access line.
+// object the handler's stages (authorize, parse, admit, route, tokenize,
+// pick, forward) fill in, and from which [Server.finish] derives, once,
+// the request's status, metrics, status-page entry and access line.
 //
 // It rides in the request context from [Server.withExchange] through the
 // handler and ReverseProxy's Rewrite, RoundTrip, ModifyResponse and

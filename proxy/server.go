@@ -132,8 +132,9 @@ func (s *Server) Handler() http.Handler {
 }
 
 // serveModel handles a POST whose body names a model, in stages on the
-// request's exchange: authenticate, parse, admit (the key's models and
-// limits), route, pick, forward. Each stage either fills the exchange in
+// request's exchange: authorize, parse, admit (the key's models and
+// limits), route, tokenize (for a policy that reads KV-cache events),
+// pick, forward. Each stage either fills the exchange in
 // or ends it with an error; [Server.withExchange] finishes it whatever
 // the path. The key is checked before the body is read, so a client
 // without one costs no body read, and every refusal of the key's comes
