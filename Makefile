@@ -52,7 +52,7 @@ fuzz:
 # requests completed, failed and lost, and llmlb's memory, goroutines and
 # file descriptors before, during and after.
 soak: build
-	LLMLB_SOAK=$(SOAK) LLMLB_SOAK_STREAMS=$(SOAK_STREAMS) LLMLB_BIN=$(abspath $(BIN)) $(GO) test -count=1 -vet=off -run '^TestSoak$$' -v -timeout 0 ./e2e
+	LLMLBTEST_SOAK=$(SOAK) LLMLBTEST_SOAK_STREAMS=$(SOAK_STREAMS) LLMLBTEST_BIN=$(abspath $(BIN)) $(GO) test -count=1 -vet=off -run '^TestSoak$$' -v -timeout 0 ./e2e
 
 soak-short:
 	$(MAKE) soak SOAK=30s

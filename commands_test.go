@@ -107,7 +107,7 @@ func TestBenchTargetCommand(t *testing.T) {
 // where they are installed, and must (LLMLB_REQUIRE_PROXIES=1, as CI
 // sets) where the test is told they are.
 func TestOverheadCommand(t *testing.T) {
-	t.Setenv("LLMLB_TEST_RUN_MAIN", "1")
+	t.Setenv("LLMLBTEST_RUN_MAIN", "1")
 	dir := t.TempDir()
 	var out, errb strings.Builder
 	args := []string{"overhead", "--duration", "300ms", "--scale", "0.05", "--quiet", "--llmlb", os.Args[0], "--json", dir + "/o.json"}

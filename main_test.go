@@ -286,9 +286,9 @@ func waitLog(t *testing.T, logs *syncBuffer, want string) {
 }
 
 // TestMain lets a test run this test binary as llmlb itself
-// (LLMLB_TEST_RUN_MAIN=1), as `llmlb overhead` runs its own executable.
+// (LLMLBTEST_RUN_MAIN=1), as `llmlb overhead` runs its own executable.
 func TestMain(m *testing.M) {
-	if os.Getenv("LLMLB_TEST_RUN_MAIN") == "1" {
+	if os.Getenv("LLMLBTEST_RUN_MAIN") == "1" {
 		main()
 		os.Exit(0)
 	}
@@ -310,7 +310,7 @@ func TestHashKeyCommand(t *testing.T) {
 		t.Errorf("hash-key of a short key: %v, stderr %q; want a warning", err, stderr)
 	}
 	cmd := exec.Command(os.Args[0], "hash-key")
-	cmd.Env = append(os.Environ(), "LLMLB_TEST_RUN_MAIN=1")
+	cmd.Env = append(os.Environ(), "LLMLBTEST_RUN_MAIN=1")
 	cmd.Stdin = strings.NewReader(testKey + "\n")
 	out, err := cmd.Output()
 	if err != nil || string(out) != want {

@@ -126,7 +126,7 @@ func busyFleet(t *testing.T) *serve.Instance {
 // family with series), passes `promtool check metrics`, Prometheus's own
 // lint of metric names, types, units and help.
 func TestPromtoolCheckMetrics(t *testing.T) {
-	promtool := tool(t, "promtool", "LLMLB_REQUIRE_PROMETHEUS", "apt-get install prometheus")
+	promtool := tool(t, "promtool", "LLMLBTEST_REQUIRE_PROMETHEUS", "apt-get install prometheus")
 	inst := busyFleet(t)
 	<-time.After(2 * time.Second) // retries, an ejection, a failed scrape
 	resp, err := http.Get("http://" + inst.AdminAddr + "/metrics")
@@ -255,7 +255,7 @@ func queryLabels(expr string) []string {
 // it groups by or matches on must be on that metric's series, and each
 // query must return data. A renamed metric or label fails here.
 func TestGrafanaDashboardQueriesReturnData(t *testing.T) {
-	bin := tool(t, "prometheus", "LLMLB_REQUIRE_PROMETHEUS", "apt-get install prometheus")
+	bin := tool(t, "prometheus", "LLMLBTEST_REQUIRE_PROMETHEUS", "apt-get install prometheus")
 	queries := dashboardQueries(t)
 	inst := busyFleet(t)
 
@@ -354,7 +354,7 @@ func TestDashboardLabelParsing(t *testing.T) {
 // installing it there with npm when it is missing.
 func nodeSDK(t *testing.T) string {
 	t.Helper()
-	tool(t, "node", "LLMLB_REQUIRE_NODE", "apt-get install nodejs npm")
+	tool(t, "node", "LLMLBTEST_REQUIRE_NODE", "apt-get install nodejs npm")
 	dir, err := filepath.Abs(filepath.Join("testdata", "node-sdk"))
 	if err != nil {
 		t.Fatal(err)
@@ -362,7 +362,7 @@ func nodeSDK(t *testing.T) string {
 	if _, err := os.Stat(filepath.Join(dir, "node_modules", "openai", "package.json")); err == nil {
 		return dir
 	}
-	npm := tool(t, "npm", "LLMLB_REQUIRE_NODE", "apt-get install npm")
+	npm := tool(t, "npm", "LLMLBTEST_REQUIRE_NODE", "apt-get install npm")
 	cmd := exec.CommandContext(t.Context(), npm, "install", "--no-package-lock", "--no-audit", "--no-fund")
 	cmd.Dir = dir
 	if out, err := cmd.CombinedOutput(); err != nil {

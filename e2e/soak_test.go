@@ -21,9 +21,9 @@ import (
 	"github.com/llmlb/llmlb/sim"
 )
 
-// TestSoak is `make soak` (issue 17): LLMLB_SOAK_STREAMS concurrent
-// streams (default 2,000) for LLMLB_SOAK (a duration; the test is skipped
-// without it) through the llmlb binary at LLMLB_BIN against four emulated
+// TestSoak is `make soak` (issue 17): LLMLBTEST_SOAK_STREAMS concurrent
+// streams (default 2,000) for LLMLBTEST_SOAK (a duration; the test is skipped
+// without it) through the llmlb binary at LLMLBTEST_BIN against four emulated
 // servers in two `llmlb sim` processes, the one of them serving a single
 // server killed (SIGKILL) halfway and started again a tenth of the run
 // later. It prints requests completed, failed and lost; llmlb's RSS,
@@ -34,21 +34,21 @@ import (
 // (counting two goroutines for each keep-alive connection its pools still
 // hold).
 func TestSoak(t *testing.T) {
-	spec := os.Getenv("LLMLB_SOAK")
+	spec := os.Getenv("LLMLBTEST_SOAK")
 	if spec == "" {
-		t.Skip("LLMLB_SOAK not set: make soak runs it")
+		t.Skip("LLMLBTEST_SOAK not set: make soak runs it")
 	}
 	dur, err := time.ParseDuration(spec)
 	if err != nil || dur <= 0 {
-		t.Fatalf("LLMLB_SOAK=%q: want a duration such as 10m", spec)
+		t.Fatalf("LLMLBTEST_SOAK=%q: want a duration such as 10m", spec)
 	}
 	streams := 2000
-	if s := os.Getenv("LLMLB_SOAK_STREAMS"); s != "" {
+	if s := os.Getenv("LLMLBTEST_SOAK_STREAMS"); s != "" {
 		if streams, err = strconv.Atoi(s); err != nil || streams < 1 {
-			t.Fatalf("LLMLB_SOAK_STREAMS=%q: want a count", s)
+			t.Fatalf("LLMLBTEST_SOAK_STREAMS=%q: want a count", s)
 		}
 	}
-	bin, err := filepath.Abs(cmpOr(os.Getenv("LLMLB_BIN"), "../bin/llmlb"))
+	bin, err := filepath.Abs(cmpOr(os.Getenv("LLMLBTEST_BIN"), "../bin/llmlb"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +144,7 @@ backends:
 		if m, err := measureErr(lb.Process.Pid, admin); err == nil {
 			peak = peak.max(m)
 		}
-		if path := os.Getenv("LLMLB_SOAK_HEAP"); path != "" && !heapAt.IsZero() && now.After(heapAt) {
+		if path := os.Getenv("LLMLBTEST_SOAK_HEAP"); path != "" && !heapAt.IsZero() && now.After(heapAt) {
 			heapAt = time.Time{}
 			saveHeapProfile(t, admin, path)
 		}
@@ -298,7 +298,7 @@ func measure(t *testing.T, pid int, admin string) procSample {
 }
 
 // saveHeapProfile writes llmlb's heap profile, from its admin pprof, to
-// path (LLMLB_SOAK_HEAP: where the memory per stream goes).
+// path (LLMLBTEST_SOAK_HEAP: where the memory per stream goes).
 func saveHeapProfile(t *testing.T, admin, path string) {
 	resp, err := http.Get(admin + "/debug/pprof/heap")
 	if err != nil {

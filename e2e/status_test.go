@@ -21,7 +21,7 @@ import (
 	"github.com/llmlb/llmlb/sim"
 )
 
-// chromium finds Debian's chromium. Where LLMLB_REQUIRE_CHROMIUM is set
+// chromium finds Debian's chromium. Where LLMLBTEST_REQUIRE_CHROMIUM is set
 // (.ci/run sets it, after installing the package) its absence fails the
 // test instead of skipping it.
 func chromium(t *testing.T) string {
@@ -31,8 +31,8 @@ func chromium(t *testing.T) string {
 			return p
 		}
 	}
-	if os.Getenv("LLMLB_REQUIRE_CHROMIUM") != "" {
-		t.Fatal("chromium not found, and LLMLB_REQUIRE_CHROMIUM is set")
+	if os.Getenv("LLMLBTEST_REQUIRE_CHROMIUM") != "" {
+		t.Fatal("chromium not found, and LLMLBTEST_REQUIRE_CHROMIUM is set")
 	}
 	t.Skip("chromium not installed (apt-get install chromium)")
 	return ""
@@ -60,7 +60,7 @@ func headless(t *testing.T, bin, url string, extra ...string) []byte {
 // traffic) and loads the admin status page in headless Chromium: the page
 // Chromium builds lists every backend of the demo as ready, with its
 // engine, and the picks so far. A screenshot is kept where
-// LLMLB_STATUS_SCREENSHOT points.
+// LLMLBTEST_STATUS_SCREENSHOT points.
 func TestStatusPageInChromium(t *testing.T) {
 	bin := chromium(t)
 	pr, pw := io.Pipe()
@@ -138,7 +138,7 @@ func TestStatusPageInChromium(t *testing.T) {
 			t.Errorf("page lacks %q", want)
 		}
 	}
-	shot := os.Getenv("LLMLB_STATUS_SCREENSHOT")
+	shot := os.Getenv("LLMLBTEST_STATUS_SCREENSHOT")
 	if shot == "" {
 		shot = filepath.Join(t.TempDir(), "status.png")
 	}
@@ -158,7 +158,7 @@ func TestStatusPageInChromium(t *testing.T) {
 // edge passes 1,280 px. The page must also show the failures and
 // ejections columns, the rejected requests with the model asked for, and
 // a duration for the non-streaming one. A screenshot is kept where
-// LLMLB_STATUS_SCREENSHOT points (with -down before its extension).
+// LLMLBTEST_STATUS_SCREENSHOT points (with -down before its extension).
 func TestStatusPageWithDownBackendFits(t *testing.T) {
 	bin := chromium(t)
 	urls := simBackends(t, 2, sim.SteadyConfig{Speed: 100})
@@ -272,7 +272,7 @@ func TestStatusPageWithDownBackendFits(t *testing.T) {
 		t.Errorf("the non-streaming request shows no duration:\n%s", dom)
 	}
 
-	shot := os.Getenv("LLMLB_STATUS_SCREENSHOT")
+	shot := os.Getenv("LLMLBTEST_STATUS_SCREENSHOT")
 	if shot == "" {
 		shot = filepath.Join(t.TempDir(), "status.png")
 	}

@@ -16,12 +16,12 @@ import (
 // stored batch goes out before the publisher tells its ports, so the index
 // can only have it through libzmq's ROUTER replay. Debian's python3-zmq and
 // python3-msgpack provide the libraries; .ci/run installs them and sets
-// LLMLB_REQUIRE_PYZMQ, and then the test must not skip.
+// LLMLBTEST_REQUIRE_PYZMQ, and then the test must not skip.
 func TestRealZeroMQPublisher(t *testing.T) {
 	python := "/usr/bin/python3"
 	if err := exec.Command(python, "-c", "import zmq, msgpack").Run(); err != nil {
-		if os.Getenv("LLMLB_REQUIRE_PYZMQ") != "" {
-			t.Fatalf("%s cannot import zmq and msgpack (%v), and LLMLB_REQUIRE_PYZMQ is set (apt-get install python3-zmq python3-msgpack)", python, err)
+		if os.Getenv("LLMLBTEST_REQUIRE_PYZMQ") != "" {
+			t.Fatalf("%s cannot import zmq and msgpack (%v), and LLMLBTEST_REQUIRE_PYZMQ is set (apt-get install python3-zmq python3-msgpack)", python, err)
 		}
 		t.Skipf("%s cannot import zmq and msgpack: apt-get install python3-zmq python3-msgpack", python)
 	}

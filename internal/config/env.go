@@ -25,16 +25,10 @@ func (e Environ) Get(key string) string {
 }
 
 // otherEnv are the LLMLB_* variables that are not config keys: each is
-// read by a command or by the tests (which run this binary), so the
-// environment that sets them must still load a config.
+// read by a command, so the environment that sets it must still load a
+// config. The tests' own variables start LLMLBTEST_ and are not llmlb's.
 var otherEnv = []string{
-	"LLMLB_REQUIRE_PROXIES",    // llmlb overhead: fail when HAProxy or nginx is missing
-	"LLMLB_REQUIRE_CHROMIUM",   // tests: the status page test may not skip
-	"LLMLB_REQUIRE_PROMETHEUS", // tests: the promtool and dashboard tests may not skip
-	"LLMLB_REQUIRE_NODE",       // tests: the Node SDK test may not skip
-	"LLMLB_REQUIRE_PYZMQ",      // tests: the libzmq KV-event publisher test may not skip
-	"LLMLB_STATUS_SCREENSHOT",  // tests: where the status page test saves its screenshot
-	"LLMLB_TEST_RUN_MAIN",      // tests: the test binary runs main
+	"LLMLB_REQUIRE_PROXIES", // llmlb overhead: fail when HAProxy or nginx is missing
 }
 
 // envName is the environment variable that overrides key:
