@@ -1,6 +1,7 @@
 package balancer
 
 import (
+	"fmt"
 	"math"
 	"net/url"
 	"slices"
@@ -41,6 +42,17 @@ func (s State) String() string {
 
 // MarshalText writes s as its name.
 func (s State) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// UnmarshalText reads a name MarshalText wrote.
+func (s *State) UnmarshalText(b []byte) error {
+	for _, st := range []State{StateUnknown, StateReady, StateDown, StateDraining} {
+		if st.String() == string(b) {
+			*s = st
+			return nil
+		}
+	}
+	return fmt.Errorf("unknown backend state %q", b)
+}
 
 // Backend is one model-server port as a [Snapshot] holds it. A Backend is
 // immutable once published, except through its [Ledger], which is safe for

@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"bytes"
+	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/pprof"
 	"time"
@@ -64,6 +66,27 @@ func Statuses(snap *balancer.Snapshot) []BackendStatus {
 		})
 	}
 	return out
+}
+
+// FetchBackends reads GET /debug/backends from the admin listener at
+// adminURL (scheme and host): the client side of [BackendStatus], for the
+// demo's live view and the end-to-end tests.
+func FetchBackends(client *http.Client, adminURL string) ([]BackendStatus, error) {
+	resp, err := client.Get(adminURL + "/debug/backends")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("debug/backends: status %d", resp.StatusCode)
+	}
+	var body struct {
+		Backends []BackendStatus `json:"backends"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		return nil, fmt.Errorf("debug/backends: %w", err)
+	}
+	return body.Backends, nil
 }
 
 func metricsOrNil(m balancer.Metrics) *balancer.Metrics {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/llmlb/llmlb/internal/config"
 	"github.com/llmlb/llmlb/internal/serve"
+	"github.com/llmlb/llmlb/proxy"
 	"github.com/llmlb/llmlb/scrape"
 	"github.com/llmlb/llmlb/sim"
 )
@@ -98,7 +99,7 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	frame := func() {
-		bs, err := sim.FetchBackends(client, "http://"+inst.AdminAddr)
+		bs, err := proxy.FetchBackends(client, "http://"+inst.AdminAddr)
 		if err != nil {
 			fmt.Fprintf(stdout, "view: %v\n", err)
 			return

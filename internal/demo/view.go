@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb/bench"
+	"github.com/llmlb/llmlb/proxy"
 	"github.com/llmlb/llmlb/sim"
 )
 
@@ -37,7 +38,7 @@ var viewLegend = []string{
 // server behind a backend URL, the server's own KV use and prefix-cache
 // hit rate (prompt tokens served from cache over prompt tokens looked
 // up); the legend; then the client-side totals.
-func render(w io.Writer, h header, elapsed time.Duration, backends []sim.BackendView, r LoadResults, engine func(url string) (sim.Stats, bool)) {
+func render(w io.Writer, h header, elapsed time.Duration, backends []proxy.BackendStatus, r LoadResults, engine func(url string) (sim.Stats, bool)) {
 	var total int64
 	for _, b := range backends {
 		total += b.Requests
