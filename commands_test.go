@@ -107,6 +107,9 @@ func TestBenchTargetCommand(t *testing.T) {
 // where they are installed, and must (LLMLB_REQUIRE_PROXIES=1, as CI
 // sets) where the test is told they are.
 func TestOverheadCommand(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts llmlb and Go proxy processes for seconds; make test runs it")
+	}
 	t.Setenv("LLMLBTEST_RUN_MAIN", "1")
 	dir := t.TempDir()
 	var out, errb strings.Builder

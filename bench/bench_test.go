@@ -14,6 +14,9 @@ import (
 // every workload (cut small) and a spread of policies, and every request is
 // accounted for.
 func TestBenchDeterministic(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a long virtual-time replay; make test runs it")
+	}
 	opts := Options{
 		Policies: []string{"default", "epp", "sglang-cache-aware", "ttft-true-cache", "llm-d-precise"},
 		Backends: 4,
@@ -199,6 +202,9 @@ func TestWorkloadsDeterministicText(t *testing.T) {
 // published experiments run small, print their tables, and give the same
 // numbers for the same seed.
 func TestSweepReplicasExperiments(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a long virtual-time replay; make test runs it")
+	}
 	o := Options{Workloads: []string{"shared-prefix"}, Policies: []string{"default", "epp", "round-robin"}, Backends: 4, Params: Params{Scale: 0.05, Seed: 3}}
 	run := func() string {
 		var b strings.Builder
@@ -310,6 +316,9 @@ func TestPerturbChangesTheEnginesNotTheBalancer(t *testing.T) {
 // hit rate at seeds 1-4 here (0.96-0.98 on the whole trace), those
 // without them about 0.4.
 func TestKVEventsKeepReplicasTogether(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a long virtual-time replay; make test runs it")
+	}
 	w, err := Build("mooncake-conversation", Params{Scale: 0.05, Seed: 1})
 	if err != nil {
 		t.Fatal(err)
