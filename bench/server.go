@@ -14,14 +14,13 @@ import (
 
 // server is one emulated engine in the cluster.
 type server struct {
-	id      string
-	url     *url.URL
-	eng     *sim.Engine
-	block   int // bytes a KV block holds
-	stepEnd time.Duration
-	busy    bool // a step is scheduled
-	served  int
-	kv      []kvBatch // KV events on their way to the balancers, oldest first
+	id     string
+	url    *url.URL
+	eng    *sim.Engine
+	block  int  // bytes a KV block holds
+	busy   bool // a step is scheduled
+	served int
+	kv     []kvBatch // KV events on their way to the balancers, oldest first
 }
 
 // kvBatch is one step's KV events and when they reach the balancers.

@@ -23,8 +23,6 @@ func engineSet(t testing.TB, overrides map[string]EngineConfig) EngineSet {
 
 func v(x float64) balancer.Value { return balancer.Known(x) }
 
-var unknown = balancer.Value{}
-
 // TestExtractRealPages reads the pages under testdata (see its README for
 // where each comes from) with the built-in engine rows and checks every
 // signal.
