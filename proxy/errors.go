@@ -25,28 +25,28 @@ const noBackendRetryAfter = 2 * time.Second
 // HTTPError is an error answered to the client as an OpenAI-shaped JSON body.
 // Msg goes to the client; Err, if any, only to the log.
 type HTTPError struct {
-	Code  int    // HTTP status
-	Type  string // OpenAI error type, e.g. "invalid_request_error"
-	Param string // the offending request field, or ""
-	Kind  string // OpenAI error code, e.g. "model_not_found", or ""
-	Msg   string
-	Err   error
+	Status int    // HTTP status
+	Type   string // OpenAI error type, e.g. "invalid_request_error"
+	Param  string // the offending request field, or ""
+	Code   string // OpenAI error code, e.g. "model_not_found", or ""
+	Msg    string
+	Err    error
 	// RetryAfter, when positive, is sent as Retry-After in whole seconds.
 	RetryAfter time.Duration
 }
 
 func (e *HTTPError) Error() string {
 	if e.Err != nil {
-		return fmt.Sprintf("%d %s: %v", e.Code, e.Msg, e.Err)
+		return fmt.Sprintf("%d %s: %v", e.Status, e.Msg, e.Err)
 	}
-	return fmt.Sprintf("%d %s", e.Code, e.Msg)
+	return fmt.Sprintf("%d %s", e.Status, e.Msg)
 }
 
 func (e *HTTPError) Unwrap() error { return e.Err }
 
 // badRequest returns a 400 invalid_request_error about param.
 func badRequest(param, format string, args ...any) *HTTPError {
-	return &HTTPError{Code: http.StatusBadRequest, Type: "invalid_request_error", Param: param, Msg: fmt.Sprintf(format, args...)}
+	return &HTTPError{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param, Msg: fmt.Sprintf(format, args...)}
 }
 
 // errorBody is the OpenAI error envelope:
@@ -68,8 +68,8 @@ func writeError(w http.ResponseWriter, e *HTTPError) {
 	if e.Param != "" {
 		body.Error.Param = &e.Param
 	}
-	if e.Kind != "" {
-		body.Error.Code = &e.Kind
+	if e.Code != "" {
+		body.Error.Code = &e.Code
 	}
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
@@ -79,10 +79,10 @@ func writeError(w http.ResponseWriter, e *HTTPError) {
 		// The OpenAI SDKs read this before Retry-After, to the millisecond.
 		h.Set("Retry-After-Ms", strconv.FormatInt(int64((e.RetryAfter+time.Millisecond-1)/time.Millisecond), 10))
 	}
-	if e.Code == http.StatusUnauthorized {
+	if e.Status == http.StatusUnauthorized {
 		h.Set("WWW-Authenticate", `Bearer realm="llmlb"`) // RFC 6750
 	}
-	w.WriteHeader(e.Code)
+	w.WriteHeader(e.Status)
 	_ = json.NewEncoder(w).Encode(&body) // the client may be gone; nothing to do
 }
 
@@ -126,35 +126,35 @@ func (s *Server) errorFor(clientCtx context.Context, err error) *HTTPError {
 	case errors.As(err, &he):
 		return he
 	case clientCtx.Err() != nil:
-		return &HTTPError{Code: StatusClientClosed, Type: "client_closed", Msg: "client closed request", Err: err}
+		return &HTTPError{Status: StatusClientClosed, Type: "client_closed", Msg: "client closed request", Err: err}
 	case errors.Is(err, errKeyMissing):
-		return &HTTPError{Code: http.StatusUnauthorized, Type: "invalid_request_error", Kind: "invalid_api_key", Err: err,
+		return &HTTPError{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key", Err: err,
 			Msg: "You didn't provide an API key. Send it in an Authorization header using Bearer auth (Authorization: Bearer YOUR_KEY)."}
 	case errors.Is(err, errKeyInvalid):
-		return &HTTPError{Code: http.StatusUnauthorized, Type: "invalid_request_error", Kind: "invalid_api_key", Err: err, Msg: "Incorrect API key provided."}
+		return &HTTPError{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key", Err: err, Msg: "Incorrect API key provided."}
 	case errors.As(err, &rle):
-		return &HTTPError{Code: http.StatusTooManyRequests, Type: rle.kind, Kind: "rate_limit_exceeded", Err: err, RetryAfter: rle.wait,
+		return &HTTPError{Status: http.StatusTooManyRequests, Type: rle.kind, Code: "rate_limit_exceeded", Err: err, RetryAfter: rle.wait,
 			Msg: fmt.Sprintf("Rate limit reached for this API key: %d %s per minute. Try again in %s.", rle.limit, rle.kind, rle.wait.Round(time.Millisecond))}
 	case errors.As(err, &ume):
-		return &HTTPError{Code: http.StatusNotFound, Type: "invalid_request_error", Param: "model", Kind: "model_not_found", Msg: "The model " + quote(ume.model) + " does not exist.", Err: err}
+		return &HTTPError{Status: http.StatusNotFound, Type: "invalid_request_error", Param: "model", Code: "model_not_found", Msg: "The model " + quote(ume.model) + " does not exist.", Err: err}
 	case errors.Is(err, balancer.ErrUnknownModel):
-		return &HTTPError{Code: http.StatusNotFound, Type: "invalid_request_error", Param: "model", Kind: "model_not_found", Msg: err.Error() + ": no backend serves it (GET /v1/models lists the models served here).", Err: err}
+		return &HTTPError{Status: http.StatusNotFound, Type: "invalid_request_error", Param: "model", Code: "model_not_found", Msg: err.Error() + ": no backend serves it (GET /v1/models lists the models served here).", Err: err}
 	case errors.Is(err, balancer.ErrQueueFull):
-		return &HTTPError{Code: http.StatusTooManyRequests, Type: "rate_limit_error", Kind: "queue_full", Msg: "Every model server is saturated and the queue is full; retry later.", Err: err, RetryAfter: s.bal.RetryAfter()}
+		return &HTTPError{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "queue_full", Msg: "Every model server is saturated and the queue is full; retry later.", Err: err, RetryAfter: s.bal.RetryAfter()}
 	case errors.Is(err, balancer.ErrShed):
-		return &HTTPError{Code: http.StatusTooManyRequests, Type: "rate_limit_error", Kind: "shed", Msg: "Every model server is saturated and this request's priority is sheddable; retry later.", Err: err, RetryAfter: s.bal.RetryAfter()}
+		return &HTTPError{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "shed", Msg: "Every model server is saturated and this request's priority is sheddable; retry later.", Err: err, RetryAfter: s.bal.RetryAfter()}
 	case errors.Is(err, balancer.ErrQueueTimeout):
-		return &HTTPError{Code: http.StatusServiceUnavailable, Type: "service_unavailable", Kind: "queue_timeout", Msg: "Every model server stayed saturated while the request waited; retry later.", Err: err}
+		return &HTTPError{Status: http.StatusServiceUnavailable, Type: "service_unavailable", Code: "queue_timeout", Msg: "Every model server stayed saturated while the request waited; retry later.", Err: err}
 	case errors.Is(err, balancer.ErrNoBackend):
-		return &HTTPError{Code: http.StatusServiceUnavailable, Type: "service_unavailable", Kind: "no_backend", Msg: "No server of this model is up; try again shortly.", Err: err, RetryAfter: noBackendRetryAfter}
+		return &HTTPError{Status: http.StatusServiceUnavailable, Type: "service_unavailable", Code: "no_backend", Msg: "No server of this model is up; try again shortly.", Err: err, RetryAfter: noBackendRetryAfter}
 	case errors.Is(err, errFirstByteTimeout):
-		return &HTTPError{Code: http.StatusGatewayTimeout, Type: "timeout", Msg: "The model server did not start the stream in time.", Err: err}
+		return &HTTPError{Status: http.StatusGatewayTimeout, Type: "timeout", Msg: "The model server did not start the stream in time.", Err: err}
 	case errors.Is(err, errStreamStalled):
-		return &HTTPError{Code: http.StatusGatewayTimeout, Type: "timeout", Msg: "The model server's stream stalled.", Err: err}
+		return &HTTPError{Status: http.StatusGatewayTimeout, Type: "timeout", Msg: "The model server's stream stalled.", Err: err}
 	case errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
-		return &HTTPError{Code: http.StatusGatewayTimeout, Type: "timeout", Msg: "The model server did not answer in time.", Err: err}
+		return &HTTPError{Status: http.StatusGatewayTimeout, Type: "timeout", Msg: "The model server did not answer in time.", Err: err}
 	default:
-		return &HTTPError{Code: http.StatusBadGateway, Type: "bad_gateway", Msg: "The model server could not be reached.", Err: err}
+		return &HTTPError{Status: http.StatusBadGateway, Type: "bad_gateway", Msg: "The model server could not be reached.", Err: err}
 	}
 }
 

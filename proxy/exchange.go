@@ -99,14 +99,14 @@ func (ex *exchange) reason() string {
 // when the proxy cut a stalled stream, 502 when the backend cut it.
 func (s *Server) status(ex *exchange) int {
 	switch {
-	case ex.failure != nil && ex.failure.Code == StatusClientClosed, !ex.ended && ex.client.Err() != nil:
+	case ex.failure != nil && ex.failure.Status == StatusClientClosed, !ex.ended && ex.client.Err() != nil:
 		return StatusClientClosed
 	case ex.ended && ex.w.status == 0:
 		return http.StatusOK // nothing written: net/http answers 200
 	case ex.ended:
 		return ex.w.status
 	case ex.streamErr != nil:
-		return s.errorFor(ex.client, ex.streamErr).Code
+		return s.errorFor(ex.client, ex.streamErr).Status
 	default:
 		return http.StatusBadGateway
 	}
@@ -129,7 +129,7 @@ func (s *Server) withExchange(next http.Handler) http.Handler {
 			if p != nil && p != http.ErrAbortHandler {
 				s.logger.Error("handler panic", "panic", p, "stack", string(debug.Stack()))
 				if !ex.w.wrote {
-					writeError(ex.w, &HTTPError{Code: http.StatusInternalServerError, Type: "internal_error", Msg: "Internal error in the load balancer."})
+					writeError(ex.w, &HTTPError{Status: http.StatusInternalServerError, Type: "internal_error", Msg: "Internal error in the load balancer."})
 					ex.ended = true
 				}
 			}
@@ -148,7 +148,7 @@ func (s *Server) withExchange(next http.Handler) http.Handler {
 func (s *Server) fail(ex *exchange, err error) {
 	he := s.errorFor(ex.client, err)
 	ex.failure = he
-	if he.Code != StatusClientClosed {
+	if he.Status != StatusClientClosed {
 		writeError(ex.w, he)
 	}
 }

@@ -34,7 +34,7 @@ func (s *Server) limits(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if n, size := headerSize(r); n > s.cfg.MaxHeaderCount || size > s.cfg.MaxHeaderBytes {
 			w.Header().Set("Connection", "close")
-			writeError(w, &HTTPError{Code: http.StatusRequestHeaderFieldsTooLarge, Type: "invalid_request_error", Kind: "request_header_fields_too_large",
+			writeError(w, &HTTPError{Status: http.StatusRequestHeaderFieldsTooLarge, Type: "invalid_request_error", Code: "request_header_fields_too_large",
 				Msg: "The request has " + strconv.Itoa(n) + " header fields in " + strconv.Itoa(size) + " bytes; the limits are " +
 					strconv.Itoa(s.cfg.MaxHeaderCount) + " fields and " + strconv.Itoa(s.cfg.MaxHeaderBytes) + " bytes."})
 			return

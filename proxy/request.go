@@ -102,7 +102,7 @@ func checkContentType(h http.Header) *HTTPError {
 	if err == nil && (mt == "application/json" || (len(mt) > 5 && mt[len(mt)-5:] == "+json")) {
 		return nil
 	}
-	return &HTTPError{Code: http.StatusUnsupportedMediaType, Type: "invalid_request_error",
+	return &HTTPError{Status: http.StatusUnsupportedMediaType, Type: "invalid_request_error",
 		Msg: "Content-Type must be application/json, got " + quote(ct) + " (with curl, add -H 'Content-Type: application/json')."}
 }
 

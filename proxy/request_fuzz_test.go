@@ -33,7 +33,7 @@ func FuzzParseRequest(f *testing.F) {
 		}
 		if err != nil {
 			var he *HTTPError
-			if !errors.As(err, &he) || he.Code != http.StatusBadRequest || he.Msg == "" {
+			if !errors.As(err, &he) || he.Status != http.StatusBadRequest || he.Msg == "" {
 				t.Fatalf("error %v is not a 400 with a message", err)
 			}
 			return

@@ -107,10 +107,10 @@ func (s *Server) Handler() http.Handler {
 	r := chi.NewRouter()
 	r.Use(s.limits, s.withExchange)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, &HTTPError{Code: http.StatusNotFound, Type: "invalid_request_error", Msg: "Unknown route " + r.Method + " " + r.URL.Path + "."})
+		writeError(w, &HTTPError{Status: http.StatusNotFound, Type: "invalid_request_error", Msg: "Unknown route " + r.Method + " " + r.URL.Path + "."})
 	})
 	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, &HTTPError{Code: http.StatusMethodNotAllowed, Type: "invalid_request_error", Msg: "Method " + r.Method + " is not allowed on " + r.URL.Path + "."})
+		writeError(w, &HTTPError{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error", Msg: "Method " + r.Method + " is not allowed on " + r.URL.Path + "."})
 	})
 	r.Post("/v1/completions", s.serveModel(KindCompletion))
 	r.Post("/v1/chat/completions", s.serveModel(KindChat))
@@ -377,7 +377,7 @@ func (s *Server) readRequest(ex *exchange, r *http.Request, k Kind) (*Request, e
 	if herr := checkContentType(r.Header); herr != nil {
 		return nil, herr
 	}
-	tooLarge := &HTTPError{Code: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
+	tooLarge := &HTTPError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
 		Msg: "The request body is larger than the limit of " + itoa(s.cfg.MaxBodyBytes) + " bytes (proxy.max_body_bytes)."}
 	if r.ContentLength > s.cfg.MaxBodyBytes {
 		return nil, tooLarge
@@ -391,10 +391,10 @@ func (s *Server) readRequest(ex *exchange, r *http.Request, k Kind) (*Request, e
 			return nil, tooLarge
 		case isTimeout(err):
 			w.Header().Set("Connection", "close")
-			return nil, &HTTPError{Code: http.StatusRequestTimeout, Type: "invalid_request_error", Kind: "request_timeout",
+			return nil, &HTTPError{Status: http.StatusRequestTimeout, Type: "invalid_request_error", Code: "request_timeout",
 				Msg: "The request body did not arrive within " + s.cfg.BodyReadTimeout.String() + " (proxy.body_read_timeout).", Err: err}
 		}
-		return nil, &HTTPError{Code: http.StatusBadRequest, Type: "invalid_request_error", Msg: "The request body could not be read.", Err: err}
+		return nil, &HTTPError{Status: http.StatusBadRequest, Type: "invalid_request_error", Msg: "The request body could not be read.", Err: err}
 	}
 	// The body is in: lift the limits middleware's read deadline, which
 	// would otherwise end the connection's background read mid-stream.
@@ -466,13 +466,13 @@ func (s *Server) modifyResponse(resp *http.Response) error {
 func (s *Server) errorHandler(w http.ResponseWriter, r *http.Request, err error) {
 	ex := exchangeFrom(r.Context())
 	he := s.errorFor(ex.client, err)
-	if he.Code != StatusClientClosed { // nobody to answer otherwise; not an error of ours
+	if he.Status != StatusClientClosed { // nobody to answer otherwise; not an error of ours
 		if be := ex.guard.Backend(); be != nil && s.cfg.BackendHeaders {
 			w.Header().Set(HeaderBackend, be.Name)
 			w.Header().Set(HeaderReason, ex.reason())
 		}
 		if s.logger.Enabled(r.Context(), slog.LevelDebug) {
-			s.logger.DebugContext(r.Context(), "forward failed", "model", ex.req.Model, "status", he.Code, "err", err)
+			s.logger.DebugContext(r.Context(), "forward failed", "model", ex.req.Model, "status", he.Status, "err", err)
 		}
 	}
 	s.fail(ex, he)
