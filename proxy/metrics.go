@@ -11,18 +11,19 @@ import (
 // metrics are the balancer's own request metrics, registered on the admin
 // listener's registry.
 type metrics struct {
-	requests  *prometheus.CounterVec    // model, target_model, backend, status
-	ttfb      *prometheus.HistogramVec  // backend
-	ttft      *prometheus.HistogramVec  // backend, model
-	itl       *prometheus.HistogramVec  // backend, model
-	duration  *prometheus.HistogramVec  // backend, model
-	tokens    [3]*prometheus.CounterVec // prompt, completion, cached; backend, model
-	predicted *prometheus.CounterVec    // backend
-	reported  *prometheus.CounterVec    // backend
-	retries   *prometheus.CounterVec    // backend (the one that failed)
-	picks     *prometheus.CounterVec    // backend, reason
-	tokenize  *prometheus.CounterVec    // result
-	queueWait prometheus.Histogram
+	requests *prometheus.CounterVec   // model, target_model, backend, status
+	ttfb     *prometheus.HistogramVec // backend
+	ttft     *prometheus.HistogramVec // backend, model
+	itl      *prometheus.HistogramVec // backend, model
+	duration *prometheus.HistogramVec // backend, model
+	// Tokens the backends reported in usage, by backend and model.
+	promptTokens, completionTokens, cachedTokens *prometheus.CounterVec
+	predicted                                    *prometheus.CounterVec // backend
+	reported                                     *prometheus.CounterVec // backend
+	retries                                      *prometheus.CounterVec // backend (the one that failed)
+	picks                                        *prometheus.CounterVec // backend, reason
+	tokenize                                     *prometheus.CounterVec // result
+	queueWait                                    prometheus.Histogram
 }
 
 // tokenBuckets span a single decode step on a small model (a few ms) to a
@@ -85,13 +86,15 @@ func newMetrics(reg prometheus.Registerer, bal *balancer.Balancer) *metrics {
 		Help:    "Time requests waited in the admission queue because every backend was saturated (only requests that waited).",
 		Buckets: latencyBuckets,
 	})
-	for i, name := range []string{"prompt", "completion", "cached_prompt"} {
-		m.tokens[i] = prometheus.NewCounterVec(prometheus.CounterOpts{
+	tokens := func(name string) *prometheus.CounterVec {
+		c := prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmlb_" + name + "_tokens_total",
 			Help: "Tokens the backends reported in usage (" + name + "), by backend and requested model.",
 		}, []string{"backend", "model"})
-		reg.MustRegister(m.tokens[i])
+		reg.MustRegister(c)
+		return c
 	}
+	m.promptTokens, m.completionTokens, m.cachedTokens = tokens("prompt"), tokens("completion"), tokens("cached_prompt")
 	reg.MustRegister(m.requests, m.ttfb, m.ttft, m.itl, m.duration, m.predicted, m.reported, m.retries, m.picks, m.tokenize, m.queueWait, &inFlightCollector{bal: bal})
 	return m
 }

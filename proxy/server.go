@@ -310,13 +310,13 @@ func (s *Server) observed(ex *exchange, backend, model string, status int, took 
 	if !u.Known {
 		return
 	}
-	s.metrics.tokens[0].WithLabelValues(backend, model).Add(float64(u.Prompt))
-	s.metrics.tokens[1].WithLabelValues(backend, model).Add(float64(u.Completion))
+	s.metrics.promptTokens.WithLabelValues(backend, model).Add(float64(u.Prompt))
+	s.metrics.completionTokens.WithLabelValues(backend, model).Add(float64(u.Completion))
 	if !u.CachedKnown {
 		return
 	}
-	s.metrics.tokens[2].WithLabelValues(backend, model).Add(float64(u.Cached))
-	// The balancer counts in its own estimate of tokens (bytes/4); scale its
+	s.metrics.cachedTokens.WithLabelValues(backend, model).Add(float64(u.Cached))
+	// The balancer counts in its own estimate of tokens ([prefix.Tokens]); scale its
 	// predicted share of the prompt to the backend's real prompt tokens.
 	if est := ex.promptTokens; est > 0 && ex.attempts <= len(ex.dec.Work) {
 		w := ex.dec.Work[ex.attempts-1]
