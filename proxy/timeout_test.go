@@ -127,6 +127,15 @@ func (f *bubbleFront) close() {
 	}
 }
 
+// advance moves the bubble's fake clock on by d and returns once every
+// goroutine in the bubble has done what that time let it do. Call it only
+// from the bubble's root goroutine. It is the proxy tests' one time.Sleep:
+// inside a synctest bubble, virtual time.
+func advance(d time.Duration) {
+	time.Sleep(d)
+	synctest.Wait()
+}
+
 func (f *bubbleFront) post(t *testing.T, path, body string) (*http.Response, error) {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, "http://llmlb:80"+path, strings.NewReader(body))
@@ -295,7 +304,7 @@ func TestSlowClientIsNotAStall(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer resp.Body.Close()
-		time.Sleep(3 * cfg.StreamIdleTimeout) // the client is busy; the pipe has no buffer
+		advance(3 * cfg.StreamIdleTimeout) // the client is busy; the pipe has no buffer
 		b, err := io.ReadAll(resp.Body)
 		if err != nil || !strings.HasSuffix(string(b), "data: [DONE]\n\n") {
 			t.Errorf("stream ended with %v after %d bytes; want it whole", err, len(b))
