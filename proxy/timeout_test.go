@@ -143,15 +143,23 @@ func (f *bubbleFront) post(t *testing.T, path, body string) (*http.Response, err
 	return f.client.Do(req)
 }
 
-// sseBackend streams n chunks, each a moment apart, and [DONE].
+// sseBackend streams n chunks, one every 10ms of the fake clock, and
+// [DONE]. The pace is needed: between chunks the bubble goes idle with
+// the proxy waiting on the backend, so the reverse proxy's first delayed
+// flush (httputil's maxLatencyWriter, which holds its mutex across the
+// write to the client) never waits on a write blocked on a pipe the
+// client is not reading; a mutex is not a durable block, and the bubble
+// would hang.
 func sseBackend(n int) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "text/event-stream")
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
 		for range n {
 			io.WriteString(w, `data: {"choices":[{"text":"x"}]}`+"\n\n")
 			w.(http.Flusher).Flush()
-			time.Sleep(10 * time.Millisecond)
+			<-tick.C
 		}
 		io.WriteString(w, "data: [DONE]\n\n")
 	})
@@ -226,22 +234,47 @@ func TestNonStreamingRequestWaitsPastStreamFirstByteTimeout(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cfg := DefaultConfig()
 		cfg.StreamFirstByteTimeout = 2 * time.Second
+		generated := make(chan struct{})
 		slow := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			io.Copy(io.Discard, r.Body)
-			time.Sleep(3 * cfg.StreamFirstByteTimeout) // a long generation
+			select { // a long generation: the test says when it ends
+			case <-generated:
+			case <-r.Context().Done():
+				return
+			}
 			w.Header().Set("Content-Type", "application/json")
 			io.WriteString(w, `{"choices":[{"text":"done"}]}`)
 		})
 		f := newBubbleFront(t, cfg, "round-robin", map[string]http.Handler{"slow": slow}, "slow")
 		defer f.close()
-		resp, err := f.post(t, "/v1/completions", body("completion", ""))
-		if err != nil {
-			t.Fatal(err)
+		type answer struct {
+			resp *http.Response
+			err  error
 		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), "done") {
-			t.Errorf("status %d, body %q; want 200 with the answer", resp.StatusCode, b)
+		answered := make(chan answer, 1)
+		go func() {
+			resp, err := f.post(t, "/v1/completions", body("completion", ""))
+			answered <- answer{resp, err}
+		}()
+		advance(3 * cfg.StreamFirstByteTimeout)
+		select {
+		case a := <-answered:
+			if a.err == nil {
+				a.resp.Body.Close()
+				t.Fatalf("answered %d while the backend was still generating", a.resp.StatusCode)
+			}
+			t.Fatalf("failed (%v) while the backend was still generating", a.err)
+		default:
+		}
+		close(generated)
+		a := <-answered
+		if a.err != nil {
+			t.Fatal(a.err)
+		}
+		b, _ := io.ReadAll(a.resp.Body)
+		a.resp.Body.Close()
+		if a.resp.StatusCode != http.StatusOK || !strings.Contains(string(b), "done") {
+			t.Errorf("status %d, body %q; want 200 with the answer", a.resp.StatusCode, b)
 		}
 	})
 }
