@@ -97,8 +97,13 @@ type bubbleFront struct {
 // close the result before the bubble ends.
 func newBubbleFront(t *testing.T, cfg Config, policy string, backends map[string]http.Handler, order ...string) *bubbleFront {
 	t.Helper()
+	return newBubbleFrontBal(t, cfg, newBal(t, policy), backends, order...)
+}
+
+// newBubbleFrontBal is newBubbleFront over a balancer of the caller's.
+func newBubbleFrontBal(t *testing.T, cfg Config, bal *balancer.Balancer, backends map[string]http.Handler, order ...string) *bubbleFront {
+	t.Helper()
 	pn := &pipeNet{}
-	bal := newBal(t, policy)
 	var specs []balancer.Spec
 	f := &bubbleFront{net: pn, reg: prometheus.NewRegistry()}
 	for _, name := range order {
