@@ -2,14 +2,10 @@ package proxy
 
 import (
 	"bufio"
-	"context"
-	"errors"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -18,73 +14,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/llmlb/llmlb/balancer"
+	"github.com/llmlb/llmlb/internal/pipenet"
 )
 
-// pipeNet is an in-memory network of named listeners, so that a client, the
-// proxy and its backends all run inside one synctest bubble (Prometheus's
-// pipeListener): a dial to "host:port" connects to the listener of that
-// name; an unknown name is refused.
-type pipeNet struct {
-	mu  sync.Mutex
-	lns map[string]*pipeListener
-}
-
-type pipeListener struct {
-	addr  pipeAddr
-	conns chan net.Conn
-	done  chan struct{}
-	once  sync.Once
-}
-
-type pipeAddr string
-
-func (a pipeAddr) Network() string { return "pipe" }
-func (a pipeAddr) String() string  { return string(a) }
-
-func (l *pipeListener) Accept() (net.Conn, error) {
-	select {
-	case c := <-l.conns:
-		return c, nil
-	case <-l.done:
-		return nil, net.ErrClosed
-	}
-}
-
-func (l *pipeListener) Close() error   { l.once.Do(func() { close(l.done) }); return nil }
-func (l *pipeListener) Addr() net.Addr { return l.addr }
-
-func (pn *pipeNet) listen(addr string) *pipeListener {
-	pn.mu.Lock()
-	defer pn.mu.Unlock()
-	if pn.lns == nil {
-		pn.lns = map[string]*pipeListener{}
-	}
-	l := &pipeListener{addr: pipeAddr(addr), conns: make(chan net.Conn), done: make(chan struct{})}
-	pn.lns[addr] = l
-	return l
-}
-
-func (pn *pipeNet) DialContext(ctx context.Context, _, addr string) (net.Conn, error) {
-	pn.mu.Lock()
-	l := pn.lns[addr]
-	pn.mu.Unlock()
-	if l == nil {
-		return nil, &net.OpError{Op: "dial", Net: "pipe", Err: errors.New("connection refused")}
-	}
-	c, s := net.Pipe()
-	select {
-	case l.conns <- s:
-		return c, nil
-	case <-l.done:
-		return nil, &net.OpError{Op: "dial", Net: "pipe", Err: errors.New("connection refused")}
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-}
-
-// bubbleFront is a proxy, its backends and a client on one pipeNet.
+// bubbleFront is a proxy, its backends and a client on one in-memory
+// network, so that all of them run inside one synctest bubble.
 type bubbleFront struct {
-	net     *pipeNet
+	net     *pipenet.Network
 	px      *Server
 	reg     *prometheus.Registry
 	client  *http.Client
@@ -93,7 +29,7 @@ type bubbleFront struct {
 }
 
 // newBubbleFront serves each handler as backend http://<name>:80 and the
-// proxy as http://llmlb:80, all on one pipeNet; call it inside a bubble and
+// proxy as http://llmlb:80, all on one pipenet.Network; call it inside a bubble and
 // close the result before the bubble ends.
 func newBubbleFront(t *testing.T, cfg Config, policy string, backends map[string]http.Handler, order ...string) *bubbleFront {
 	t.Helper()
@@ -103,12 +39,12 @@ func newBubbleFront(t *testing.T, cfg Config, policy string, backends map[string
 // newBubbleFrontBal is newBubbleFront over a balancer of the caller's.
 func newBubbleFrontBal(t *testing.T, cfg Config, bal *balancer.Balancer, backends map[string]http.Handler, order ...string) *bubbleFront {
 	t.Helper()
-	pn := &pipeNet{}
+	pn := &pipenet.Network{}
 	var specs []balancer.Spec
 	f := &bubbleFront{net: pn, reg: prometheus.NewRegistry()}
 	for _, name := range order {
 		hs := &http.Server{Handler: backends[name]}
-		go hs.Serve(pn.listen(name + ":80"))
+		go hs.Serve(pn.Listen(name + ":80"))
 		f.servers = append(f.servers, hs)
 		u, _ := url.Parse("http://" + name + ":80")
 		specs = append(specs, balancer.Spec{ID: name, URL: u, Engine: "vllm", Models: []string{testModel}, State: balancer.StateReady})
@@ -118,7 +54,7 @@ func newBubbleFrontBal(t *testing.T, cfg Config, bal *balancer.Balancer, backend
 	f.base = f.px.rp.Transport.(*retryTransport).base.(*http.Transport)
 	f.base.DialContext = pn.DialContext
 	front := f.px.HTTPServer(nil)
-	go front.Serve(pn.listen("llmlb:80"))
+	go front.Serve(pn.Listen("llmlb:80"))
 	f.servers = append(f.servers, front)
 	f.client = &http.Client{Transport: &http.Transport{DialContext: pn.DialContext}}
 	return f

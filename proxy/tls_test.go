@@ -65,7 +65,7 @@ func TestCertificateRotatesWithoutDroppingConnections(t *testing.T) {
 		}
 		hs := f.px.HTTPServer(nil)
 		hs.TLSConfig = cr.TLSConfig()
-		go hs.Serve(tls.NewListener(f.net.listen("llmlb:443"), hs.TLSConfig))
+		go hs.Serve(tls.NewListener(f.net.Listen("llmlb:443"), hs.TLSConfig))
 		f.servers = append(f.servers, hs)
 		newClient := func() *http.Client {
 			tr := &http.Transport{DialContext: f.net.DialContext, TLSClientConfig: &tls.Config{RootCAs: ca.Pool(), ServerName: "llmlb"}}
