@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -816,59 +817,67 @@ func newBal(tb testing.TB, policy string, models ...balancer.ModelRoute) *balanc
 // request waits in the admission queue (size 1) and gets 503 when its
 // deadline passes; the next finds the queue full and gets 429 with
 // Retry-After; a sheddable one gets 429 at once. Nothing reaches the
-// backend.
+// backend. In a synctest bubble: the deadline is the fake clock's.
 func TestSaturationAnswers429And503(t *testing.T) {
 	t.Parallel()
-	hits := 0
-	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hits++ }))
-	defer backend.Close()
-	cfg := balancer.DefaultConfig()
-	cfg.Admission.MaxQueue = 1
-	cfg.Admission.Timeout = 300 * time.Millisecond
-	bal, err := balancer.New(cfg, balancer.Deps{Index: prefix.NewIndex(prefix.DefaultConfig())}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u, _ := url.Parse(backend.URL)
-	bal.Update(balancer.Spec{ID: "busy", URL: u, Models: []string{testModel}, State: balancer.StateReady,
-		Metrics: balancer.Metrics{Queued: balancer.Known(40), At: time.Now()}})
-	srv := httptest.NewServer(New(DefaultConfig(), bal, prometheus.NewRegistry(), nil).Handler())
-	defer srv.Close()
-
-	post := func(hdr map[string]string) *http.Response {
-		req, _ := http.NewRequest("POST", srv.URL+"/v1/completions", strings.NewReader(body("completion", "")))
-		req.Header.Set("Content-Type", "application/json")
-		for k, v := range hdr {
-			req.Header.Set(k, v)
-		}
-		resp, err := http.DefaultClient.Do(req)
+	synctest.Test(t, func(t *testing.T) {
+		var hits atomic.Int64
+		cfg := balancer.DefaultConfig()
+		cfg.Admission.MaxQueue = 1
+		cfg.Admission.Timeout = 300 * time.Millisecond
+		bal, err := balancer.New(cfg, balancer.Deps{Index: prefix.NewIndex(prefix.DefaultConfig())}, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		return resp
-	}
-	first := make(chan *http.Response, 1)
-	go func() { first <- post(nil) }()
-	for bal.QueueLen() == 0 {
-		time.Sleep(time.Millisecond)
-	}
-	if resp := post(nil); resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
-		t.Errorf("queue full: status %d Retry-After %q, want 429 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
-	}
-	if resp := post(map[string]string{"X-Llmlb-Priority": "-1"}); resp.StatusCode != http.StatusTooManyRequests {
-		t.Errorf("sheddable: status %d, want 429", resp.StatusCode)
-	}
-	if resp := post(map[string]string{"X-Llmlb-Priority": "high"}); resp.StatusCode != http.StatusBadRequest {
-		t.Errorf("bad priority header: status %d, want 400", resp.StatusCode)
-	}
-	if resp := <-first; resp.StatusCode != http.StatusServiceUnavailable {
-		t.Errorf("deadline: status %d, want 503", resp.StatusCode)
-	}
-	if hits != 0 {
-		t.Errorf("the saturated backend got %d requests", hits)
-	}
+		f := newBubbleFrontBal(t, DefaultConfig(), bal, map[string]http.Handler{
+			"busy": http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hits.Add(1) }),
+		}, "busy")
+		defer f.close()
+		be := bal.Snapshot().Backends[0]
+		bal.Update(balancer.Spec{ID: be.ID, URL: be.URL, Engine: be.Engine, Models: be.Models, State: balancer.StateReady,
+			Metrics: balancer.Metrics{Queued: balancer.Known(40), At: time.Now()}})
+
+		post := func(hdr map[string]string) *http.Response {
+			req, _ := http.NewRequest("POST", "http://llmlb:80/v1/completions", strings.NewReader(body("completion", "")))
+			req.Header.Set("Content-Type", "application/json")
+			for k, v := range hdr {
+				req.Header.Set(k, v)
+			}
+			resp, err := f.client.Do(req)
+			if err != nil {
+				t.Error(err)
+				return &http.Response{}
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			return resp
+		}
+		start := time.Now()
+		first := make(chan *http.Response, 1)
+		go func() { first <- post(nil) }()
+		synctest.Wait()
+		if n := bal.QueueLen(); n != 1 {
+			t.Fatalf("queue length %d with the first request waiting, want 1", n)
+		}
+		if resp := post(nil); resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
+			t.Errorf("queue full: status %d Retry-After %q, want 429 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
+		}
+		if resp := post(map[string]string{"X-Llmlb-Priority": "-1"}); resp.StatusCode != http.StatusTooManyRequests {
+			t.Errorf("sheddable: status %d, want 429", resp.StatusCode)
+		}
+		if resp := post(map[string]string{"X-Llmlb-Priority": "high"}); resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("bad priority header: status %d, want 400", resp.StatusCode)
+		}
+		if resp := <-first; resp.StatusCode != http.StatusServiceUnavailable {
+			t.Errorf("deadline: status %d, want 503", resp.StatusCode)
+		}
+		if d := time.Since(start); d != cfg.Admission.Timeout {
+			t.Errorf("the waiting request was answered after %s, want the admission timeout (%s)", d, cfg.Admission.Timeout)
+		}
+		if n := hits.Load(); n != 0 {
+			t.Errorf("the saturated backend got %d requests", n)
+		}
+	})
 }
 
 // TestStreamKeepsDoneWhenUsageShareAnEvent: through the proxy, a client

@@ -93,15 +93,15 @@ func TestKeyRateLimitsAnswer429AndRecover(t *testing.T) {
 		if code, _, b := f.keyedPost(t, keyB); code != http.StatusOK {
 			t.Errorf("another key: status %d; %s", code, b)
 		}
-		time.Sleep(20*time.Second - time.Millisecond) // the fake clock
+		advance(20*time.Second - time.Millisecond)
 		if code, _, _ := f.keyedPost(t, keyA); code != http.StatusTooManyRequests {
 			t.Errorf("just before Retry-After: status %d, want 429", code)
 		}
-		time.Sleep(time.Millisecond)
+		advance(time.Millisecond)
 		if code, h, b := f.keyedPost(t, keyA); code != http.StatusOK || h.Get("X-Ratelimit-Remaining-Requests") != "0" {
 			t.Errorf("at Retry-After: status %d, remaining %q, want 200 and 0; %s", code, h.Get("X-Ratelimit-Remaining-Requests"), b)
 		}
-		time.Sleep(time.Minute)
+		advance(time.Minute)
 		if code, h, _ := f.keyedPost(t, keyA); code != http.StatusOK || h.Get("X-Ratelimit-Remaining-Requests") != "2" {
 			t.Errorf("after a quiet minute: status %d, remaining %q, want 200 and 2", code, h.Get("X-Ratelimit-Remaining-Requests"))
 		}
@@ -110,7 +110,7 @@ func TestKeyRateLimitsAnswer429AndRecover(t *testing.T) {
 		// prompt's estimate (4) was taken at admission. bravo sent one
 		// request above: 40 left, so one more is admitted and leaves the
 		// key 20 in debt; the next needs 4 more: 24/100 of a minute.
-		time.Sleep(time.Minute)
+		advance(time.Minute)
 		code, h, b = f.keyedPost(t, keyB)
 		if code != http.StatusOK || h.Get("X-Ratelimit-Limit-Tokens") != "100" || h.Get("X-Ratelimit-Remaining-Tokens") != "96" {
 			t.Fatalf("tokens: status %d, limit %q, remaining %q, want 200, 100, 96; %s", code, h.Get("X-Ratelimit-Limit-Tokens"), h.Get("X-Ratelimit-Remaining-Tokens"), b)
@@ -128,14 +128,13 @@ func TestKeyRateLimitsAnswer429AndRecover(t *testing.T) {
 		if h.Get("Retry-After") != "15" || h.Get("Retry-After-Ms") != "14400" || h.Get("X-Ratelimit-Remaining-Tokens") != "0" {
 			t.Errorf("429: Retry-After %q, retry-after-ms %q, remaining %q; want 15, 14400, 0", h.Get("Retry-After"), h.Get("Retry-After-Ms"), h.Get("X-Ratelimit-Remaining-Tokens"))
 		}
-		time.Sleep(14400 * time.Millisecond)
+		advance(14400 * time.Millisecond)
 		if code, _, b := f.keyedPost(t, keyB); code != http.StatusOK {
 			t.Errorf("after Retry-After: status %d; %s", code, b)
 		}
 		// A request refused before any backend had it gives its tokens
 		// back, not its request.
-		time.Sleep(time.Minute)
-		synctest.Wait() // every handler has finished and charged its key
+		advance(time.Minute) // and every handler has finished and charged its key
 		bravo := f.px.auth.ring.Load().tenants[1].limiter
 		tokensLeft := func() int {
 			bravo.mu.Lock()

@@ -2,14 +2,10 @@ package proxy
 
 import (
 	"bufio"
-	"context"
-	"errors"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -18,73 +14,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/llmlb/llmlb/balancer"
+	"github.com/llmlb/llmlb/internal/pipenet"
 )
 
-// pipeNet is an in-memory network of named listeners, so that a client, the
-// proxy and its backends all run inside one synctest bubble (Prometheus's
-// pipeListener): a dial to "host:port" connects to the listener of that
-// name; an unknown name is refused.
-type pipeNet struct {
-	mu  sync.Mutex
-	lns map[string]*pipeListener
-}
-
-type pipeListener struct {
-	addr  pipeAddr
-	conns chan net.Conn
-	done  chan struct{}
-	once  sync.Once
-}
-
-type pipeAddr string
-
-func (a pipeAddr) Network() string { return "pipe" }
-func (a pipeAddr) String() string  { return string(a) }
-
-func (l *pipeListener) Accept() (net.Conn, error) {
-	select {
-	case c := <-l.conns:
-		return c, nil
-	case <-l.done:
-		return nil, net.ErrClosed
-	}
-}
-
-func (l *pipeListener) Close() error   { l.once.Do(func() { close(l.done) }); return nil }
-func (l *pipeListener) Addr() net.Addr { return l.addr }
-
-func (pn *pipeNet) listen(addr string) *pipeListener {
-	pn.mu.Lock()
-	defer pn.mu.Unlock()
-	if pn.lns == nil {
-		pn.lns = map[string]*pipeListener{}
-	}
-	l := &pipeListener{addr: pipeAddr(addr), conns: make(chan net.Conn), done: make(chan struct{})}
-	pn.lns[addr] = l
-	return l
-}
-
-func (pn *pipeNet) DialContext(ctx context.Context, _, addr string) (net.Conn, error) {
-	pn.mu.Lock()
-	l := pn.lns[addr]
-	pn.mu.Unlock()
-	if l == nil {
-		return nil, &net.OpError{Op: "dial", Net: "pipe", Err: errors.New("connection refused")}
-	}
-	c, s := net.Pipe()
-	select {
-	case l.conns <- s:
-		return c, nil
-	case <-l.done:
-		return nil, &net.OpError{Op: "dial", Net: "pipe", Err: errors.New("connection refused")}
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-}
-
-// bubbleFront is a proxy, its backends and a client on one pipeNet.
+// bubbleFront is a proxy, its backends and a client on one in-memory
+// network, so that all of them run inside one synctest bubble.
 type bubbleFront struct {
-	net     *pipeNet
+	net     *pipenet.Network
 	px      *Server
 	reg     *prometheus.Registry
 	client  *http.Client
@@ -93,17 +29,22 @@ type bubbleFront struct {
 }
 
 // newBubbleFront serves each handler as backend http://<name>:80 and the
-// proxy as http://llmlb:80, all on one pipeNet; call it inside a bubble and
+// proxy as http://llmlb:80, all on one pipenet.Network; call it inside a bubble and
 // close the result before the bubble ends.
 func newBubbleFront(t *testing.T, cfg Config, policy string, backends map[string]http.Handler, order ...string) *bubbleFront {
 	t.Helper()
-	pn := &pipeNet{}
-	bal := newBal(t, policy)
+	return newBubbleFrontBal(t, cfg, newBal(t, policy), backends, order...)
+}
+
+// newBubbleFrontBal is newBubbleFront over a balancer of the caller's.
+func newBubbleFrontBal(t *testing.T, cfg Config, bal *balancer.Balancer, backends map[string]http.Handler, order ...string) *bubbleFront {
+	t.Helper()
+	pn := &pipenet.Network{}
 	var specs []balancer.Spec
 	f := &bubbleFront{net: pn, reg: prometheus.NewRegistry()}
 	for _, name := range order {
 		hs := &http.Server{Handler: backends[name]}
-		go hs.Serve(pn.listen(name + ":80"))
+		go hs.Serve(pn.Listen(name + ":80"))
 		f.servers = append(f.servers, hs)
 		u, _ := url.Parse("http://" + name + ":80")
 		specs = append(specs, balancer.Spec{ID: name, URL: u, Engine: "vllm", Models: []string{testModel}, State: balancer.StateReady})
@@ -113,7 +54,7 @@ func newBubbleFront(t *testing.T, cfg Config, policy string, backends map[string
 	f.base = f.px.rp.Transport.(*retryTransport).base.(*http.Transport)
 	f.base.DialContext = pn.DialContext
 	front := f.px.HTTPServer(nil)
-	go front.Serve(pn.listen("llmlb:80"))
+	go front.Serve(pn.Listen("llmlb:80"))
 	f.servers = append(f.servers, front)
 	f.client = &http.Client{Transport: &http.Transport{DialContext: pn.DialContext}}
 	return f
@@ -127,6 +68,15 @@ func (f *bubbleFront) close() {
 	}
 }
 
+// advance moves the bubble's fake clock on by d and returns once every
+// goroutine in the bubble has done what that time let it do. Call it only
+// from the bubble's root goroutine. It is the proxy tests' one time.Sleep:
+// inside a synctest bubble, virtual time.
+func advance(d time.Duration) {
+	time.Sleep(d)
+	synctest.Wait()
+}
+
 func (f *bubbleFront) post(t *testing.T, path, body string) (*http.Response, error) {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, "http://llmlb:80"+path, strings.NewReader(body))
@@ -134,15 +84,23 @@ func (f *bubbleFront) post(t *testing.T, path, body string) (*http.Response, err
 	return f.client.Do(req)
 }
 
-// sseBackend streams n chunks, each a moment apart, and [DONE].
+// sseBackend streams n chunks, one every 10ms of the fake clock, and
+// [DONE]. The pace is needed: between chunks the bubble goes idle with
+// the proxy waiting on the backend, so the reverse proxy's first delayed
+// flush (httputil's maxLatencyWriter, which holds its mutex across the
+// write to the client) never waits on a write blocked on a pipe the
+// client is not reading; a mutex is not a durable block, and the bubble
+// would hang.
 func sseBackend(n int) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "text/event-stream")
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
 		for range n {
 			io.WriteString(w, `data: {"choices":[{"text":"x"}]}`+"\n\n")
 			w.(http.Flusher).Flush()
-			time.Sleep(10 * time.Millisecond)
+			<-tick.C
 		}
 		io.WriteString(w, "data: [DONE]\n\n")
 	})
@@ -217,22 +175,47 @@ func TestNonStreamingRequestWaitsPastStreamFirstByteTimeout(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cfg := DefaultConfig()
 		cfg.StreamFirstByteTimeout = 2 * time.Second
+		generated := make(chan struct{})
 		slow := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			io.Copy(io.Discard, r.Body)
-			time.Sleep(3 * cfg.StreamFirstByteTimeout) // a long generation
+			select { // a long generation: the test says when it ends
+			case <-generated:
+			case <-r.Context().Done():
+				return
+			}
 			w.Header().Set("Content-Type", "application/json")
 			io.WriteString(w, `{"choices":[{"text":"done"}]}`)
 		})
 		f := newBubbleFront(t, cfg, "round-robin", map[string]http.Handler{"slow": slow}, "slow")
 		defer f.close()
-		resp, err := f.post(t, "/v1/completions", body("completion", ""))
-		if err != nil {
-			t.Fatal(err)
+		type answer struct {
+			resp *http.Response
+			err  error
 		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), "done") {
-			t.Errorf("status %d, body %q; want 200 with the answer", resp.StatusCode, b)
+		answered := make(chan answer, 1)
+		go func() {
+			resp, err := f.post(t, "/v1/completions", body("completion", ""))
+			answered <- answer{resp, err}
+		}()
+		advance(3 * cfg.StreamFirstByteTimeout)
+		select {
+		case a := <-answered:
+			if a.err == nil {
+				a.resp.Body.Close()
+				t.Fatalf("answered %d while the backend was still generating", a.resp.StatusCode)
+			}
+			t.Fatalf("failed (%v) while the backend was still generating", a.err)
+		default:
+		}
+		close(generated)
+		a := <-answered
+		if a.err != nil {
+			t.Fatal(a.err)
+		}
+		b, _ := io.ReadAll(a.resp.Body)
+		a.resp.Body.Close()
+		if a.resp.StatusCode != http.StatusOK || !strings.Contains(string(b), "done") {
+			t.Errorf("status %d, body %q; want 200 with the answer", a.resp.StatusCode, b)
 		}
 	})
 }
@@ -295,7 +278,7 @@ func TestSlowClientIsNotAStall(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer resp.Body.Close()
-		time.Sleep(3 * cfg.StreamIdleTimeout) // the client is busy; the pipe has no buffer
+		advance(3 * cfg.StreamIdleTimeout) // the client is busy; the pipe has no buffer
 		b, err := io.ReadAll(resp.Body)
 		if err != nil || !strings.HasSuffix(string(b), "data: [DONE]\n\n") {
 			t.Errorf("stream ended with %v after %d bytes; want it whole", err, len(b))

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"testing"
 	"testing/synctest"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -66,7 +65,7 @@ func TestCertificateRotatesWithoutDroppingConnections(t *testing.T) {
 		}
 		hs := f.px.HTTPServer(nil)
 		hs.TLSConfig = cr.TLSConfig()
-		go hs.Serve(tls.NewListener(f.net.listen("llmlb:443"), hs.TLSConfig))
+		go hs.Serve(tls.NewListener(f.net.Listen("llmlb:443"), hs.TLSConfig))
 		f.servers = append(f.servers, hs)
 		newClient := func() *http.Client {
 			tr := &http.Transport{DialContext: f.net.DialContext, TLSClientConfig: &tls.Config{RootCAs: ca.Pool(), ServerName: "llmlb"}}
@@ -104,7 +103,7 @@ func TestCertificateRotatesWithoutDroppingConnections(t *testing.T) {
 		if got := health(newClient()); got != 1 {
 			t.Errorf("within the check interval: serial %d, want 1", got)
 		}
-		time.Sleep(certCheckInterval)
+		advance(certCheckInterval)
 		if got := health(newClient()); got != 2 {
 			t.Errorf("after the rotation: new connection got serial %d, want 2", got)
 		}
@@ -122,12 +121,12 @@ func TestCertificateRotatesWithoutDroppingConnections(t *testing.T) {
 		// Half a rotation: the new certificate without its key.
 		c3, k3 := ca.Issue(t, 3, "llmlb")
 		testcert.Write(t, dir, "cert.pem", c3)
-		time.Sleep(certCheckInterval)
+		advance(certCheckInterval)
 		if got := health(newClient()); got != 2 {
 			t.Errorf("with a certificate and a key that do not match: serial %d, want 2 (the one in force)", got)
 		}
 		testcert.Write(t, dir, "key.pem", k3)
-		time.Sleep(certCheckInterval)
+		advance(certCheckInterval)
 		if got := health(newClient()); got != 3 {
 			t.Errorf("once the key is written too: serial %d, want 3", got)
 		}

@@ -73,6 +73,15 @@ func bubbleTarget(t *testing.T, tr *handlerTransport) (*balancer.Balancer, conte
 	return bal, cancel
 }
 
+// advance moves the bubble's fake clock on by d and returns once every
+// goroutine in the bubble has done what that time let it do. Call it only
+// from the bubble's root goroutine. It is the scrape tests' one
+// time.Sleep: inside a synctest bubble, virtual time.
+func advance(d time.Duration) {
+	time.Sleep(d)
+	synctest.Wait()
+}
+
 func backend(bal *balancer.Balancer) *balancer.Backend { return bal.Snapshot().Backends[0] }
 
 // TestStaleness: readings arrive every interval; when the server stops
@@ -90,31 +99,26 @@ func TestStaleness(t *testing.T) {
 			t.Fatalf("after the first scrape: stale %v queued %v", be.Stale, be.Metrics.Queued)
 		}
 		queue.Store(7)
-		time.Sleep(150 * time.Millisecond) // one jittered interval (90-110ms) and then some
-		synctest.Wait()
+		advance(150 * time.Millisecond) // one jittered interval (90-110ms) and then some
 		if q := backend(bal).Metrics.Queued; q != balancer.Known(7) {
 			t.Fatalf("queued = %v after an interval, want 7", q)
 		}
 		tr.down.Store(true)
-		time.Sleep(time.Second)
-		synctest.Wait()
+		advance(time.Second)
 		if be := backend(bal); be.Stale || be.Metrics.Queued != balancer.Known(7) {
 			t.Fatalf("1s without answers: stale %v queued %v, want the last reading, fresh", be.Stale, be.Metrics.Queued)
 		}
-		time.Sleep(1200 * time.Millisecond)
-		synctest.Wait()
+		advance(1200 * time.Millisecond)
 		if !backend(bal).Stale {
 			t.Fatal("metrics older than stale_after are not stale")
 		}
 		tr.down.Store(false)
-		time.Sleep(150 * time.Millisecond)
-		synctest.Wait()
+		advance(150 * time.Millisecond)
 		if backend(bal).Stale {
 			t.Fatal("fresh reading did not clear staleness")
 		}
 		page.Store("vllm:num_requests_waiting{{{ garbage\n")
-		time.Sleep(150 * time.Millisecond)
-		synctest.Wait()
+		advance(150 * time.Millisecond)
 		if !backend(bal).Stale {
 			t.Fatal("an unreadable page did not mark the metrics stale at once")
 		}
@@ -148,8 +152,7 @@ func TestEjectedBackendReadmittedAfterBackoff(t *testing.T) {
 				t.Fatal("not ejected")
 			}
 			for backend(bal).Ledger.Ejected() {
-				time.Sleep(10 * time.Millisecond)
-				synctest.Wait()
+				advance(10 * time.Millisecond)
 			}
 			took := time.Since(ejectedAt)
 			if took < wantFor || took > wantFor+120*time.Millisecond {
@@ -171,22 +174,19 @@ func TestEjectedBackendReadmittedAfterBackoff(t *testing.T) {
 		}
 		fail(1)
 		tr.down.Store(true)
-		time.Sleep(4*time.Second + 200*time.Millisecond)
-		synctest.Wait()
+		advance(4*time.Second + 200*time.Millisecond)
 		if !backend(bal).Ledger.Ejected() {
 			t.Fatal("readmitted while its health check fails")
 		}
 		tr.down.Store(false)
 		tr.genFails.Store(true)
-		time.Sleep(8*time.Second + 200*time.Millisecond)
-		synctest.Wait()
+		advance(8*time.Second + 200*time.Millisecond)
 		if !backend(bal).Ledger.Ejected() {
 			t.Fatal("readmitted while its health check answers but its completions fail")
 		}
 		tr.genFails.Store(false)
 		for backend(bal).Ledger.Ejected() {
-			time.Sleep(10 * time.Millisecond)
-			synctest.Wait()
+			advance(10 * time.Millisecond)
 		}
 		if e := backend(bal).Ledger.Ejection(); e.Total != 3 {
 			t.Errorf("ejections = %d, want 3", e.Total)

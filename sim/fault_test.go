@@ -9,7 +9,10 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"testing/synctest"
 	"time"
+
+	"github.com/llmlb/llmlb/internal/pipenet"
 )
 
 func TestParseFaults(t *testing.T) {
@@ -64,11 +67,32 @@ func faultServer(t *testing.T) (*Server, *httptest.Server) {
 
 const streamBody = `{"model":"m","prompt":"hello there","max_tokens":5,"stream":true}`
 
-// stream posts a streaming completion with a short deadline and returns
-// the status, the events read and the read error.
-func stream(t *testing.T, url string, timeout time.Duration) (int, []string, error) {
+// bubbleFaultServer serves an emulated vLLM like faultServer's at
+// http://sim:8000 on an in-memory network, for a test inside a synctest
+// bubble, and returns a client that reaches it; stop closes both, before
+// the bubble ends. The refuse fault needs a real socket: faultServer.
+func bubbleFaultServer(t *testing.T) (s *Server, c *http.Client, stop func()) {
 	t.Helper()
-	client := &http.Client{Timeout: timeout}
+	s, err := NewServer(ServerConfig{Model: "m", MaxModelLen: 4096}, NewSteady(SteadyConfig{Speed: 1000}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pn pipenet.Network
+	hs := &http.Server{Handler: s.Handler()}
+	go hs.Serve(pn.Listen("sim:8000"))
+	tr := &http.Transport{DialContext: pn.DialContext}
+	return s, &http.Client{Transport: tr}, func() {
+		tr.CloseIdleConnections()
+		hs.Close()
+	}
+}
+
+// stream posts a streaming completion through c with a short deadline and
+// returns the status, the events read and the read error.
+func stream(t *testing.T, c *http.Client, url string, timeout time.Duration) (int, []string, error) {
+	t.Helper()
+	client := *c
+	client.Timeout = timeout
 	resp, err := client.Post(url+"/v1/completions", "application/json", strings.NewReader(streamBody))
 	if err != nil {
 		return 0, nil, err
@@ -84,98 +108,121 @@ func stream(t *testing.T, url string, timeout time.Duration) (int, []string, err
 	return resp.StatusCode, evs, err
 }
 
+// TestFaultsShowAndClear: each fault shows as it should, a fault with a
+// for= ends on time, and clearing the faults serves whole streams again.
+// In a synctest bubble: the clients' deadlines and the faults' schedules
+// are the fake clock's.
 func TestFaultsShowAndClear(t *testing.T) {
-	s, srv := faultServer(t)
-	set := func(spec string) {
-		t.Helper()
-		fs, err := ParseFaults(spec)
+	synctest.Test(t, func(t *testing.T) {
+		s, c, stop := bubbleFaultServer(t)
+		defer stop()
+		const url = "http://sim:8000"
+		set := func(spec string) {
+			t.Helper()
+			fs, err := ParseFaults(spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.SetFaults(fs)
+		}
+		get := func(c *http.Client, path string) (int, []byte, error) {
+			resp, err := c.Get(url + path)
+			if err != nil {
+				return 0, nil, err
+			}
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			return resp.StatusCode, b, err
+		}
+		healthy := func() {
+			t.Helper()
+			code, evs, err := stream(t, c, url, 5*time.Second)
+			if err != nil || code != 200 || evs[len(evs)-1] != "data: [DONE]" {
+				t.Fatalf("after clearing: status %d, %d events, err %v; want a whole stream", code, len(evs), err)
+			}
+		}
+		healthy()
+
+		set("5xx:status=503")
+		if code, _, _ := stream(t, c, url, 5*time.Second); code != 503 {
+			t.Errorf("5xx:status=503: status %d, want 503", code)
+		}
+		if code, _, err := get(c, "/health"); err != nil || code != 200 {
+			t.Errorf("5xx: /health = %d %v, want 200 (a broken engine behind a live front)", code, err)
+		}
+		set("429")
+		if code, _, _ := stream(t, c, url, 5*time.Second); code != 429 {
+			t.Errorf("429: status %d, want 429", code)
+		}
+		set("die-mid-stream:events=2")
+		code, evs, err := stream(t, c, url, 5*time.Second)
+		if code != 200 || err == nil || len(evs) != 2 {
+			t.Errorf("die-mid-stream: status %d, events %q, err %v; want 200, two events, then a broken body", code, evs, err)
+		}
+		set("stall:events=1")
+		code, evs, err = stream(t, c, url, 300*time.Millisecond)
+		if code != 200 || err == nil || len(evs) != 1 {
+			t.Errorf("stall: status %d, events %q, err %v; want 200, one event, then silence until the client's timeout", code, evs, err)
+		}
+		set("hang")
+		if _, _, err := stream(t, c, url, 300*time.Millisecond); err == nil {
+			t.Errorf("hang: answered, want no headers before the client's timeout")
+		}
+		set("drip:gap=100ms")
+		start := time.Now()
+		code, evs, err = stream(t, c, url, 5*time.Second)
+		if took := time.Since(start); code != 200 || err != nil || took < 500*time.Millisecond {
+			t.Errorf("drip:gap=100ms: status %d, %d events, err %v in %s; want five tokens at least 500ms apart in all", code, len(evs), err, took)
+		}
+		set("close")
+		if _, _, err := stream(t, c, url, 5*time.Second); err == nil {
+			t.Errorf("close: answered, want the connection closed")
+		}
+		set("close:for=50ms")
+		if _, _, err := stream(t, c, url, 5*time.Second); err == nil {
+			t.Errorf("close:for=50ms: answered at once, want the connection closed")
+		}
+		advance(50 * time.Millisecond)
+		healthy()
+
+		set("metrics-garbage")
+		_, page, err := get(c, "/metrics")
 		if err != nil {
 			t.Fatal(err)
 		}
-		s.SetFaults(fs)
-	}
-	healthy := func() {
-		t.Helper()
-		code, evs, err := stream(t, srv.URL, 5*time.Second)
-		if err != nil || code != 200 || evs[len(evs)-1] != "data: [DONE]" {
-			t.Fatalf("after clearing: status %d, %d events, err %v; want a whole stream", code, len(evs), err)
+		if strings.Contains(string(page), "vllm:num_requests_running") {
+			t.Errorf("metrics-garbage: the real page came back")
 		}
-	}
-	healthy()
-
-	set("5xx:status=503")
-	if code, _, _ := stream(t, srv.URL, 5*time.Second); code != 503 {
-		t.Errorf("5xx:status=503: status %d, want 503", code)
-	}
-	if resp, err := http.Get(srv.URL + "/health"); err != nil || resp.StatusCode != 200 {
-		t.Errorf("5xx: /health = %v %v, want 200 (a broken engine behind a live front)", resp, err)
-	}
-	set("429")
-	if code, _, _ := stream(t, srv.URL, 5*time.Second); code != 429 {
-		t.Errorf("429: status %d, want 429", code)
-	}
-	set("die-mid-stream:events=2")
-	code, evs, err := stream(t, srv.URL, 5*time.Second)
-	if code != 200 || err == nil || len(evs) != 2 {
-		t.Errorf("die-mid-stream: status %d, events %q, err %v; want 200, two events, then a broken body", code, evs, err)
-	}
-	set("stall:events=1")
-	code, evs, err = stream(t, srv.URL, 300*time.Millisecond)
-	if code != 200 || err == nil || len(evs) != 1 {
-		t.Errorf("stall: status %d, events %q, err %v; want 200, one event, then silence until the client's timeout", code, evs, err)
-	}
-	set("hang")
-	if _, _, err := stream(t, srv.URL, 300*time.Millisecond); err == nil {
-		t.Errorf("hang: answered, want no headers before the client's timeout")
-	}
-	set("drip:gap=100ms")
-	start := time.Now()
-	code, evs, err = stream(t, srv.URL, 5*time.Second)
-	if took := time.Since(start); code != 200 || err != nil || took < 500*time.Millisecond {
-		t.Errorf("drip:gap=100ms: status %d, %d events, err %v in %s; want five tokens at least 500ms apart in all", code, len(evs), err, took)
-	}
-	set("close")
-	if _, _, err := stream(t, srv.URL, 5*time.Second); err == nil {
-		t.Errorf("close: answered, want the connection closed")
-	}
-	set("close:for=50ms")
-	time.Sleep(60 * time.Millisecond) // a fault's schedule is in real time by design
-	healthy()
-
-	set("metrics-garbage")
-	resp, err := http.Get(srv.URL + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	page, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if strings.Contains(string(page), "vllm:num_requests_running") {
-		t.Errorf("metrics-garbage: the real page came back")
-	}
-	set("metrics-huge:bytes=100000")
-	resp, err = http.Get(srv.URL + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	page, _ = io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if len(page) < 100000 || !strings.Contains(string(page), "vllm:num_requests_running") {
-		t.Errorf("metrics-huge:bytes=100000: %d bytes, want the page and 100000 more", len(page))
-	}
-	set("metrics-hang")
-	if _, err := (&http.Client{Timeout: 200 * time.Millisecond}).Get(srv.URL + "/metrics"); err == nil {
-		t.Errorf("metrics-hang: answered")
-	}
-	set("health-flap:gap=10s")
-	if resp, err := http.Get(srv.URL + "/health"); err != nil || resp.StatusCode != 503 {
-		t.Errorf("health-flap: first half = %v %v, want 503", resp, err)
-	}
-	s.SetFaults(nil)
-	healthy()
+		set("metrics-huge:bytes=100000")
+		_, page, err = get(c, "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(page) < 100000 || !strings.Contains(string(page), "vllm:num_requests_running") {
+			t.Errorf("metrics-huge:bytes=100000: %d bytes, want the page and 100000 more", len(page))
+		}
+		set("metrics-hang")
+		short := *c
+		short.Timeout = 200 * time.Millisecond
+		if _, _, err := get(&short, "/metrics"); err == nil {
+			t.Errorf("metrics-hang: answered")
+		}
+		set("health-flap:gap=10s")
+		if code, _, err := get(c, "/health"); err != nil || code != 503 {
+			t.Errorf("health-flap: first half = %d %v, want 503", code, err)
+		}
+		s.SetFaults(nil)
+		healthy()
+	})
 }
 
+// TestRefuseClosesTheSocketAndReopens: refuse closes the listening socket
+// and resets the connections open; cleared, the server listens again. Real
+// sockets, so real time; it waits on the listener's own signals, never on
+// a clock.
 func TestRefuseClosesTheSocketAndReopens(t *testing.T) {
 	s, srv := faultServer(t)
+	fl := srv.Listener.(*faultListener)
 	// A stream open when the fault begins is reset.
 	s.SetFaults(Faults{{Kind: FaultStall, Events: 1}})
 	resp, err := http.Post(srv.URL+"/v1/completions", "application/json", strings.NewReader(streamBody))
@@ -185,35 +232,35 @@ func TestRefuseClosesTheSocketAndReopens(t *testing.T) {
 	defer resp.Body.Close()
 	s.SetFaults(Faults{{Kind: FaultRefuse}})
 	if _, err := io.ReadAll(resp.Body); err == nil {
-		t.Errorf("a stream open when refuse began ended cleanly, want it reset")
+		t.Fatalf("a stream open when refuse began ended cleanly, want it reset")
 	}
-	addr := strings.TrimPrefix(srv.URL, "http://")
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			if !errors.Is(err, syscall.ECONNREFUSED) {
-				t.Logf("dial: %v", err)
-			}
-			break
-		}
+	// The listener closes its socket before it resets the connections, so
+	// by now a dial is refused.
+	c, err := net.Dial("tcp", strings.TrimPrefix(srv.URL, "http://"))
+	if err == nil {
 		c.Close()
-		if time.Now().After(deadline) {
-			t.Fatal("connections still accepted under refuse")
-		}
-		time.Sleep(5 * time.Millisecond)
+		t.Fatal("a connection was accepted under refuse")
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Logf("dial: %v", err)
 	}
 	s.SetFaults(nil)
-	deadline = time.Now().Add(5 * time.Second)
+	// The listener closes wake each time it opens or closes its socket.
 	for {
-		code, _, err := stream(t, srv.URL, time.Second)
-		if err == nil && code == 200 {
+		fl.mu.Lock()
+		ln, wake := fl.ln, fl.wake
+		fl.mu.Unlock()
+		if ln != nil {
 			break
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not serving again after refuse cleared: %d %v", code, err)
+		select {
+		case <-wake:
+		case <-time.After(5 * time.Second):
+			t.Fatal("not listening again 5s after refuse cleared")
 		}
-		time.Sleep(5 * time.Millisecond)
+	}
+	if code, _, err := stream(t, http.DefaultClient, srv.URL, 5*time.Second); err != nil || code != 200 {
+		t.Fatalf("not serving again after refuse cleared: %d %v", code, err)
 	}
 }
 
@@ -229,7 +276,7 @@ func TestFaultSwitchOverHTTP(t *testing.T) {
 	if resp.StatusCode != 200 || strings.TrimSpace(string(b)) != "5xx:for=1h0m0s,status=500" {
 		t.Errorf("PUT /sim/faults = %d %q", resp.StatusCode, b)
 	}
-	if code, _, _ := stream(t, srv.URL, 5*time.Second); code != 500 {
+	if code, _, _ := stream(t, http.DefaultClient, srv.URL, 5*time.Second); code != 500 {
 		t.Errorf("after PUT 5xx: status %d, want 500", code)
 	}
 	req, _ = http.NewRequest(http.MethodPut, srv.URL+"/sim/faults", strings.NewReader("nonsense"))
@@ -240,7 +287,7 @@ func TestFaultSwitchOverHTTP(t *testing.T) {
 	if _, err := http.DefaultClient.Do(req); err != nil {
 		t.Fatal(err)
 	}
-	if code, _, _ := stream(t, srv.URL, 5*time.Second); code != 200 {
+	if code, _, _ := stream(t, http.DefaultClient, srv.URL, 5*time.Second); code != 200 {
 		t.Errorf("after DELETE: status %d, want 200", code)
 	}
 }

@@ -8,6 +8,15 @@ import (
 	"time"
 )
 
+// advance moves the bubble's fake clock on by d and returns once every
+// goroutine in the bubble has done what that time let it do. Call it only
+// from the bubble's root goroutine. It is the sim tests' one time.Sleep:
+// inside a synctest bubble, virtual time.
+func advance(d time.Duration) {
+	time.Sleep(d)
+	synctest.Wait()
+}
+
 // TestLiveRealTime: the real-time driver gives the engine model's times,
 // divided by the speed, and a second request with the same long prompt
 // prefix is served from the cache sooner.
@@ -50,7 +59,7 @@ func TestLiveRealTime(t *testing.T) {
 }
 
 // TestLiveCancel: a request whose context ends leaves the engine and frees
-// its blocks.
+// its blocks, and the step goroutine stops.
 func TestLiveCancel(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cfg, _ := Preset("h100-8b")
@@ -61,7 +70,7 @@ func TestLiveCancel(t *testing.T) {
 			_, err := l.Run(ctx, Job{Prompt: []byte(strings.Repeat("x", 4000)), PromptTokens: 1000, MaxTokens: 10000, Seed: 1}, func() error { return nil })
 			done <- err
 		}()
-		time.Sleep(500 * time.Millisecond)
+		advance(500 * time.Millisecond)
 		if st := l.Stats(); st.Running != 1 || st.KVUsage == 0 {
 			t.Fatalf("running %d kv %.3f mid-request", st.Running, st.KVUsage)
 		}
@@ -72,6 +81,12 @@ func TestLiveCancel(t *testing.T) {
 		if st := l.Stats(); st.Running != 0 || st.Waiting != 0 || st.KVUsage != 0 {
 			t.Errorf("after cancel: %+v", st)
 		}
-		time.Sleep(time.Second) // the step in progress ends and the driver stops
+		advance(time.Second) // the step in progress ends
+		l.mu.Lock()
+		looping := l.looping
+		l.mu.Unlock()
+		if looping {
+			t.Error("the step goroutine still runs with no request left")
+		}
 	})
 }
