@@ -94,11 +94,7 @@ func newKeyedFront(t *testing.T, cfg Config, ac AuthConfig, models ...string) *k
 	}
 	f.bal.Update(specs...)
 	logger := slog.New(slog.NewJSONHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	f.px = New(cfg, f.bal, f.reg, logger)
-	f.px.SetLogging(true, true)
-	if err := f.px.SetAuth(ac); err != nil {
-		t.Fatal(err)
-	}
+	f.px = newServer(t, Options{Config: cfg, Balancer: f.bal, Registerer: f.reg, Logger: logger, AccessLog: true, LogPrompts: true, Auth: ac})
 	f.Server = httptest.NewServer(f.px.Handler())
 	t.Cleanup(f.Close)
 	return f
@@ -324,7 +320,7 @@ func equalHeaders(a, b http.Header) bool {
 func TestPriorityComesFromKey(t *testing.T) {
 	five, minusOne := 5, -1
 	bal := newBal(t, "least-request", balancer.ModelRoute{Name: "chat", Targets: []balancer.ModelTarget{{Model: testModel, Weight: 1}}, Priority: 2})
-	s := New(DefaultConfig(), bal, prometheus.NewRegistry(), nil)
+	s := newServer(t, Options{Config: DefaultConfig(), Balancer: bal, Registerer: prometheus.NewRegistry()})
 	req := &Request{Kind: KindCompletion, Model: "chat", Canonical: prefix.Parts{Glue: []byte("hi")}}
 	tests := []struct {
 		name   string
@@ -432,7 +428,7 @@ func TestNoKeyOrHashInLogsMetricsOrStatus(t *testing.T) {
 // its page with it.
 func TestAdminTokenGuardsEveryAdminRoute(t *testing.T) {
 	const token = "admin-token-5e4d3c2b1a09f8e7d6c5"
-	s := New(DefaultConfig(), newTestBalancer(t), prometheus.NewRegistry(), nil)
+	s := newServer(t, Options{Config: DefaultConfig(), Balancer: newTestBalancer(t), Registerer: prometheus.NewRegistry()})
 	h, err := s.RequireToken(HashKey(token), s.AdminHandler(prometheus.NewRegistry()))
 	if err != nil {
 		t.Fatal(err)

@@ -63,7 +63,7 @@ func BenchmarkProxy(b *testing.B) {
 	bu, _ := url.Parse(backend.URL)
 	bal.Update(balancer.Spec{ID: backend.URL, URL: bu, Engine: "vllm", Models: []string{testModel}, State: balancer.StateReady,
 		Metrics: balancer.Metrics{Queued: balancer.Known(0), Running: balancer.Known(0), KVUsage: balancer.Known(0.1), At: time.Now()}})
-	front := httptest.NewServer(New(DefaultConfig(), bal, prometheus.NewRegistry(), nil).Handler())
+	front := httptest.NewServer(newServer(b, Options{Config: DefaultConfig(), Balancer: bal, Registerer: prometheus.NewRegistry()}).Handler())
 	defer front.Close()
 	// The baseline: Go's reverse proxy alone, with no parsing, routing or
 	// observing, in front of the same backend.
@@ -108,7 +108,7 @@ func BenchmarkProxy(b *testing.B) {
 func BenchmarkAuthenticate(b *testing.B) {
 	for _, n := range []int{10, 100, 1000} {
 		b.Run(fmt.Sprint(n, "-keys"), func(b *testing.B) {
-			s := New(DefaultConfig(), newTestBalancer(b), prometheus.NewRegistry(), nil)
+			s := newServer(b, Options{Config: DefaultConfig(), Balancer: newTestBalancer(b), Registerer: prometheus.NewRegistry()})
 			var ac AuthConfig
 			for i := range n {
 				ac.Keys = append(ac.Keys, keyConfig(fmt.Sprint("k", i), fmt.Sprint("sk-bench-key-", i)))

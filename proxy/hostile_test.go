@@ -55,7 +55,7 @@ func (rb *recordingBackend) lastRequest() *http.Request {
 // (Server.HTTPServer, so its header limits apply) on a real TCP port.
 func newServedFront(t *testing.T, cfg Config, backendURLs ...string) *httptest.Server {
 	t.Helper()
-	return serveFront(t, New(cfg, newTestBalancer(t, backendURLs...), prometheus.NewRegistry(), nil))
+	return serveFront(t, newServer(t, Options{Config: cfg, Balancer: newTestBalancer(t, backendURLs...), Registerer: prometheus.NewRegistry()}))
 }
 
 // serveFront serves px as newServedFront does.
@@ -257,7 +257,7 @@ func checkHostile(t *testing.T, addr string, rb *recordingBackend, tests []hosti
 func TestHostileAuthRequestsNeverReachBackend(t *testing.T) {
 	rb := newRecordingBackend(t)
 	cfg := DefaultConfig()
-	px := New(cfg, newTestBalancer(t, rb.URL), prometheus.NewRegistry(), nil)
+	px := newServer(t, Options{Config: cfg, Balancer: newTestBalancer(t, rb.URL), Registerer: prometheus.NewRegistry()})
 	if err := px.SetAuth(AuthConfig{Keys: []KeyConfig{
 		keyConfig("alpha", keyA),
 		keyConfig("limited", keyB, func(k *KeyConfig) { k.Models = []string{"another-model"} }),

@@ -44,7 +44,7 @@ func TestLongPromptPicksInParts(t *testing.T) {
 		bal.Update(balancer.Spec{ID: id, URL: u, Engine: "vllm", Models: []string{testModel}, State: balancer.StateReady,
 			Metrics: balancer.Metrics{Queued: balancer.Known(0), Running: balancer.Known(0), KVUsage: balancer.Known(0.1), At: time.Now()}})
 	}
-	s := New(DefaultConfig(), bal, prometheus.NewRegistry(), nil)
+	s := newServer(t, Options{Config: DefaultConfig(), Balancer: bal, Registerer: prometheus.NewRegistry()})
 	system := strings.Repeat("You are the careful assistant of the billing team. ", 200) // 10 KB
 	chat := func(q string) []byte {
 		b, _ := json.Marshal(map[string]any{"model": testModel, "messages": []map[string]string{
@@ -73,7 +73,7 @@ func TestLongPromptPicksInParts(t *testing.T) {
 		t.Errorf("second request: %v %s, want %s prefix-hit", inParts.Chosen, inParts.Reason, dec.Candidates[0].ID)
 	}
 
-	ring := New(DefaultConfig(), newBal(t, "consistent-hash"), prometheus.NewRegistry(), nil)
+	ring := newServer(t, Options{Config: DefaultConfig(), Balancer: newBal(t, "consistent-hash"), Registerer: prometheus.NewRegistry()})
 	req, _ := ParseRequest(KindCompletion, []byte(fmt.Sprintf(`{"model":%q,"prompt":%q}`, testModel, system)))
 	breq, _ := ring.balancerRequest(httptest.NewRequest("POST", "/v1/completions", nil), req, nil)
 	if breq.Parts != nil || string(breq.Prompt) != system {
@@ -86,7 +86,7 @@ func TestLongPromptPicksInParts(t *testing.T) {
 // turn of a conversation (the default policy places a conversation by
 // those bytes); a completion is told nothing.
 func TestChatTurnsReachThePick(t *testing.T) {
-	s := New(DefaultConfig(), newBal(t, balancer.DefaultConfig().Policy), prometheus.NewRegistry(), nil)
+	s := newServer(t, Options{Config: DefaultConfig(), Balancer: newBal(t, balancer.DefaultConfig().Policy), Registerer: prometheus.NewRegistry()})
 	system := strings.Repeat("You are the careful assistant of the billing team. ", 200)
 	msgs := []map[string]string{{"role": "system", "content": system}, {"role": "user", "content": "What is due?" + strings.Repeat(" and more", 600)}}
 	body := func(v any) []byte { b, _ := json.Marshal(v); return b }

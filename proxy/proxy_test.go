@@ -38,7 +38,7 @@ type testFront struct {
 func newFront(t *testing.T, cfg Config, backendURLs ...string) *testFront {
 	t.Helper()
 	bal := newTestBalancer(t, backendURLs...)
-	px := New(cfg, bal, prometheus.NewRegistry(), nil)
+	px := newServer(t, Options{Config: cfg, Balancer: bal, Registerer: prometheus.NewRegistry()})
 	h := px.Handler()
 	done := make(chan struct{}, 1024)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -47,6 +47,16 @@ func newFront(t *testing.T, cfg Config, backendURLs ...string) *testFront {
 	}))
 	t.Cleanup(srv.Close)
 	return &testFront{Server: srv, bal: bal, handlerDone: done}
+}
+
+// newServer is [New] for a test: an invalid o fails it.
+func newServer(tb testing.TB, o Options) *Server {
+	tb.Helper()
+	s, err := New(o)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return s
 }
 
 // newTestBalancer returns a balancer with each URL a ready backend serving
@@ -694,7 +704,7 @@ func TestModelsAreMergedAcrossReadyBackends(t *testing.T) {
 		balancer.Spec{ID: "b", URL: u("http://b"), Models: []string{"m2"}, State: balancer.StateReady},
 		balancer.Spec{ID: "c", URL: u("http://c"), Models: []string{"hidden"}, State: balancer.StateDown},
 	)
-	srv := httptest.NewServer(New(DefaultConfig(), bal, prometheus.NewRegistry(), nil).Handler())
+	srv := httptest.NewServer(newServer(t, Options{Config: DefaultConfig(), Balancer: bal, Registerer: prometheus.NewRegistry()}).Handler())
 	defer srv.Close()
 	resp, err := http.Get(srv.URL + "/v1/models")
 	if err != nil {
@@ -728,7 +738,7 @@ func TestModelsAreMergedAcrossReadyBackends(t *testing.T) {
 func TestReadyNeedsAReadyBackend(t *testing.T) {
 	t.Parallel()
 	bal := newBal(t, "least-request")
-	srv := httptest.NewServer(New(DefaultConfig(), bal, prometheus.NewRegistry(), nil).Handler())
+	srv := httptest.NewServer(newServer(t, Options{Config: DefaultConfig(), Balancer: bal, Registerer: prometheus.NewRegistry()}).Handler())
 	defer srv.Close()
 	check := func(want int) {
 		t.Helper()

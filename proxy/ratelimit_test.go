@@ -176,7 +176,7 @@ func TestKeyRateLimitsAnswer429AndRecover(t *testing.T) {
 // keeps what it has used, and lowering its limit caps what is left.
 func TestLimiterKeepsUseAcrossReload(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) { // one instant: time.Now stands still
-		s := New(DefaultConfig(), newTestBalancer(t), prometheus.NewRegistry(), nil)
+		s := newServer(t, Options{Config: DefaultConfig(), Balancer: newTestBalancer(t), Registerer: prometheus.NewRegistry()})
 		cfg := func(rpm int) AuthConfig {
 			return AuthConfig{Keys: []KeyConfig{keyConfig("alpha", keyA, func(k *KeyConfig) { k.RequestsPerMinute = rpm })}}
 		}

@@ -24,7 +24,7 @@ func TestRejectionsListedAndCountedByModel(t *testing.T) {
 	backend := okBackend(t, &hits)
 	bal := newTestBalancer(t, backend.URL)
 	reg := prometheus.NewRegistry()
-	px := New(DefaultConfig(), bal, reg, nil)
+	px := newServer(t, Options{Config: DefaultConfig(), Balancer: bal, Registerer: reg})
 	srv := httptest.NewServer(px.Handler())
 	defer srv.Close()
 	for _, c := range []struct {

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/llmlb/llmlb/balancer"
+	"github.com/llmlb/llmlb/kvevents"
 	"github.com/llmlb/llmlb/prefix"
 )
 
@@ -45,31 +46,45 @@ type Server struct {
 	auth        auth // the API keys in force; see SetAuth
 	authMetrics *authMetrics
 
-	accessLog, logPrompts bool       // set by SetLogging before serving
-	tok                   *tokenizer // set by SetKVEvents before serving; nil tokenizes nothing
+	accessLog, logPrompts bool
+	tok                   *tokenizer // nil tokenizes nothing
 }
 
-// SetLogging turns the access log (one line per request, at info) on or
-// off, and with prompts the prompt text on it, at debug level only. Call
-// it before the handlers serve.
-func (s *Server) SetLogging(access, prompts bool) {
-	s.accessLog, s.logPrompts = access, prompts
+// Options are what a [Server] is built from. Only the API keys change
+// after [New], through [Server.SetAuth].
+type Options struct {
+	// Config tunes forwarding: body limit, retries, timeouts.
+	Config Config
+	// Balancer picks the backends.
+	Balancer *balancer.Balancer
+	// Registerer takes the server's metrics.
+	Registerer prometheus.Registerer
+	// Logger logs; nil discards.
+	Logger *slog.Logger
+	// AccessLog writes one line per request at info; LogPrompts adds the
+	// prompt text to it, at debug level only.
+	AccessLog, LogPrompts bool
+	// BackendTLS verifies HTTPS backends and presents the client
+	// certificate to them ([Config.BackendTLS]); nil means the system
+	// roots and no certificate.
+	BackendTLS *tls.Config
+	// KVEvents is the backends' KV-cache events, which the proxy
+	// tokenizes prompts for; nil tokenizes nothing.
+	KVEvents *kvevents.Store
+	// Auth holds the API keys clients must present; none: no key asked.
+	Auth AuthConfig
 }
 
-// SetBackendTLS sets how HTTPS backends are verified and the client
-// certificate presented to them ([Config.BackendTLS]); nil means the
-// system roots and no certificate. Call it before the handlers serve.
-func (s *Server) SetBackendTLS(tc *tls.Config) {
-	s.base.TLSClientConfig = tc
-}
-
-// New returns a Server forwarding to the backends bal picks. Its metrics are
-// registered on reg. A nil logger discards.
-func New(cfg Config, bal *balancer.Balancer, reg prometheus.Registerer, logger *slog.Logger) *Server {
+// New returns a Server forwarding to the backends o.Balancer picks, or an
+// error when o.Auth is invalid.
+func New(o Options) (*Server, error) {
+	cfg, bal, logger := o.Config, o.Balancer, o.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, bal: bal, logger: logger, started: time.Now(), picks: newPickLog(), buffers: &sizedPool{}}
+	s := &Server{cfg: cfg, bal: bal, logger: logger, started: time.Now(), picks: newPickLog(), buffers: &sizedPool{},
+		accessLog: o.AccessLog, logPrompts: o.LogPrompts}
+	reg := o.Registerer
 	s.metrics = newMetrics(reg, bal)
 	s.authMetrics = newAuthMetrics(reg)
 	dialer := &net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second}
@@ -99,7 +114,14 @@ func New(cfg Config, bal *balancer.Balancer, reg prometheus.Registerer, logger *
 		ErrorLog:       slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
 		BufferPool:     newBufferPool(),
 	}
-	return s
+	base.TLSClientConfig = o.BackendTLS
+	if o.KVEvents != nil {
+		s.tok = &tokenizer{store: o.KVEvents, client: &http.Client{Transport: base}}
+	}
+	if err := s.SetAuth(o.Auth); err != nil {
+		return nil, err
+	}
+	return s, nil
 }
 
 // Handler returns the client-facing routes.

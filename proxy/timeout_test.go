@@ -50,7 +50,7 @@ func newBubbleFrontBal(t *testing.T, cfg Config, bal *balancer.Balancer, backend
 		specs = append(specs, balancer.Spec{ID: name, URL: u, Engine: "vllm", Models: []string{testModel}, State: balancer.StateReady})
 	}
 	bal.Update(specs...)
-	f.px = New(cfg, bal, f.reg, nil)
+	f.px = newServer(t, Options{Config: cfg, Balancer: bal, Registerer: f.reg})
 	f.base = f.px.rp.Transport.(*retryTransport).base.(*http.Transport)
 	f.base.DialContext = pn.DialContext
 	front := f.px.HTTPServer(nil)

@@ -177,8 +177,7 @@ func TestHTTPSBackendWithCAAndClientCert(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			px := New(tt.cfg, newTestBalancer(t, backend.URL), prometheus.NewRegistry(), nil)
-			px.SetBackendTLS(tc)
+			px := newServer(t, Options{Config: tt.cfg, Balancer: newTestBalancer(t, backend.URL), Registerer: prometheus.NewRegistry(), BackendTLS: tc})
 			front := httptest.NewServer(px.Handler())
 			defer front.Close()
 			resp := post(t.Context(), t, front.URL+"/v1/completions", body("completion", `,"max_tokens":3`))

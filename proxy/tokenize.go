@@ -67,17 +67,6 @@ func (t *tokenizer) failed(now time.Time) {
 	t.pauseUntil.Store(now.Add(min(time.Second<<(n-1), 30*time.Second)).UnixNano())
 }
 
-// SetKVEvents makes the server tokenize each completion and chat request
-// before its pick, when the balancer reads store's events. Call it before
-// the handlers serve.
-func (s *Server) SetKVEvents(store *kvevents.Store) {
-	if store == nil {
-		s.tok = nil
-		return
-	}
-	s.tok = &tokenizer{store: store, client: &http.Client{Transport: s.base}}
-}
-
 // tokenize fills breq's token blocks, or leaves them nil when the request
 // cannot be tokenized in proxy.tokenize_timeout (no backend ready, a
 // backend without /tokenize, a cache salt, which the engines hash into

@@ -92,11 +92,9 @@ func Start(ctx context.Context, cfg config.Config, src *Source, stderr io.Writer
 	if err != nil {
 		return nil, err
 	}
-	px := proxy.New(cfg.Proxy, bal, reg, logger)
-	px.SetLogging(cfg.Log.Access, cfg.Log.Prompts)
-	px.SetBackendTLS(backendTLS)
-	px.SetKVEvents(kv)
-	if err := px.SetAuth(cfg.Auth); err != nil {
+	px, err := proxy.New(proxy.Options{Config: cfg.Proxy, Balancer: bal, Registerer: reg, Logger: logger,
+		AccessLog: cfg.Log.Access, LogPrompts: cfg.Log.Prompts, BackendTLS: backendTLS, KVEvents: kv, Auth: cfg.Auth})
+	if err != nil {
 		return nil, err
 	}
 
