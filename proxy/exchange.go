@@ -2,15 +2,12 @@ package proxy
 
 import (
 	"context"
-	"errors"
-	"log/slog"
 	"net/http"
 	"net/url"
 	"runtime/debug"
 	"time"
 
 	"github.com/llmlb/llmlb/balancer"
-	"github.com/llmlb/llmlb/prefix"
 )
 
 // exchange is one client request from its arrival to its last byte: the one
@@ -93,25 +90,6 @@ func (ex *exchange) reason() string {
 	return string(ex.dec.Reason)
 }
 
-// status is the request's status as counted and logged, decided here and
-// nowhere else: what the client was answered, 499 when it left first, and
-// for an answer that did not end (ReverseProxy aborted the stream) 504
-// when the proxy cut a stalled stream, 502 when the backend cut it.
-func (s *Server) status(ex *exchange) int {
-	switch {
-	case ex.failure != nil && ex.failure.Status == StatusClientClosed, !ex.ended && ex.client.Err() != nil:
-		return StatusClientClosed
-	case ex.ended && ex.w.status == 0:
-		return http.StatusOK // nothing written: net/http answers 200
-	case ex.ended:
-		return ex.w.status
-	case ex.streamErr != nil:
-		return s.errorFor(ex.client, ex.streamErr).Status
-	default:
-		return http.StatusBadGateway
-	}
-}
-
 // withExchange gives every request its exchange and its ID, and finishes
 // it when the handler returns, whatever path it took. A panic becomes a
 // 500 and a log line with the stack; http.ErrAbortHandler, which
@@ -151,111 +129,6 @@ func (s *Server) fail(ex *exchange, err error) {
 	if he.Status != StatusClientClosed {
 		writeError(ex.w, he)
 	}
-}
-
-// finish releases the exchange's place in the balancer's ledger and
-// records the request: metrics and the status page for model routes, the
-// access line for all but the health and readiness probes.
-func (s *Server) finish(ex *exchange, r *http.Request) {
-	s.dropCanonical(ex)
-	status := s.status(ex)
-	if ex.inference {
-		s.account(ex, status)
-	}
-	if s.accessLog && r.URL.Path != "/health" && r.URL.Path != "/ready" {
-		s.logAccess(ex, r, status)
-	}
-	// Nothing reads the request's bytes from here on; an attempt's
-	// transport still writing them holds the body until it closes it.
-	ex.body.held.release()
-}
-
-// dropCanonical gives the canonical prompt's buffer back, keeping what
-// the later stages read of it. The pick is its only reader: given back
-// then, a long prompt's copy is not held for the whole answer.
-func (s *Server) dropCanonical(ex *exchange) {
-	if ex.canon == nil {
-		return
-	}
-	if ex.req != nil { // nil when the body did not parse
-		ex.promptTokens = ex.req.PromptTokens()
-		if s.logPrompts && s.logger.Enabled(ex.client, slog.LevelDebug) {
-			c := ex.req.Canonical.AppendTo(nil)
-			ex.prompt = string(c[:min(len(c), maxLoggedPrompt)])
-		}
-		ex.req.Canonical = prefix.Parts{}
-	}
-	s.buffers.put(ex.canon)
-	ex.canon = nil
-}
-
-// account releases the exchange's guard and counts the request.
-func (s *Server) account(ex *exchange, status int) {
-	backendLabel := "none"
-	if ex.forwarded {
-		if be := ex.guard.Backend(); be != nil { // read before Release detaches it
-			backendLabel = be.ID
-		}
-	}
-	if ex.guard != nil {
-		ex.guard.Release()
-	}
-	took := time.Since(ex.start)
-	model, target := s.labels(ex)
-	if backendLabel == "none" && status != StatusClientClosed { // llmlb answered itself: list it too
-		reason := "rejected by llmlb"
-		if ex.forwarded {
-			reason = "no backend answered"
-		}
-		s.picks.add(pickEntry{At: time.Now(), ID: ex.id, Model: ex.model(), Backend: "-", Reason: reason, Status: status, Duration: took}, Usage{})
-	}
-	s.metrics.requests.WithLabelValues(model, target, backendLabel, statusLabel(status)).Inc()
-	if backendLabel != "none" {
-		s.metrics.duration.WithLabelValues(backendLabel, model).Observe(took.Seconds())
-	}
-	if ex.forwarded {
-		s.observed(ex, backendLabel, model, status, took)
-	}
-	if t := ex.tenant; t != nil {
-		s.authMetrics.requests.WithLabelValues(t.name, statusLabel(status)).Inc()
-		used := ex.admitted // the estimate stands when the backend reported no usage
-		if !ex.forwarded {
-			used = 0 // refused before any backend had it: the tokens come back
-		}
-		if ex.usage.Known {
-			used = ex.usage.Prompt + ex.usage.Completion
-			s.authMetrics.tokens.WithLabelValues(t.name, "prompt").Add(float64(ex.usage.Prompt))
-			s.authMetrics.tokens.WithLabelValues(t.name, "completion").Add(float64(ex.usage.Completion))
-		}
-		if ex.admitted > 0 || used > 0 {
-			t.limiter.charge(time.Now(), used-ex.admitted)
-		}
-	}
-}
-
-// model is the model the client asked for, "" before it was read.
-func (ex *exchange) model() string {
-	if ex.req == nil {
-		return ""
-	}
-	return ex.req.Model
-}
-
-// labels are the exchange's model and target_model metric labels: the
-// names as routed once the balancer was asked, [unknownModel] for a model
-// nobody serves, and for a request refused before that the name when it
-// is known here (see [Server.modelLabel]).
-func (s *Server) labels(ex *exchange) (model, target string) {
-	switch {
-	case ex.req == nil:
-		return "", ""
-	case ex.failure != nil && errors.Is(ex.failure, balancer.ErrUnknownModel):
-		return unknownModel, unknownModel
-	case ex.picked:
-		return ex.req.Model, ex.target
-	}
-	m := s.modelLabel(ex.req.Model)
-	return m, m
 }
 
 // recorder remembers the status written through it. It unwraps for

@@ -296,58 +296,6 @@ func (s *Server) forward(ex *exchange, r *http.Request) {
 	s.rp.ServeHTTP(ex.w, r.WithContext(ctx))
 }
 
-// unknownModel is the model label of requests for a name no backend has
-// ever offered: the names clients send are unbounded, a label's values
-// must not be (each is a series kept for ever).
-const unknownModel = "unknown"
-
-// modelLabel is the model label of a request for name that llmlb refused
-// before routing it (400, 413, 415): the name when a backend offers it or
-// it is a configured alias, else [unknownModel].
-func (s *Server) modelLabel(name string) string {
-	if s.bal.Snapshot().Offered(name) || s.bal.RouteTargets(name) != nil {
-		return name
-	}
-	return unknownModel
-}
-
-// observed records what the observer saw of the answering backend's
-// response: time to first token, tokens from usage, and the prefix match
-// the balancer predicted against the cache hits the backend reported.
-func (s *Server) observed(ex *exchange, backend, model string, status int, took time.Duration) {
-	if backend == "none" || ex.attempts == 0 {
-		return
-	}
-	ex.backend = backend
-	var u Usage
-	if ex.obs != nil {
-		u = ex.obs.Usage()
-	}
-	ex.usage = u
-	if !u.FirstToken.IsZero() && ex.req.Stream {
-		ex.ttft = u.FirstToken.Sub(ex.sentAt)
-		s.metrics.ttft.WithLabelValues(backend, model).Observe(ex.ttft.Seconds())
-	}
-	s.picks.add(pickEntry{At: time.Now(), ID: ex.id, Model: model, Backend: backend, Reason: ex.reason(), Status: status, TTFT: ex.ttft, Duration: took}, u)
-	if !u.Known {
-		return
-	}
-	s.metrics.promptTokens.WithLabelValues(backend, model).Add(float64(u.Prompt))
-	s.metrics.completionTokens.WithLabelValues(backend, model).Add(float64(u.Completion))
-	if !u.CachedKnown {
-		return
-	}
-	s.metrics.cachedTokens.WithLabelValues(backend, model).Add(float64(u.Cached))
-	// The balancer counts in its own estimate of tokens ([prefix.Tokens]); scale its
-	// predicted share of the prompt to the backend's real prompt tokens.
-	if est := ex.promptTokens; est > 0 && ex.attempts <= len(ex.dec.Work) {
-		w := ex.dec.Work[ex.attempts-1]
-		share := float64(max(0, est-w.UncachedTokens)) / float64(est)
-		s.metrics.predicted.WithLabelValues(backend).Add(share * float64(u.Prompt))
-		s.metrics.reported.WithLabelValues(backend).Add(float64(u.Cached))
-	}
-}
-
 // balancerRequest resolves the request's model (aliases and weighted
 // splits) and reads the routing headers into what the picker needs. The
 // priority is the model's, or the key's when it sets one; the priority
