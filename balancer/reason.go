@@ -5,8 +5,7 @@ package balancer
 // label, so its values are part of the interface and never change.
 type Reason string
 
-// The reasons a pick gives, one place for all (the proxy adds "retry" when
-// an earlier candidate failed).
+// The reasons a pick gives, and the proxy's ReasonRetry, one place for all.
 const (
 	// ReasonPrefixHit: the backend holds part of the prompt.
 	ReasonPrefixHit Reason = "prefix-hit"
@@ -33,6 +32,9 @@ const (
 	// ReasonSaturated: every backend is saturated and the admission queue
 	// is off (or the pick is a dry run).
 	ReasonSaturated Reason = "saturated"
+	// ReasonRetry: the proxy's, for a request its first candidate failed
+	// and a later one answered.
+	ReasonRetry Reason = "retry"
 )
 
 // reasonFor names why candidate i of a scored pick won: the adapter when

@@ -82,10 +82,10 @@ func exchangeFrom(ctx context.Context) *exchange {
 }
 
 // reason is the x-llmlb-reason of the backend that answered: the picker's
-// reason, or "retry" when earlier candidates failed.
+// reason, or [balancer.ReasonRetry] when earlier candidates failed.
 func (ex *exchange) reason() string {
 	if ex.attempts > 1 {
-		return "retry"
+		return string(balancer.ReasonRetry)
 	}
 	return string(ex.dec.Reason)
 }
