@@ -15,6 +15,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/llmlb/llmlb/proxy"
 	"github.com/llmlb/llmlb/sim"
 )
 
@@ -287,7 +288,7 @@ func TestBenchCommandTarget(t *testing.T) {
 	}
 	h := s.Handler()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set(BackendHeader, "only")
+		w.Header().Set(proxy.HeaderBackend, "only")
 		h.ServeHTTP(w, r)
 	}))
 	defer srv.Close()

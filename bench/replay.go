@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/llmlb/llmlb/proxy"
 )
 
 // HTTPReplay replays workloads over real HTTP against a running balancer (or
@@ -31,9 +33,6 @@ type HTTPReplay struct {
 	// Label names the result's row; "" is "target".
 	Label string
 }
-
-// BackendHeader names the backend that answered, as llmlb sets it.
-const BackendHeader = "X-Llmlb-Backend"
 
 // Replay sends every request of w at its arrival time as a streaming
 // /v1/completions request asking for the final usage chunk, and measures
@@ -234,7 +233,7 @@ func sendOne(ctx context.Context, client *http.Client, base, model string, r *Re
 		return outcome{err: err}
 	}
 	defer resp.Body.Close()
-	o := outcome{backend: resp.Header.Get(BackendHeader)}
+	o := outcome{backend: resp.Header.Get(proxy.HeaderBackend)}
 	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		o.refused = true

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/llmlb/llmlb/proxy"
 	"github.com/llmlb/llmlb/sim"
 )
 
@@ -53,7 +54,7 @@ func TestReplayAgainstEmulatedServer(t *testing.T) {
 		}
 	}
 	if len(res.PerBackend) != 0 {
-		t.Errorf("no %s header, yet per-backend counts %v", BackendHeader, res.PerBackend)
+		t.Errorf("no %s header, yet per-backend counts %v", proxy.HeaderBackend, res.PerBackend)
 	}
 }
 
@@ -68,7 +69,7 @@ func TestReplayCountsRefusalsAndFailures(t *testing.T) {
 			return
 		}
 		i := n.Add(1)
-		w.Header().Set(BackendHeader, fmt.Sprintf("b%d", i%2))
+		w.Header().Set(proxy.HeaderBackend, fmt.Sprintf("b%d", i%2))
 		ok := `data: {"choices":[{"text":"hi"}]}` + "\n\n" + `data: {"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":1}}` + "\n\ndata: [DONE]\n\n"
 		switch i % 6 {
 		case 0:
