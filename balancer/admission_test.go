@@ -53,7 +53,7 @@ func TestAdmissionQueueDrainsInPriorityOrder(t *testing.T) {
 		}
 		// Each scrape shows room for exactly one more request.
 		for len(order) < 4 {
-			time.Sleep(time.Millisecond) // a new reading time
+			time.Sleep(time.Millisecond) // inside the synctest bubble, virtual time: the next scrape has a new reading time
 			b.Update(ready("a", 15, 4, 0.5))
 			synctest.Wait()
 			select {
