@@ -135,6 +135,24 @@ func waitBackends(t *testing.T, adminAddr string, n int) {
 	t.Fatalf("backends not ready within 10s")
 }
 
+// waitFor looks at a live system every 20 ms until done reports true, and
+// reports whether it did within d. It waits for an outcome and never
+// measures one, so d is generous: a slow machine makes a test slower, not
+// red.
+func waitFor(d time.Duration, done func() bool) bool {
+	deadline := time.After(d)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for !done() {
+		select {
+		case <-deadline:
+			return done()
+		case <-tick.C:
+		}
+	}
+	return true
+}
+
 // TestOpenAISDKEndToEnd drives the balancer in front of emulated vLLM
 // servers with the official OpenAI Go SDK: completions and chat, streaming
 // and not, content and usage, model listing and errors.

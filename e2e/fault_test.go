@@ -18,12 +18,14 @@ import (
 )
 
 // Issue 17's fault tests: one emulated server shows a fault beside two
-// good ones while streaming clients run through llmlb; no client request
-// fails once the faulty server is out of rotation (those already on it
-// when it broke may), it leaves rotation within 2 s and returns once it
-// recovers, and every ledger ends at 0 in flight. Real HTTP through sim's
-// emulated engines and the whole serve wiring. The fault lasts
-// LLMLB_FAULT_SECONDS (default 2; issue 17's drill is 10).
+// good ones while streaming clients run through llmlb. Real HTTP through
+// sim's emulated engines and the whole serve wiring; each asserts
+// outcomes, never how long they took: the faulty server leaves rotation,
+// returns once it recovers and serves again, no client request fails once
+// it is out (those already on it when it broke may), and every ledger
+// ends at 0 in flight. How soon it leaves and returns, by which rule, is
+// proxy's TestFaultyBackendLeavesRotation, in virtual time. The fault
+// lasts LLMLB_FAULT_SECONDS (default 2; issue 17's drill is 10).
 
 // faultCase is one fault and what it may cost clients.
 type faultCase struct {
@@ -79,14 +81,6 @@ func faultSeconds(t *testing.T) time.Duration {
 	return time.Duration(n * float64(time.Second))
 }
 
-// faultSlots bounds the fault tests running at once: each streams through
-// a whole llmlb, and timing bounds are part of what they check. Two, not
-// three: with three beside the package's other tests under -race on two
-// cores, TestFaultStall's faulty backend was seen out of rotation 2.28 s
-// after it broke in one fresh-clone CI run and never in another (alone
-// 1.41-1.45 s, every time).
-var faultSlots = make(chan struct{}, 2)
-
 // clientRequest is one client request's outcome.
 type clientRequest struct {
 	start, end time.Time
@@ -96,8 +90,6 @@ type clientRequest struct {
 
 func runFault(t *testing.T, fc faultCase) {
 	t.Parallel()
-	faultSlots <- struct{}{}
-	defer func() { <-faultSlots }()
 	faultFor := faultSeconds(t)
 	faults, err := sim.ParseFaults(fc.spec)
 	if err != nil {
@@ -204,92 +196,96 @@ func runFault(t *testing.T, fc faultCase) {
 			}
 		})
 	}
-	waitOK := func(n int) {
-		deadline := time.Now().Add(10 * time.Second)
-		for time.Now().Before(deadline) {
-			rmu.Lock()
-			ok := 0
-			for _, r := range reqs {
-				if r.err == "" {
-					ok++
-				}
+	served := func(ok func(r clientRequest) bool) int {
+		rmu.Lock()
+		defer rmu.Unlock()
+		n := 0
+		for _, r := range reqs {
+			if r.err == "" && ok(r) {
+				n++
 			}
-			rmu.Unlock()
-			if ok >= n {
-				return
-			}
-			pollPause()
 		}
-		t.Fatalf("fewer than %d requests served", n)
+		return n
 	}
-	waitOK(30)
+	if !waitFor(time.Minute, func() bool { return served(func(clientRequest) bool { return true }) >= 30 }) {
+		t.Fatal("fewer than 30 requests served in a minute before the fault")
+	}
 
 	broke := time.Now()
 	faulty.SetFaults(faults)
 	recovered := broke.Add(faultFor)
-	time.Sleep(faultFor + 2*time.Second) // clients run on through the fault and after it
+
+	// When the faulty backend left rotation, and when it returned after
+	// the fault ended, from the watcher's samples.
+	var out, back time.Time
+	var lastOut sample
+	rotation := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		out, back = time.Time{}, time.Time{}
+		for _, s := range samples {
+			if s.at.Before(broke) {
+				continue
+			}
+			if out.IsZero() && !s.in {
+				out = s.at
+			}
+			if !s.in {
+				lastOut = s
+			}
+			if !out.IsZero() && back.IsZero() && s.in && s.at.After(recovered) {
+				back = s.at
+			}
+		}
+	}
+	// The clients run on through the fault until the faulty backend has
+	// left rotation, returned, and answered a client again.
+	onBad := 0
+	returned := waitFor(faultFor+time.Minute, func() bool {
+		rotation()
+		if back.IsZero() {
+			return false
+		}
+		onBad = served(func(r clientRequest) bool { return r.backend == badHeader && r.start.After(back) })
+		return onBad > 0
+	})
 	close(stop)
 	clients.Wait()
 	// Requests on the faulty server must all end: each is bounded by a
 	// timeout of llmlb's.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	var busy []string
+	if !waitFor(time.Minute, func() bool {
 		bs, err := sim.FetchBackends(http.DefaultClient, "http://"+inst.AdminAddr)
-		busy := []string{}
+		busy = busy[:0]
 		for _, b := range bs {
 			if b.InFlight != 0 {
 				busy = append(busy, fmt.Sprintf("%s: %d", b.ID, b.InFlight))
 			}
 		}
-		if err == nil && len(busy) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("in flight after every client finished: %v %v", busy, err)
-		}
-		pollPause()
+		return err == nil && len(busy) == 0
+	}) {
+		t.Errorf("in flight a minute after every client finished: %v", busy)
 	}
 	close(stopWatch)
 	<-watchDone
 
-	// When the faulty backend left rotation, and when it returned.
-	var out, back time.Time
-	var lastOut sample
-	for _, s := range samples {
-		if s.at.Before(broke) {
-			continue
-		}
-		if out.IsZero() && !s.in {
-			out = s.at
-		}
-		if !s.in {
-			lastOut = s
-		}
-		if !out.IsZero() && back.IsZero() && s.in && s.at.After(recovered) {
-			back = s.at
-		}
-	}
-	if out.IsZero() {
-		t.Fatalf("the faulty backend never left rotation")
-	}
-	if took := out.Sub(broke); took > 2*time.Second {
-		t.Errorf("the faulty backend left rotation %s after it broke, want within 2s", took)
-	}
-	if back.IsZero() {
-		t.Errorf("the faulty backend did not return after it recovered; last seen out: %+v", lastOut.all)
+	switch {
+	case out.IsZero():
+		t.Errorf("the faulty backend never left rotation")
+	case back.IsZero():
+		t.Errorf("the faulty backend did not return within a minute of recovering; last seen out: %+v", lastOut.all)
+	case !returned:
+		t.Errorf("the faulty backend served no request in a minute after it returned")
 	}
 
-	failed, onBad, total := 0, 0, len(reqs)
+	failed, total := 0, len(reqs)
 	var late []clientRequest
 	for _, r := range reqs {
-		if r.backend == badHeader && r.start.After(back) && !back.IsZero() {
-			onBad++
-		}
 		if r.err == "" {
 			continue
 		}
 		failed++
-		if !fc.mayFail || r.start.After(out) {
+		if !fc.mayFail || out.IsZero() || r.start.After(out) {
 			late = append(late, r)
 		}
 	}
@@ -299,9 +295,6 @@ func runFault(t *testing.T, fc faultCase) {
 	if len(late) > 0 {
 		t.Errorf("%d of %d client requests failed that should not have (faulty server out of rotation after %s); first: %+v",
 			len(late), total, out.Sub(broke).Round(time.Millisecond), late[0])
-	}
-	if !back.IsZero() && onBad == 0 {
-		t.Errorf("the faulty backend served no request after it returned")
 	}
 	t.Logf("%s: %d requests, %d failed; out of rotation %s after the fault, back %s after it ended, then served %d",
 		fc.spec, total, failed, out.Sub(broke).Round(time.Millisecond), back.Sub(recovered).Round(time.Millisecond), onBad)
