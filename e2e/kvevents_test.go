@@ -135,8 +135,8 @@ func backendURL(backends []scrape.BackendConfig, name string) string {
 // then; what is for the failure message.
 func waitMatched(t *testing.T, adminAddr, body, url string, want int, what string) map[string]int {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	var matched map[string]int
+	if !waitFor(time.Minute, func() bool {
 		resp, err := http.Post("http://"+adminAddr+"/debug/route", "application/json", strings.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
@@ -149,26 +149,26 @@ func waitMatched(t *testing.T, adminAddr, body, url string, want int, what strin
 		if err != nil {
 			t.Fatal(err)
 		}
-		matched := map[string]int{}
+		matched = map[string]int{}
 		for _, be := range route.Explanation.Backends {
 			if be.Candidate != nil {
 				matched[be.ID] = be.Candidate.MatchedTokens
 			}
 		}
-		if matched[url] >= want {
-			return matched
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("never learned that %s holds %s: matched %v", url, what, matched)
-		}
-		time.Sleep(20 * time.Millisecond) // polling for the events to arrive, not timing them
+		return matched[url] >= want
+	}) {
+		t.Fatalf("never learned that %s holds %s: matched %v", url, what, matched)
 	}
+	return matched
 }
 
-// TestTokenizeFailuresPause: servers that cannot tokenize (no /tokenize,
-// as an older vLLM or another engine) cost one request a round trip, not
-// every request: after a failure llmlb stops asking for a while.
-func TestTokenizeFailuresPause(t *testing.T) {
+// TestTokenizeFailuresDoNotFailRequests: servers that cannot tokenize (no
+// /tokenize, as an older vLLM or another engine) behind llmlb reading
+// their KV events: llmlb asks, every request is answered all the same,
+// and every failed ask is counted. That after a failure llmlb stops
+// asking for a while, and for how long, is proxy's
+// TestTokenizeFailuresPause, in virtual time.
+func TestTokenizeFailuresDoNotFailRequests(t *testing.T) {
 	backends := kvBackends(t, 2)
 	var calls atomic.Int64
 	for i, bc := range backends {
@@ -205,23 +205,18 @@ func TestTokenizeFailuresPause(t *testing.T) {
 		}
 	}
 	send(strings.Repeat("fill a cache block or two; ", 40))
-	deadline := time.Now().Add(30 * time.Second)
-	for { // tokenizing starts once some backend has stored a block
-		if n, _ := sum(scrapeAdmin(t, inst.AdminAddr), "llmlb_kv_event_blocks"); n > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no backend's events stored a block within 30s")
-		}
-		time.Sleep(20 * time.Millisecond) // polling for the events to arrive, not timing them
+	// Tokenizing starts once some backend has stored a block.
+	if !waitFor(time.Minute, func() bool {
+		n, _ := sum(scrapeAdmin(t, inst.AdminAddr), "llmlb_kv_event_blocks")
+		return n > 0
+	}) {
+		t.Fatal("no backend's events stored a block within a minute")
 	}
 	for i := range 5 {
 		send(fmt.Sprintf("prompt %d: %s", i, strings.Repeat("x", 200)))
 	}
-	// One call, then a pause of a second; a second call only if the
-	// five took longer than that on a loaded machine.
-	if n := calls.Load(); n < 1 || n > 2 {
-		t.Errorf("/tokenize asked %d times for 5 requests, want 1 (then paused)", n)
+	if n := calls.Load(); n < 1 {
+		t.Errorf("/tokenize asked %d times for 5 requests, want at least once", n)
 	}
 	if n, _ := sum(scrapeAdmin(t, inst.AdminAddr), "llmlb_tokenize_requests_total", `result="error"`); n != float64(calls.Load()) {
 		t.Errorf("llmlb_tokenize_requests_total{result=error} = %v, want %d", n, calls.Load())
