@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"fmt"
 	"io"
 	"net/http"
@@ -13,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmlb/llmlb/bench"
 	"github.com/llmlb/llmlb/internal/config"
 	"github.com/llmlb/llmlb/sim"
 )
@@ -336,18 +336,8 @@ func streamOnce(client *http.Client, addr string) clientRequest {
 		r.err = fmt.Sprintf("status %d: %s", resp.StatusCode, b)
 		return r
 	}
-	sc := bufio.NewScanner(resp.Body)
-	done := false
-	for sc.Scan() {
-		if sc.Text() == "data: [DONE]" {
-			done = true
-		}
-	}
-	switch {
-	case sc.Err() != nil:
-		r.err = "stream: " + sc.Err().Error()
-	case !done:
-		r.err = "stream ended without [DONE]"
+	if _, err := bench.ReadStream(resp.Body, func() {}); err != nil {
+		r.err = "stream: " + err.Error()
 	}
 	r.end = time.Now()
 	return r

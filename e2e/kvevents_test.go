@@ -137,27 +137,34 @@ func waitMatched(t *testing.T, adminAddr, body, url string, want int, what strin
 	t.Helper()
 	var matched map[string]int
 	if !waitFor(time.Minute, func() bool {
-		resp, err := http.Post("http://"+adminAddr+"/debug/route", "application/json", strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var route struct {
-			Explanation balancer.Explanation `json:"explanation"`
-		}
-		err = json.NewDecoder(resp.Body).Decode(&route)
-		resp.Body.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		matched = map[string]int{}
-		for _, be := range route.Explanation.Backends {
-			if be.Candidate != nil {
-				matched[be.ID] = be.Candidate.MatchedTokens
-			}
-		}
+		matched = routeMatches(t, adminAddr, body)
 		return matched[url] >= want
 	}) {
 		t.Fatalf("never learned that %s holds %s: matched %v", url, what, matched)
+	}
+	return matched
+}
+
+// routeMatches asks adminAddr's /debug/route for body and returns how many
+// of its prompt tokens the balancer matches on each candidate backend.
+func routeMatches(t *testing.T, adminAddr, body string) map[string]int {
+	t.Helper()
+	resp, err := http.Post("http://"+adminAddr+"/debug/route", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var route struct {
+		Explanation balancer.Explanation `json:"explanation"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&route); err != nil {
+		t.Fatal(err)
+	}
+	matched := map[string]int{}
+	for _, be := range route.Explanation.Backends {
+		if be.Candidate != nil {
+			matched[be.ID] = be.Candidate.MatchedTokens
+		}
 	}
 	return matched
 }

@@ -135,31 +135,15 @@ func TestSharedPrefixRequestsEndToEnd(t *testing.T) {
 
 	// Another question on the same prompt: the index matches the system
 	// prompt where the 50 went, and nothing elsewhere.
-	resp, err := http.Post("http://"+inst.AdminAddr+"/debug/route", "application/json",
-		strings.NewReader(completion(system+"\nQuestion 50: what is 50 + 350?", 16)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var route struct {
-		Explanation balancer.Explanation `json:"explanation"`
-	}
-	err = json.NewDecoder(resp.Body).Decode(&route)
-	resp.Body.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	matched := routeMatches(t, inst.AdminAddr, completion(system+"\nQuestion 50: what is 50 + 350?", 16))
 	names := backendNames(t, inst.AdminAddr)
 	servedBy := map[string]bool{}
 	for name := range got {
 		servedBy[names[name]] = true
 	}
-	for _, b := range route.Explanation.Backends {
-		matched := 0
-		if b.Candidate != nil {
-			matched = b.MatchedTokens
-		}
-		if servedBy[b.ID] != (matched >= 3500) {
-			t.Errorf("%s served the prompt: %v; the index matches %d of its tokens there", b.ID, servedBy[b.ID], matched)
+	for _, u := range urls {
+		if servedBy[u] != (matched[u] >= 3500) {
+			t.Errorf("%s served the prompt: %v; the index matches %d of its tokens there", u, servedBy[u], matched[u])
 		}
 	}
 }

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -254,16 +253,12 @@ func runRotation(t *testing.T, rc rotationCase) {
 		mu   sync.Mutex
 		reqs []rotationRequest
 	)
-	stop := make(chan struct{})
+	clientsCtx, stopClients := context.WithCancel(context.Background())
+	defer stopClients()
 	var clients sync.WaitGroup
 	for range f.clients {
 		clients.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
+			for clientsCtx.Err() == nil {
 				r := rotationStream(client)
 				mu.Lock()
 				reqs = append(reqs, r)
@@ -304,7 +299,7 @@ func runRotation(t *testing.T, rc rotationCase) {
 			break
 		}
 	}
-	close(stop)
+	stopClients()
 	clients.Wait()
 	synctest.Wait() // every handler has returned
 
@@ -360,23 +355,14 @@ func rotationStream(client *http.Client) rotationRequest {
 		r.err = err.Error()
 		return r
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		r.err = fmt.Sprintf("status %d: %s", resp.StatusCode, b)
-		return r
-	}
-	sc := bufio.NewScanner(resp.Body)
-	done := false
-	for sc.Scan() {
-		if sc.Text() == "data: [DONE]" {
-			done = true
-		}
-	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
 	switch {
-	case sc.Err() != nil:
-		r.err = "stream: " + sc.Err().Error()
-	case !done:
+	case resp.StatusCode != http.StatusOK:
+		r.err = fmt.Sprintf("status %d: %.200s", resp.StatusCode, b)
+	case err != nil:
+		r.err = "stream: " + err.Error()
+	case !strings.HasSuffix(string(b), "data: [DONE]\n\n"):
 		r.err = "stream ended without [DONE]"
 	}
 	return r
