@@ -14,8 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmlb/llmlb/balancer"
 	"github.com/llmlb/llmlb/internal/config"
 	"github.com/llmlb/llmlb/internal/serve"
+	"github.com/llmlb/llmlb/proxy"
 	"github.com/llmlb/llmlb/scrape"
 	"github.com/llmlb/llmlb/sim"
 	"github.com/openai/openai-go/v3"
@@ -91,14 +93,14 @@ func startSource(t *testing.T, cfg config.Config, src *serve.Source, n int) *ser
 // backends' URLs, from /debug/backends.
 func backendNames(t *testing.T, adminAddr string) map[string]string {
 	t.Helper()
-	return backendField(t, adminAddr, func(b sim.BackendView) (string, string) { return b.Name, b.URL })
+	return backendField(t, adminAddr, func(b proxy.BackendStatus) (string, string) { return b.Name, b.URL })
 }
 
 // backendField maps each backend of /debug/backends by kv's key to its
 // value.
-func backendField(t *testing.T, adminAddr string, kv func(sim.BackendView) (string, string)) map[string]string {
+func backendField(t *testing.T, adminAddr string, kv func(proxy.BackendStatus) (string, string)) map[string]string {
 	t.Helper()
-	bs, err := sim.FetchBackends(http.DefaultClient, "http://"+adminAddr)
+	bs, err := proxy.FetchBackends(http.DefaultClient, "http://"+adminAddr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,13 +120,13 @@ func waitBackends(t *testing.T, adminAddr string, n int) {
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for ; time.Now().Before(deadline); <-tick.C {
-		bs, err := sim.FetchBackends(http.DefaultClient, "http://"+adminAddr)
+		bs, err := proxy.FetchBackends(http.DefaultClient, "http://"+adminAddr)
 		if err != nil {
 			continue
 		}
 		ready := 0
 		for _, b := range bs {
-			if b.State == "ready" && len(b.Models) > 0 {
+			if b.State == balancer.StateReady && len(b.Models) > 0 {
 				ready++
 			}
 		}
@@ -290,7 +292,7 @@ func TestOpenAISDKEndToEnd(t *testing.T) {
 				t.Errorf("/metrics lacks %s", name)
 			}
 		}
-		bs, err := sim.FetchBackends(http.DefaultClient, "http://"+inst.AdminAddr)
+		bs, err := proxy.FetchBackends(http.DefaultClient, "http://"+inst.AdminAddr)
 		if err != nil {
 			t.Fatal(err)
 		}

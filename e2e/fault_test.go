@@ -12,8 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmlb/llmlb/balancer"
 	"github.com/llmlb/llmlb/bench"
 	"github.com/llmlb/llmlb/internal/config"
+	"github.com/llmlb/llmlb/proxy"
 	"github.com/llmlb/llmlb/sim"
 )
 
@@ -141,7 +143,7 @@ func runFault(t *testing.T, fc faultCase) {
 	type sample struct {
 		at  time.Time
 		in  bool
-		all []sim.BackendView
+		all []proxy.BackendStatus
 	}
 	var (
 		mu      sync.Mutex
@@ -159,14 +161,14 @@ func runFault(t *testing.T, fc faultCase) {
 				return
 			case <-tick.C:
 			}
-			bs, err := sim.FetchBackends(http.DefaultClient, "http://"+inst.AdminAddr)
+			bs, err := proxy.FetchBackends(http.DefaultClient, "http://"+inst.AdminAddr)
 			if err != nil {
 				continue
 			}
 			for _, b := range bs {
 				if b.ID == bad {
 					mu.Lock()
-					samples = append(samples, sample{at: time.Now(), in: b.State == "ready" && !b.Stale && b.Ejection == nil, all: bs})
+					samples = append(samples, sample{at: time.Now(), in: b.State == balancer.StateReady && !b.Stale && b.Ejection == nil, all: bs})
 					mu.Unlock()
 				}
 			}
@@ -255,7 +257,7 @@ func runFault(t *testing.T, fc faultCase) {
 	// timeout of llmlb's.
 	var busy []string
 	if !waitFor(time.Minute, func() bool {
-		bs, err := sim.FetchBackends(http.DefaultClient, "http://"+inst.AdminAddr)
+		bs, err := proxy.FetchBackends(http.DefaultClient, "http://"+inst.AdminAddr)
 		busy = busy[:0]
 		for _, b := range bs {
 			if b.InFlight != 0 {

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmlb/llmlb/balancer"
+	"github.com/llmlb/llmlb/proxy"
 	"github.com/llmlb/llmlb/sim"
 )
 
@@ -65,16 +67,16 @@ func (tr *traffic) fail(msg string) {
 // backendState waits until id is in state want on /debug/backends.
 func backendState(t *testing.T, adminAddr, id, want string) {
 	t.Helper()
-	waitBackend(t, adminAddr, id, want, func(b sim.BackendView) bool { return b.State == want })
+	waitBackend(t, adminAddr, id, want, func(b proxy.BackendStatus) bool { return b.State.String() == want })
 }
 
 // waitBackend waits until /debug/backends shows id as ok wants it; what
 // says how, for the failure message.
-func waitBackend(t *testing.T, adminAddr, id, what string, ok func(sim.BackendView) bool) {
+func waitBackend(t *testing.T, adminAddr, id, what string, ok func(proxy.BackendStatus) bool) {
 	t.Helper()
-	var last []sim.BackendView
+	var last []proxy.BackendStatus
 	if !waitFor(time.Minute, func() bool {
-		bs, err := sim.FetchBackends(http.DefaultClient, "http://"+adminAddr)
+		bs, err := proxy.FetchBackends(http.DefaultClient, "http://"+adminAddr)
 		if err != nil {
 			return false
 		}
@@ -143,8 +145,8 @@ func TestKilledBackendLeavesRotation(t *testing.T) {
 	revived := &httptest.Server{Listener: ln, Config: &http.Server{Handler: s.Handler()}}
 	revived.Start()
 	t.Cleanup(revived.Close) // after the traffic stops
-	waitBackend(t, inst.AdminAddr, victim.URL, "back in rotation", func(b sim.BackendView) bool {
-		return b.State == "ready" && !b.Stale && b.Ejection == nil
+	waitBackend(t, inst.AdminAddr, victim.URL, "back in rotation", func(b proxy.BackendStatus) bool {
+		return b.State == balancer.StateReady && !b.Stale && b.Ejection == nil
 	})
 }
 

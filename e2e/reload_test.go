@@ -13,6 +13,7 @@ import (
 
 	"github.com/llmlb/llmlb/internal/config"
 	"github.com/llmlb/llmlb/internal/serve"
+	"github.com/llmlb/llmlb/proxy"
 	"github.com/llmlb/llmlb/sim"
 )
 
@@ -83,7 +84,7 @@ func waitMetric(t *testing.T, adminAddr, sample string, want float64) {
 
 func backendStates(t *testing.T, adminAddr string) map[string]string {
 	t.Helper()
-	return backendField(t, adminAddr, func(b sim.BackendView) (string, string) { return b.ID, b.State })
+	return backendField(t, adminAddr, func(b proxy.BackendStatus) (string, string) { return b.ID, b.State.String() })
 }
 
 // TestReloadOnFileChange: a new backend list written over the config file

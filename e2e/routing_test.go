@@ -12,6 +12,7 @@ import (
 
 	"github.com/llmlb/llmlb/balancer"
 	"github.com/llmlb/llmlb/internal/serve"
+	"github.com/llmlb/llmlb/proxy"
 	"github.com/llmlb/llmlb/sim"
 )
 
@@ -19,10 +20,10 @@ import (
 func waitFresh(t *testing.T, adminAddr string, n int) {
 	t.Helper()
 	if !waitFor(time.Minute, func() bool {
-		bs, err := sim.FetchBackends(http.DefaultClient, "http://"+adminAddr)
+		bs, err := proxy.FetchBackends(http.DefaultClient, "http://"+adminAddr)
 		fresh := 0
 		for _, b := range bs {
-			if b.State == "ready" && !b.Stale {
+			if b.State == balancer.StateReady && !b.Stale {
 				fresh++
 			}
 		}
@@ -123,7 +124,7 @@ func TestSharedPrefixRequestsEndToEnd(t *testing.T) {
 	if answered != 50 {
 		t.Errorf("%d of 50 requests answered", answered)
 	}
-	bs, err := sim.FetchBackends(http.DefaultClient, "http://"+inst.AdminAddr)
+	bs, err := proxy.FetchBackends(http.DefaultClient, "http://"+inst.AdminAddr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,7 +212,7 @@ func TestModelAliasRewritesBothWays(t *testing.T) {
 
 func totalRequests(t *testing.T, adminAddr string) int64 {
 	t.Helper()
-	bs, err := sim.FetchBackends(http.DefaultClient, "http://"+adminAddr)
+	bs, err := proxy.FetchBackends(http.DefaultClient, "http://"+adminAddr)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/llmlb/llmlb/sim"
+	"github.com/llmlb/llmlb/proxy"
 )
 
 // TestSoak is `make soak` (issue 17): LLMLBTEST_SOAK_STREAMS concurrent
@@ -354,7 +354,7 @@ func measureErr(pid int, admin string) (procSample, error) {
 			s.goroutines = int(f)
 		}
 	}
-	bs, err := sim.FetchBackends(http.DefaultClient, admin)
+	bs, err := proxy.FetchBackends(http.DefaultClient, admin)
 	if err != nil {
 		return s, err
 	}

@@ -16,7 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmlb/llmlb/balancer"
 	"github.com/llmlb/llmlb/internal/demo"
+	"github.com/llmlb/llmlb/proxy"
 	"github.com/llmlb/llmlb/scrape"
 	"github.com/llmlb/llmlb/sim"
 )
@@ -100,13 +102,13 @@ func TestStatusPageInChromium(t *testing.T) {
 	deadline := time.Now().Add(20 * time.Second)
 	var ids []string
 	for {
-		bs, err := sim.FetchBackends(http.DefaultClient, strings.TrimSuffix(admin, "/"))
+		bs, err := proxy.FetchBackends(http.DefaultClient, strings.TrimSuffix(admin, "/"))
 		if err == nil {
 			ids = ids[:0]
 			ready, served := 0, 0
 			for _, b := range bs {
 				ids = append(ids, b.ID)
-				if b.State == "ready" && b.Engine == "vllm" {
+				if b.State == balancer.StateReady && b.Engine == "vllm" {
 					ready++
 				}
 				if b.Requests > 0 {
@@ -170,11 +172,11 @@ func TestStatusPageWithDownBackendFits(t *testing.T) {
 		Models: []string{testModel}})
 	cfg.Scrape.UnhealthyAfter = 1
 	inst := startTest(t, cfg, 2)
-	waitFor := func(what string, cond func([]sim.BackendView) bool) {
+	waitFor := func(what string, cond func([]proxy.BackendStatus) bool) {
 		t.Helper()
 		deadline := time.Now().Add(15 * time.Second)
 		for {
-			bs, err := sim.FetchBackends(http.DefaultClient, "http://"+inst.AdminAddr)
+			bs, err := proxy.FetchBackends(http.DefaultClient, "http://"+inst.AdminAddr)
 			if err == nil && cond(bs) {
 				return
 			}
@@ -184,9 +186,9 @@ func TestStatusPageWithDownBackendFits(t *testing.T) {
 			<-time.After(20 * time.Millisecond)
 		}
 	}
-	waitFor("the unresolvable backend down", func(bs []sim.BackendView) bool {
+	waitFor("the unresolvable backend down", func(bs []proxy.BackendStatus) bool {
 		for _, b := range bs {
-			if strings.Contains(b.ID, "invalid") && b.State == "down" {
+			if strings.Contains(b.ID, "invalid") && b.State == balancer.StateDown {
 				return true
 			}
 		}
