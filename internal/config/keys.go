@@ -10,6 +10,41 @@ import (
 	"strings"
 )
 
+// Keys returns the path of every key config.yaml may set, in the order
+// the Config type declares them: mapstructure tags joined by dots, with
+// "[]" for each element of a list of sections (backends[].url) and
+// "<name>" for each entry of a map of sections (engines.<name>.queued).
+// Sections are not listed themselves; a list or map of plain values is a
+// key (backends[].labels).
+func Keys() []string {
+	return appendKeys(nil, reflect.TypeFor[Config](), "")
+}
+
+func appendKeys(keys []string, t reflect.Type, prefix string) []string {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		tag := f.Tag.Get("mapstructure")
+		if tag == "" || tag == "-" {
+			continue
+		}
+		key := tag
+		if prefix != "" {
+			key = prefix + "." + tag
+		}
+		switch ft := f.Type; {
+		case ft.Kind() == reflect.Struct:
+			keys = appendKeys(keys, ft, key)
+		case ft.Kind() == reflect.Slice && ft.Elem().Kind() == reflect.Struct:
+			keys = appendKeys(keys, ft.Elem(), key+"[]")
+		case ft.Kind() == reflect.Map && ft.Elem().Kind() == reflect.Struct:
+			keys = appendKeys(keys, ft.Elem(), key+".<name>")
+		default:
+			keys = append(keys, key)
+		}
+	}
+	return keys
+}
+
 // flatten records every leaf of the struct v under its dotted mapstructure
 // key. Slices and maps are leaves.
 func flatten(v reflect.Value, prefix string, out map[string]any) {
