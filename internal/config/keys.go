@@ -23,13 +23,9 @@ func Keys() []string {
 func appendKeys(keys []string, t reflect.Type, prefix string) []string {
 	for i := range t.NumField() {
 		f := t.Field(i)
-		tag := f.Tag.Get("mapstructure")
-		if tag == "" || tag == "-" {
+		key, ok := fieldKey(f, prefix)
+		if !ok {
 			continue
-		}
-		key := tag
-		if prefix != "" {
-			key = prefix + "." + tag
 		}
 		switch ft := f.Type; {
 		case ft.Kind() == reflect.Struct:
@@ -45,19 +41,28 @@ func appendKeys(keys []string, t reflect.Type, prefix string) []string {
 	return keys
 }
 
+// fieldKey returns the dotted key of struct field f under prefix, or false
+// for a field config does not set.
+func fieldKey(f reflect.StructField, prefix string) (string, bool) {
+	tag := f.Tag.Get("mapstructure")
+	switch {
+	case tag == "" || tag == "-":
+		return "", false
+	case prefix == "":
+		return tag, true
+	}
+	return prefix + "." + tag, true
+}
+
 // flatten records every leaf of the struct v under its dotted mapstructure
 // key. Slices and maps are leaves.
 func flatten(v reflect.Value, prefix string, out map[string]any) {
 	t := v.Type()
 	for i := range t.NumField() {
 		f := t.Field(i)
-		tag := f.Tag.Get("mapstructure")
-		if tag == "" || tag == "-" {
+		key, ok := fieldKey(f, prefix)
+		if !ok {
 			continue
-		}
-		key := tag
-		if prefix != "" {
-			key = prefix + "." + tag
 		}
 		if f.Type.Kind() == reflect.Struct {
 			flatten(v.Field(i), key, out)
