@@ -10,14 +10,20 @@ type Explanation struct {
 	Tier         string             `json:"tier"`
 	PromptTokens int                `json:"prompt_tokens"`
 	Backends     []BackendBreakdown `json:"backends"`
-	Chosen       []string           `json:"chosen"`
-	Reason       Reason             `json:"reason"`
-	Error        string             `json:"error,omitempty"`
+	// Chosen are the backends the request would be tried on, best first,
+	// by ID; ChosenNames the same by Name, as x-llmlb-backend shows them.
+	Chosen      []string `json:"chosen"`
+	ChosenNames []string `json:"chosen_names"`
+	Reason      Reason   `json:"reason"`
+	Error       string   `json:"error,omitempty"`
 }
 
 // BackendBreakdown is one backend in an [Explanation].
 type BackendBreakdown struct {
-	ID string `json:"id"`
+	// ID is the backend's URL; Name is what clients see of it in
+	// x-llmlb-backend ([Backend.Name]).
+	ID   string `json:"id"`
+	Name string `json:"name"`
 	// Excluded says why the backend was not a candidate; empty if it was.
 	Excluded string `json:"excluded,omitempty"`
 	// Score is the weighted total in [0,1] (higher is better), for pickers
@@ -28,14 +34,14 @@ type BackendBreakdown struct {
 
 func (e *Explanation) skip(be *Backend, why string) {
 	if e != nil {
-		e.Backends = append(e.Backends, BackendBreakdown{ID: be.ID, Excluded: why})
+		e.Backends = append(e.Backends, BackendBreakdown{ID: be.ID, Name: be.Name, Excluded: why})
 	}
 }
 
 func (e *Explanation) add(c *Candidate, score float64, why string) {
 	if e != nil {
 		cc := *c
-		e.Backends = append(e.Backends, BackendBreakdown{ID: c.Backend.ID, Excluded: why, Score: score, Candidate: &cc})
+		e.Backends = append(e.Backends, BackendBreakdown{ID: c.Backend.ID, Name: c.Backend.Name, Excluded: why, Score: score, Candidate: &cc})
 	}
 }
 

@@ -228,6 +228,7 @@ func (b *Balancer) choose(s *scratch, p *PickInfo, dst []*Backend, ex *Explanati
 		ex.Reason = reason
 		for _, be := range dec.Candidates {
 			ex.Chosen = append(ex.Chosen, be.ID)
+			ex.ChosenNames = append(ex.ChosenNames, be.Name)
 		}
 	}
 	return dec, primary, nil

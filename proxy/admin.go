@@ -117,7 +117,8 @@ func (s *Server) AdminHandler(g prometheus.Gatherer) http.Handler {
 // serveRoute answers POST /debug/route: the body is a completions or chat
 // request (chat when it has "messages"; ?kind=completions or ?kind=chat
 // forces one), and the answer is how the balancer would route it, every
-// backend's score breakdown included. Nothing is sent to any backend and
+// backend's score breakdown included, each backend by its URL (id) and by
+// the name x-llmlb-backend gives it. Nothing is sent to any backend and
 // no routing state changes.
 func (s *Server) serveRoute(w http.ResponseWriter, r *http.Request) {
 	var buf bytes.Buffer

@@ -4,11 +4,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/llmlb/llmlb/balancer"
 	"github.com/llmlb/llmlb/internal/config"
 )
 
@@ -219,4 +222,181 @@ func validate(t *testing.T, env config.Environ, path string) (stdout, stderr str
 		return "", err.Error() + "\n", err
 	}
 	return fmt.Sprintf("%s: ok (%d backends)\n", path, len(cfg.Backends)), "", nil
+}
+
+// TestKeys: config.Keys names sections' keys by their path, list elements
+// by [] and map entries by <name>, and leaves out fields config does not
+// set.
+func TestKeys(t *testing.T) {
+	keys := config.Keys()
+	for _, want := range []string{"listen", "proxy.retry_broken_connections", "balancer.ttft.prefill_rate", "auth.keys[].priority",
+		"models[].targets[].weight", "engines.<name>.queued", "backends[].url", "backends[].labels"} {
+		if !slices.Contains(keys, want) {
+			t.Errorf("Keys() lacks %s", want)
+		}
+	}
+	for _, k := range keys {
+		if k == "balancer" || k == "backends" || strings.HasSuffix(k, "max_candidates") {
+			t.Errorf("Keys() has %s, a section or a field config does not set", k)
+		}
+	}
+}
+
+// TestConfigYAMLNamesEveryKey: config.yaml is the reference of every key.
+// It names each key the code defines ([config.Keys]) at its place, as a
+// key or as a key of a commented-out example, and no key the code lacks.
+func TestConfigYAMLNamesEveryKey(t *testing.T) {
+	b, err := os.ReadFile("../../config.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := yamlKeys(string(b))
+	keys := config.Keys()
+	for _, k := range keys {
+		if !slices.ContainsFunc(found, func(f yamlKey) bool { return keyMatch(f.path, k, false) }) {
+			t.Errorf("config.yaml lacks %s", k)
+		}
+	}
+	for _, f := range found {
+		if !slices.ContainsFunc(keys, func(k string) bool { return keyMatch(f.path, k, true) }) {
+			t.Errorf("config.yaml:%d: %s is no key of the code", f.line, f.path)
+		}
+	}
+}
+
+// TestConfigYAMLNamesEveryPolicy: the comment over config.yaml's
+// balancer.policy names every policy serve accepts.
+func TestConfigYAMLNamesEveryPolicy(t *testing.T) {
+	b, err := os.ReadFile("../../config.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(string(b), "\n")
+	at := slices.IndexFunc(lines, func(l string) bool { return strings.HasPrefix(l, "  policy:") })
+	if at < 0 {
+		t.Fatal("config.yaml has no balancer.policy")
+	}
+	var words []string
+	for i := at - 1; i >= 0 && strings.HasPrefix(strings.TrimSpace(lines[i]), "#"); i-- {
+		words = append(words, strings.FieldsFunc(lines[i], func(r rune) bool {
+			return !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-')
+		})...)
+	}
+	for _, p := range balancer.PolicyNames() {
+		if !slices.Contains(words, p) {
+			t.Errorf("config.yaml's comment on balancer.policy does not name policy %s", p)
+		}
+	}
+}
+
+// TestConfigYAMLShowsDefaults: config.yaml's values outside backends,
+// models and engines are the defaults.
+func TestConfigYAMLShowsDefaults(t *testing.T) {
+	cfg, err := config.Load("../../config.yaml", noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	def := config.DefaultConfig()
+	cfg.Backends, cfg.Models, cfg.Engines = def.Backends, def.Models, def.Engines
+	got, want := reflect.ValueOf(cfg), reflect.ValueOf(def)
+	for i := range got.NumField() {
+		// %v prints an empty list as the defaults' nil one: [].
+		if g, w := fmt.Sprintf("%+v", got.Field(i)), fmt.Sprintf("%+v", want.Field(i)); g != w {
+			t.Errorf("config.yaml's %s is not the default:\n got %s\nwant %s", got.Type().Field(i).Name, g, w)
+		}
+	}
+}
+
+// yamlKey is a key found in config.yaml: its path as [config.Keys] writes
+// it, map entries by their own names (engines.vllm.queued), and its line.
+type yamlKey struct {
+	path string
+	line int
+}
+
+var (
+	// keyLine is a line that opens a key, as a list element or not.
+	keyLine = regexp.MustCompile(`^( *)(- +)?([a-z][a-z0-9_-]*):(?: |$)`)
+	// flowItem is a list element written as a flow mapping, {a: 1, b: 2}.
+	flowItem = regexp.MustCompile(`^( *)- +\{(.*)\}`)
+	flowKey  = regexp.MustCompile(`([a-z][a-z0-9_-]*): `)
+)
+
+// yamlKeys returns the keys of a YAML file by their indentation, and those
+// of its commented-out examples read as if the comment mark were not
+// there ("  # - name: x" is "  - name: x"); so a line of prose must not
+// start with a lower-case word and a colon.
+func yamlKeys(text string) []yamlKey {
+	type open struct {
+		indent int
+		path   string
+		item   bool // a list element, "-"
+	}
+	var stack []open
+	var out []yamlKey
+	parent := func() string {
+		if len(stack) == 0 {
+			return ""
+		}
+		return stack[len(stack)-1].path + "."
+	}
+	for n, line := range strings.Split(text, "\n") {
+		if i := strings.Index(line, "#"); i >= 0 && strings.TrimSpace(line[:i]) == "" {
+			line = line[:i] + strings.TrimPrefix(line[i+1:], " ")
+		}
+		m := keyLine.FindStringSubmatch(line)
+		flow := flowItem.FindStringSubmatch(line)
+		if m == nil && flow == nil {
+			continue
+		}
+		var col int
+		if m != nil {
+			col = len(m[1])
+		} else {
+			col = len(flow[1])
+		}
+		if m != nil && m[2] == "" { // key: closes what is as deep or deeper
+			for len(stack) > 0 && stack[len(stack)-1].indent >= col {
+				stack = stack[:len(stack)-1]
+			}
+		} else { // - closes what is deeper and the element before it
+			for len(stack) > 0 && stack[len(stack)-1].indent > col {
+				stack = stack[:len(stack)-1]
+			}
+			if len(stack) > 0 && stack[len(stack)-1].item && stack[len(stack)-1].indent == col {
+				stack = stack[:len(stack)-1]
+			}
+			stack = append(stack, open{indent: col, path: strings.TrimSuffix(parent(), ".") + "[]", item: true})
+			if m != nil {
+				col += len(m[2]) // the key sits after the "- "
+			}
+		}
+		if flow != nil {
+			for _, k := range flowKey.FindAllStringSubmatch(flow[2], -1) {
+				out = append(out, yamlKey{parent() + k[1], n + 1})
+			}
+			continue
+		}
+		path := parent() + m[3]
+		out = append(out, yamlKey{path, n + 1})
+		stack = append(stack, open{indent: col, path: path})
+	}
+	return out
+}
+
+// keyMatch reports whether a path found in config.yaml is key, a
+// "<name>" in key matching any one name. With within, a section or list
+// holding key, or a name inside key's value, matches too.
+func keyMatch(path, key string, within bool) bool {
+	split := func(s string) []string { return strings.Split(strings.ReplaceAll(s, "[]", ".[]"), ".") }
+	p, k := split(path), split(key)
+	if !within && len(p) != len(k) {
+		return false
+	}
+	for i := range min(len(p), len(k)) {
+		if p[i] != k[i] && k[i] != "<name>" {
+			return false
+		}
+	}
+	return true
 }

@@ -10,19 +10,59 @@ import (
 	"strings"
 )
 
+// Keys returns the path of every key config.yaml may set, in the order
+// the Config type declares them: mapstructure tags joined by dots, with
+// "[]" for each element of a list of sections (backends[].url) and
+// "<name>" for each entry of a map of sections (engines.<name>.queued).
+// Sections are not listed themselves; a list or map of plain values is a
+// key (backends[].labels).
+func Keys() []string {
+	return appendKeys(nil, reflect.TypeFor[Config](), "")
+}
+
+func appendKeys(keys []string, t reflect.Type, prefix string) []string {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		key, ok := fieldKey(f, prefix)
+		if !ok {
+			continue
+		}
+		switch ft := f.Type; {
+		case ft.Kind() == reflect.Struct:
+			keys = appendKeys(keys, ft, key)
+		case ft.Kind() == reflect.Slice && ft.Elem().Kind() == reflect.Struct:
+			keys = appendKeys(keys, ft.Elem(), key+"[]")
+		case ft.Kind() == reflect.Map && ft.Elem().Kind() == reflect.Struct:
+			keys = appendKeys(keys, ft.Elem(), key+".<name>")
+		default:
+			keys = append(keys, key)
+		}
+	}
+	return keys
+}
+
+// fieldKey returns the dotted key of struct field f under prefix, or false
+// for a field config does not set.
+func fieldKey(f reflect.StructField, prefix string) (string, bool) {
+	tag := f.Tag.Get("mapstructure")
+	switch {
+	case tag == "" || tag == "-":
+		return "", false
+	case prefix == "":
+		return tag, true
+	}
+	return prefix + "." + tag, true
+}
+
 // flatten records every leaf of the struct v under its dotted mapstructure
 // key. Slices and maps are leaves.
 func flatten(v reflect.Value, prefix string, out map[string]any) {
 	t := v.Type()
 	for i := range t.NumField() {
 		f := t.Field(i)
-		tag := f.Tag.Get("mapstructure")
-		if tag == "" || tag == "-" {
+		key, ok := fieldKey(f, prefix)
+		if !ok {
 			continue
-		}
-		key := tag
-		if prefix != "" {
-			key = prefix + "." + tag
 		}
 		if f.Type.Kind() == reflect.Struct {
 			flatten(v.Field(i), key, out)
