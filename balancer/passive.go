@@ -47,8 +47,8 @@ type PassiveConfig struct {
 	// ejection. (default 3)
 	OutlierTTFTFactor float64 `mapstructure:"outlier_ttft_factor"`
 	// OutlierMinExcess is how far beyond the fleet's median a backend's
-	// time to first token must also be, so that 30 ms against 10 ms is
-	// not an outlier. (default 1s)
+	// time to first token must also be, so that a few times a short
+	// median, a few milliseconds, is not an outlier. (default 1s)
 	OutlierMinExcess time.Duration `mapstructure:"outlier_min_excess"`
 	// OutlierMinSamples is the first tokens a backend must have answered
 	// in a size class, since it was last readmitted, before it is judged
