@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -17,17 +19,21 @@ func TestBenchDeterministic(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a long virtual-time replay; make test runs it")
 	}
+	t.Parallel() // long and single-threaded: beside the others, it uses the second core
 	opts := Options{
 		Policies: []string{"default", "epp", "sglang-cache-aware", "ttft-true-cache", "llm-d-precise"},
 		Backends: 4,
 		Params:   Params{Scale: 0.015, Rate: 4, Seed: 7}, // compressed: scrapes cost by the virtual second
 	}
-	a, err := Bench(context.Background(), opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := Bench(context.Background(), opts)
-	if err != nil {
+	// The two runs go side by side, so they also show that runs share no
+	// state.
+	var a, b Report
+	var errA, errB error
+	var wg sync.WaitGroup
+	wg.Go(func() { a, errA = Bench(context.Background(), opts) })
+	wg.Go(func() { b, errB = Bench(context.Background(), opts) })
+	wg.Wait()
+	if err := errors.Join(errA, errB); err != nil {
 		t.Fatal(err)
 	}
 	ja, _ := json.Marshal(a)
@@ -205,6 +211,7 @@ func TestSweepReplicasExperiments(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a long virtual-time replay; make test runs it")
 	}
+	t.Parallel() // long and single-threaded: beside the others, it uses the second core
 	o := Options{Workloads: []string{"shared-prefix"}, Policies: []string{"default", "epp", "round-robin"}, Backends: 4, Params: Params{Scale: 0.05, Seed: 3}}
 	run := func() string {
 		var b strings.Builder
@@ -319,6 +326,7 @@ func TestKVEventsKeepReplicasTogether(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a long virtual-time replay; make test runs it")
 	}
+	t.Parallel() // long and single-threaded: beside the others, it uses the second core
 	w, err := Build("mooncake-conversation", Params{Scale: 0.05, Seed: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -326,14 +334,24 @@ func TestKVEventsKeepReplicasTogether(t *testing.T) {
 	hit := func(replicas int, events bool) float64 {
 		res, bals, err := runAll(Cluster{Presets: Presets(8, 0), Policy: "default", Seed: 1, Replicas: replicas, KVEvents: events}, w)
 		if err != nil {
-			t.Fatal(err)
+			t.Error(err) // not Fatal: hit runs on its own goroutine
+			return 0
 		}
 		if !bals[0].ReadsCacheEvents() && events {
-			t.Fatal("the default does not read KV events")
+			t.Error("the default does not read KV events")
 		}
 		return float64(res.CachedTokens) / float64(res.PromptTokens)
 	}
-	one, eight, eightEvents := hit(1, true), hit(8, false), hit(8, true)
+	// The three runs are independent: side by side, they use both cores.
+	var one, eight, eightEvents float64
+	var wg sync.WaitGroup
+	wg.Go(func() { one = hit(1, true) })
+	wg.Go(func() { eight = hit(8, false) })
+	wg.Go(func() { eightEvents = hit(8, true) })
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
 	t.Logf("hit rate: 1 replica with events %.3f, 8 without %.3f, 8 with %.3f", one, eight, eightEvents)
 	if eightEvents < 0.75*one || eightEvents < 1.5*eight {
 		t.Errorf("8 replicas reading events kept %.3f of one replica's hit rate (%.3f against %.3f); 8 without them %.3f", eightEvents/one, eightEvents, one, eight)
