@@ -432,7 +432,7 @@ spec:
 // TestDeploymentFiles: the Dockerfile builds this module's main package
 // statically and runs it as a non-root user; the systemd unit serves a
 // config and reloads with SIGHUP; every query of the Grafana dashboard
-// names only metrics the README documents.
+// names only metrics docs/operations.md documents.
 func TestDeploymentFiles(t *testing.T) {
 	df, err := os.ReadFile("../examples/Dockerfile")
 	if err != nil {
@@ -458,7 +458,7 @@ func TestDeploymentFiles(t *testing.T) {
 		for _, m := range regexp.MustCompile(`llmlb_[a-z_]+`).FindAllString(q[1], -1) {
 			base := strings.TrimSuffix(m, "_bucket")
 			if !slices.Contains(documented, base) {
-				t.Errorf("panel %q queries %s, which README does not document", q[0], m)
+				t.Errorf("panel %q queries %s, which %s does not document", q[0], m, metricsPage)
 			}
 			used[base] = true
 		}

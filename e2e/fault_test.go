@@ -27,7 +27,7 @@ import (
 // it is out (those already on it when it broke may), and every ledger
 // ends at 0 in flight. How soon it leaves and returns, by which rule, is
 // proxy's TestFaultyBackendLeavesRotation, in virtual time. The fault
-// lasts LLMLB_FAULT_SECONDS (default 2; issue 17's drill is 10).
+// lasts LLMLBTEST_FAULT_SECONDS (default 2; issue 17's drill is 10).
 
 // faultCase is one fault and what it may cost clients.
 type faultCase struct {
@@ -72,13 +72,13 @@ func TestFaultHealthFlap(t *testing.T)  { runFault(t, faultCase{spec: "health-fl
 
 // faultSeconds is how long each fault test's fault lasts.
 func faultSeconds(t *testing.T) time.Duration {
-	s := os.Getenv("LLMLB_FAULT_SECONDS")
+	s := os.Getenv("LLMLBTEST_FAULT_SECONDS")
 	if s == "" {
 		return 2 * time.Second
 	}
 	n, err := strconv.ParseFloat(s, 64)
 	if err != nil || n <= 0 {
-		t.Fatalf("LLMLB_FAULT_SECONDS=%q: want a positive number of seconds", s)
+		t.Fatalf("LLMLBTEST_FAULT_SECONDS=%q: want a positive number of seconds", s)
 	}
 	return time.Duration(n * float64(time.Second))
 }

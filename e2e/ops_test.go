@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,10 +26,15 @@ import (
 // secret is in every prompt of the mixed run; no log line may carry it.
 const secret = "PROMPT-SECRET-7f3a"
 
-// documentedMetrics reads the metric names of README's metrics table.
+// metricsPage is the page whose table documents every metric llmlb
+// registers.
+const metricsPage = "../docs/operations.md"
+
+// documentedMetrics reads the metric names of the metrics table in
+// docs/operations.md.
 func documentedMetrics(t *testing.T) []string {
 	t.Helper()
-	b, err := os.ReadFile("../README.md")
+	b, err := os.ReadFile(metricsPage)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +43,7 @@ func documentedMetrics(t *testing.T) []string {
 		names = append(names, string(m[1]))
 	}
 	if len(names) < 20 {
-		t.Fatalf("README's metrics table has %d rows", len(names))
+		t.Fatalf("%s: the metrics table has %d rows", metricsPage, len(names))
 	}
 	return names
 }
@@ -89,8 +95,9 @@ func sum(ss map[string][]sample, name string, want ...string) (total float64, n 
 // with and without the client asking for usage, a plain completion, chat,
 // an alias, a LoRA adapter, errors, and a backend that answers 503 to
 // everything and so is retried past and ejected, a dead backend, a vLLM
-// backend declared sglang, and DNS discovery. Then: every metric README
-// documents is on /metrics with sensible values; the access log has
+// backend declared sglang, and DNS discovery. Then: every metric
+// docs/operations.md documents is on /metrics with sensible values, and
+// every llmlb_ metric on /metrics is documented; the access log has
 // exactly one line per request and no prompt text; request IDs reach the
 // backend and come back; the usage chunk llmlb asked for never reaches a
 // client that did not.
@@ -275,6 +282,21 @@ func TestOperationsMixedRun(t *testing.T) {
 		}
 		if len(ss[name]) == 0 && len(ss[name+"_count"]) == 0 {
 			t.Errorf("/metrics lacks documented %s", name)
+		}
+	}
+	documented := documentedMetrics(t)
+	for name := range ss {
+		if !strings.HasPrefix(name, "llmlb_") {
+			continue
+		}
+		family := name
+		for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+			if base, ok := strings.CutSuffix(name, suffix); ok && slices.Contains(documented, base) {
+				family = base
+			}
+		}
+		if !slices.Contains(documented, family) {
+			t.Errorf("/metrics has %s, which %s does not document", name, metricsPage)
 		}
 	}
 	check := func(what string, cond bool) {

@@ -110,8 +110,8 @@ const jsonCT = "Content-Type: application/json\r\n"
 // TestHostileRequestsNeverReachBackend sends requests a hostile or broken
 // client might send through a real llmlb in front of a backend that records
 // what reaches it: none does, and each gets an OpenAI-shaped JSON error
-// unless net/http refuses it before any handler runs (plain: true; the
-// README says which).
+// unless net/http refuses it before any handler runs (plain: true;
+// docs/security.md says which).
 func TestHostileRequestsNeverReachBackend(t *testing.T) {
 	rb := newRecordingBackend(t)
 	cfg := DefaultConfig()

@@ -37,7 +37,7 @@ const (
 // chatbot-short workload, which the page does not state: a short chat turn.
 const chatbotShortIn, chatbotShortOut = 128, 128
 
-// Calibrations is the calibration table, in README order.
+// Calibrations is the calibration table, in the order of docs/simulator.md.
 func Calibrations() []Calibration {
 	return []Calibration{
 		{Quantity: "TTFT p50, 1 client, short prompt", Preset: "h100-8b", Published: 13.98, Unit: "ms", Source: yobitel, Tolerance: 0.25,

@@ -8,7 +8,7 @@ import (
 
 // TestCalibration holds the engine model to the published measurements of
 // the calibration table, each within its stated tolerance, and prints the
-// table README shows (go test -run TestCalibration -v ./sim).
+// table docs/simulator.md shows (go test -run TestCalibration -v ./sim).
 func TestCalibration(t *testing.T) {
 	for _, c := range Calibrations() {
 		got := c.Model()

@@ -55,8 +55,8 @@ const (
 	FaultHealthFlap FaultKind = "health-flap"
 )
 
-// FaultKinds lists every fault, in the order README's fault drill gives
-// them.
+// FaultKinds lists every fault, in the order the fault drill in
+// docs/operations.md gives them.
 func FaultKinds() []FaultKind {
 	return []FaultKind{FaultRefuse, FaultClose, FaultDieMidStream, FaultHang, FaultStall, FaultDrip,
 		Fault5xx, Fault429, FaultMetricsGarbage, FaultMetricsHuge, FaultMetricsHang, FaultHealthFlap}

@@ -87,7 +87,8 @@ func PresetNames() []string { return slices.Clone(presetNames) }
 
 // Preset returns a built-in engine configuration. Each constant is derived
 // from the hardware and model below and then held to published
-// measurements by TestCalibration (README: the calibration table).
+// measurements by TestCalibration (docs/simulator.md: the calibration
+// table).
 //
 // h100-8b: one H100 SXM 80GB serving Llama-3.1-8B in bf16 with vLLM V1.
 //   - Weights: 8.03e9 parameters × 2 bytes = 16.1 GB. HBM3 bandwidth 3.35
