@@ -400,3 +400,28 @@ func keyMatch(path, key string, within bool) bool {
 	}
 	return true
 }
+
+// TestConfigurationDocNamesEveryKey holds docs/configuration.md to the
+// code: a row for every key [config.Keys] lists, its path in backticks
+// in the first column, and no row for a key the code lacks.
+func TestConfigurationDocNamesEveryKey(t *testing.T) {
+	b, err := os.ReadFile("../../docs/configuration.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := map[string]bool{}
+	for _, m := range regexp.MustCompile("(?m)^\\| `([a-z_.<>\\[\\]]+)` \\|").FindAllStringSubmatch(string(b), -1) {
+		rows[m[1]] = true
+	}
+	keys := config.Keys()
+	for _, k := range keys {
+		if !rows[k] {
+			t.Errorf("docs/configuration.md has no row for %s", k)
+		}
+	}
+	for r := range rows {
+		if !slices.Contains(keys, r) {
+			t.Errorf("docs/configuration.md has a row for %s, which is no key", r)
+		}
+	}
+}
