@@ -20,9 +20,11 @@ build:
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN) .
 
 # What CI runs: go vet, the whole suite once with the race detector, a
-# 30-second soak, then every fuzz target briefly.
+# 30-second soak, then every fuzz target briefly. vet builds with -race so
+# that the test run reuses its compiled packages instead of building them
+# a second time.
 test:
-	$(GO) vet ./...
+	$(GO) vet -race ./...
 	$(GO) test -race -count=1 ./...
 	$(MAKE) soak-short
 	$(MAKE) fuzz
@@ -36,16 +38,16 @@ check:
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK) ./...
 	$(GO) test -short -count=1 ./...
 
-# Runs each Fuzz* function found in the tests for FUZZTIME, one at a time
-# (go test -fuzz takes one target per run).
+# Runs each Fuzz* function found in the tests for FUZZTIME (go test -fuzz
+# takes one target per run): a package's targets one after another, two
+# packages at a time, so that one package's build overlaps another's
+# fuzzing.
 fuzz:
-	@set -e; for f in $$(grep -rl --include='*_test.go' '^func Fuzz' .); do \
-		pkg=./$$(dirname $${f#./}); \
-		for t in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$f); do \
-			echo "fuzz $$pkg $$t ($(FUZZTIME))"; \
-			$(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) $$pkg; \
-		done; \
-	done
+	@grep -rl --include='*_test.go' '^func Fuzz' . | xargs -n1 dirname | sort -u | \
+		xargs -P 2 -I{} sh -c 'for t in $$(sed -n "s/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p" {}/*_test.go); do \
+			echo "fuzz {} $$t ($(FUZZTIME))"; \
+			$(GO) test -run "^$$" -fuzz "^$$t$$" -fuzztime $(FUZZTIME) {} || exit 255; \
+		done'
 
 # SOAK_STREAMS concurrent streams for SOAK through the llmlb binary against
 # four emulated servers, one killed halfway and started again; prints
