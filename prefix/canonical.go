@@ -12,7 +12,8 @@ import (
 )
 
 // FormatError is a prompt or message list that cannot be a valid request.
-// Field names the request field ("prompt", "messages", "tools").
+// Field names the request field ("prompt", "messages", "tools", and for
+// the Responses and Messages APIs "input", "instructions", "system").
 type FormatError struct {
 	Field string
 	Msg   string
@@ -201,10 +202,7 @@ func appendChat(dst []byte, messages, tools json.RawMessage, valid bool, refs *r
 			return dst, formatErr("messages", "every message needs a role.")
 		}
 	}
-	start, referred := len(dst), 0 // referred: bytes of refs before this call
-	if refs != nil {
-		referred = refs.bytes()
-	}
+	mark := newTurnMark(dst, refs, turn)
 	tools = bytes.TrimSpace(tools)
 	if len(tools) > 0 && string(tools) != "null" {
 		var defs []json.RawMessage
@@ -219,41 +217,90 @@ func appendChat(dst []byte, messages, tools json.RawMessage, valid bool, refs *r
 			dst = append(dst, recordSep)
 		}
 	}
-	at := func() int { // the canonical length written so far
-		n := len(dst) - start
-		if refs != nil {
-			n += refs.bytes() - referred
-		}
-		return n
-	}
-	user := false
 	for _, m := range msgs {
-		first := !user && *m.Role == "user"
-		if first && turn != nil {
-			turn[0] = at()
-		}
-		dst = appendField(append(dst, 'm'), *m.Role)
-		dst = appendField(dst, m.Name)
-		dst = appendField(dst, m.ToolCallID)
+		mark.begin(dst, *m.Role)
+		dst = appendMessageHead(dst, *m.Role, m.Name, m.ToolCallID)
 		var err error
 		if dst, err = appendContent(dst, m.Content, valid, refs); err != nil {
 			return dst, err
 		}
 		dst = appendField(dst, m.ReasoningContent)
 		for _, tc := range m.ToolCalls {
-			dst = appendField(append(dst, 'c'), tc.ID)
-			dst = appendField(dst, tc.Function.Name)
-			dst = appendField(dst, argumentsText(tc.Function.Arguments))
+			dst = appendToolCall(dst, tc.ID, tc.Function.Name, argumentsText(tc.Function.Arguments))
 		}
 		dst = append(dst, recordSep)
-		if first {
-			user = true
-			if turn != nil {
-				turn[1] = at()
-			}
-		}
+		mark.end(dst)
 	}
 	return dst, nil
+}
+
+// A chat message's record is 'm', its role, name and tool_call_id
+// (appendMessageHead), its content (appendContent; a string is 's' and
+// the text as a field, appendPieces), its reasoning content as a field,
+// each tool call (appendToolCall), and a record separator. The Responses
+// and Messages canonicalisers write the chat messages an engine turns
+// their requests into with the same functions, so equal messages are
+// equal bytes.
+
+// appendMessageHead begins a chat message's record.
+func appendMessageHead(dst []byte, role, name, toolCallID string) []byte {
+	dst = appendField(append(dst, 'm'), role)
+	dst = appendField(dst, name)
+	return appendField(dst, toolCallID)
+}
+
+// appendToolCall writes one tool call of an assistant message.
+func appendToolCall(dst []byte, id, name, arguments string) []byte {
+	dst = appendField(append(dst, 'c'), id)
+	dst = appendField(dst, name)
+	return appendField(dst, arguments)
+}
+
+// turnMark records, for [Parts.FirstUser] and [Parts.FirstTurn], where the
+// first user message's record begins and ends in the canonical bytes: the
+// length written since start, plus the texts refs referred to since it
+// held referred bytes. A nil turn records nothing.
+type turnMark struct {
+	turn            *[2]int
+	refs            *refList
+	start, referred int
+	in, done        bool // inside the first user message's record; past it
+}
+
+// newTurnMark returns a turnMark counting from the end of dst.
+func newTurnMark(dst []byte, refs *refList, turn *[2]int) turnMark {
+	k := turnMark{turn: turn, refs: refs, start: len(dst)}
+	if refs != nil {
+		k.referred = refs.bytes()
+	}
+	return k
+}
+
+// at returns the canonical length written so far.
+func (k *turnMark) at(dst []byte) int {
+	n := len(dst) - k.start
+	if k.refs != nil {
+		n += k.refs.bytes() - k.referred
+	}
+	return n
+}
+
+// begin is called before each message's record, with its role.
+func (k *turnMark) begin(dst []byte, role string) {
+	k.in = !k.done && role == "user"
+	if k.in && k.turn != nil {
+		k.turn[0] = k.at(dst)
+	}
+}
+
+// end is called after each message's record.
+func (k *turnMark) end(dst []byte) {
+	if k.in {
+		k.in, k.done = false, true
+		if k.turn != nil {
+			k.turn[1] = k.at(dst)
+		}
+	}
 }
 
 // messageKeys are message's JSON keys.
@@ -354,8 +401,7 @@ func appendContent(dst []byte, raw json.RawMessage, valid bool, refs *refList) (
 		return append(dst, 'n', unitSep), nil
 	case raw[0] == '"':
 		if p, ok := plainString(raw, valid); ok {
-			dst = binary.AppendUvarint(append(dst, 's'), uint64(len(p)))
-			return append(appendText(dst, p, refs), unitSep), nil
+			return appendPieces(append(dst, 's'), "", refs, piece{b: p, inPlace: true}), nil
 		}
 		var s string
 		if err := json.Unmarshal(raw, &s); err != nil {
@@ -412,13 +458,98 @@ func appendSorted(dst []byte, raw json.RawMessage) ([]byte, error) {
 	if len(bytes.TrimSpace(raw)) == 0 {
 		return dst, nil
 	}
-	d := json.NewDecoder(bytes.NewReader(raw))
-	d.UseNumber()
-	var v any
-	if err := d.Decode(&v); err != nil {
+	v, err := decodeAny(raw)
+	if err != nil {
 		return dst, err
 	}
 	return appendValue(dst, v), nil
+}
+
+// appendSortedWithout is appendSorted without the members drop names,
+// when raw is an object: fields a template does not render.
+func appendSortedWithout(dst []byte, raw json.RawMessage, drop ...string) ([]byte, error) {
+	v, err := decodeAny(raw)
+	if err != nil {
+		return dst, err
+	}
+	if m, ok := v.(map[string]any); ok {
+		for _, k := range drop {
+			delete(m, k)
+		}
+	}
+	return appendValue(dst, v), nil
+}
+
+// decodeAny decodes raw JSON keeping numbers' text, for appendValue.
+func decodeAny(raw json.RawMessage) (any, error) {
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.UseNumber()
+	var v any
+	err := d.Decode(&v)
+	return v, err
+}
+
+// piece is a text of a request: a JSON string's decoded bytes, in place
+// when they are the string's own bytes in the request (it had no
+// escapes), so that a [Parts] may refer to them there.
+type piece struct {
+	b       []byte
+	inPlace bool
+}
+
+// jsonPiece decodes the JSON string raw; it reports false when raw is not
+// one.
+func jsonPiece(raw []byte, valid bool) (piece, bool) {
+	if p, ok := plainString(raw, valid); ok {
+		return piece{b: p, inPlace: true}, true
+	}
+	var s string
+	if len(raw) == 0 || raw[0] != '"' || json.Unmarshal(raw, &s) != nil {
+		return piece{}, false
+	}
+	return piece{b: []byte(s)}, true
+}
+
+// jsonString decodes a short JSON string field; null is "". It reports
+// false for any other value.
+func jsonString(raw []byte, valid bool) (string, bool) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return "", true
+	}
+	p, ok := jsonPiece(raw, valid)
+	return string(p.b), ok
+}
+
+// appendPieces writes pieces joined by sep as one field, as appendField
+// writes their concatenation, referring with refs to long ones in place.
+func appendPieces(dst []byte, sep string, refs *refList, ps ...piece) []byte {
+	n := 0
+	for i, p := range ps {
+		if i > 0 {
+			n += len(sep)
+		}
+		n += len(p.b)
+	}
+	dst = binary.AppendUvarint(dst, uint64(n))
+	for i, p := range ps {
+		if i > 0 {
+			dst = append(dst, sep...)
+		}
+		if p.inPlace {
+			dst = appendText(dst, p.b, refs)
+		} else {
+			dst = append(dst, p.b...)
+		}
+	}
+	return append(dst, unitSep)
+}
+
+// appendTextMessage writes the record of a chat message with a string
+// content and nothing else: {"role": role, "content": text...}.
+func appendTextMessage(dst []byte, role string, refs *refList, text ...piece) []byte {
+	dst = appendMessageHead(dst, role, "", "")
+	dst = appendPieces(append(dst, 's'), "", refs, text...)
+	return append(appendField(dst, ""), recordSep)
 }
 
 func appendValue(dst []byte, v any) []byte {

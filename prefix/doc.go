@@ -8,5 +8,7 @@
 // the engine's chat template renders them to the same leading tokens, so
 // the canonical form keeps everything a template renders (roles, names,
 // every content part, tool calls and tool definitions) in order, and
-// nothing a template ignores (JSON key order, whitespace).
+// nothing a template ignores (JSON key order, whitespace). Requests of
+// the OpenAI Responses and Anthropic Messages APIs, which engines serve by
+// turning them into chat messages, are written as those chat messages.
 package prefix

@@ -206,3 +206,98 @@ func FuzzParts(f *testing.F) {
 		check("completion", whole, werr, p.setCompletion(prompt, min))
 	})
 }
+
+// validJSON reports whether each of raws is empty or valid JSON in valid
+// UTF-8, as a request parser that checked the body passes fields on.
+func validJSON(raws ...[]byte) bool {
+	for _, r := range raws {
+		if len(r) > 0 && (!json.Valid(r) || !utf8.Valid(r)) {
+			return false
+		}
+	}
+	return true
+}
+
+// checkCanonical holds a canonicaliser's properties on any input: it
+// never panics and is deterministic, the Valid form never panics and on
+// valid input gives the same bytes and errors, accepted input has bytes,
+// and its Parts, texts of at least min bytes referred to, are the same
+// bytes, with a first user message that begins and ends message records
+// wherever the texts lie.
+func checkCanonical(t *testing.T, name string, min int, valid bool,
+	appendAny, appendValid func() ([]byte, error), set func(p *Parts, min int) error) {
+	c, err := appendAny()
+	vc, verr := appendValid()
+	if c2, err2 := appendAny(); !slices.Equal(c, c2) || !reflect.DeepEqual(err, err2) {
+		t.Fatalf("%s not deterministic", name)
+	}
+	if err == nil && len(c) == 0 {
+		t.Fatalf("%s accepted a request with no bytes", name)
+	}
+	if !valid {
+		return
+	}
+	if !slices.Equal(c, vc) || !reflect.DeepEqual(err, verr) {
+		t.Fatalf("%s: valid form %q, %v; want %q, %v", name, vc, verr, c, err)
+	}
+	var p Parts
+	if perr := set(&p, min); !reflect.DeepEqual(perr, err) {
+		t.Fatalf("%s: error %v in parts, %v whole", name, perr, err)
+	}
+	if err != nil {
+		return
+	}
+	if got := p.AppendTo(nil); !slices.Equal(got, c) || p.Len() != len(c) {
+		t.Fatalf("%s: parts %q (len %d), whole %q", name, got, p.Len(), c)
+	}
+	var q Parts
+	_ = set(&q, 1<<30)
+	fu, ft := p.FirstUser, p.FirstTurn
+	if fu != q.FirstUser || ft != q.FirstTurn || fu < 0 || (ft > 0 && fu >= ft) || ft > len(c) ||
+		(ft > 0 && (c[ft-1] != recordSep || c[fu] != 'm' || (fu > 0 && c[fu-1] != recordSep))) || p.LaterTurn() != (ft > 0 && ft < len(c)) {
+		t.Fatalf("%s: FirstUser %d, FirstTurn %d (%d, %d copied whole), LaterTurn %v, of %d bytes", name, fu, ft, q.FirstUser, q.FirstTurn, p.LaterTurn(), len(c))
+	}
+}
+
+// FuzzResponses: checkCanonical's properties for Responses API requests.
+func FuzzResponses(f *testing.F) {
+	long := strings.Repeat("a long text ", 400)
+	for _, s := range [][3]string{
+		{`"be brief"`, `"hello"`, ``},
+		{`null`, `[{"type":"message","role":"user","content":[{"type":"input_text","text":"x"},{"type":"input_image","image_url":"http://x/1.png"}]}]`, `[{"type":"function","name":"f","parameters":{"a":1}}]`},
+		{``, `[{"role":"user","content":"q"},{"type":"function_call","id":"fc_1","call_id":"c","name":"f","arguments":"{\"a\":1}"},{"type":"function_call_output","call_id":"c","output":[{"type":"input_text","text":"r"}]},{"type":"reasoning","id":"rs","summary":[]},{"role":"assistant","content":[{"type":"output_text","text":"a\\u00e9","annotations":[]}]}]`, `[{"type":"web_search"}]`},
+		{`"` + long + `"`, `[{"role":"system","content":"` + long + `"},{"role":"user","content":[{"type":"input_text","text":"` + long + `"}]}]`, ``},
+		{`7`, `[{"role":"user","content":"x","extra":1},{"type":"item_reference","id":"msg_1"}]`, `{}`},
+		{``, `[{"content":"x"}]`, ``}, {``, `[]`, ``}, {``, `""`, ``}, {``, `[1]`, `[1]`},
+	} {
+		f.Add([]byte(s[0]), []byte(s[1]), []byte(s[2]), 5)
+	}
+	f.Fuzz(func(t *testing.T, instructions, input, tools []byte, min int) {
+		checkCanonical(t, "AppendResponses", abs(min)%64, validJSON(instructions, input, tools),
+			func() ([]byte, error) { return AppendResponses(nil, instructions, input, tools) },
+			func() ([]byte, error) { return AppendValidResponses(nil, instructions, input, tools) },
+			func(p *Parts, min int) error { return p.setResponses(instructions, input, tools, min) })
+	})
+}
+
+// FuzzMessages: checkCanonical's properties for Anthropic Messages API
+// requests.
+func FuzzMessages(f *testing.F) {
+	long := strings.Repeat("a long text ", 400)
+	for _, s := range [][3]string{
+		{`"be brief"`, `[{"role":"user","content":"hello"}]`, ``},
+		{`[{"type":"text","text":"x-anthropic-billing-header: a"},{"type":"text","text":"s","cache_control":{"type":"ephemeral"}}]`, `[{"role":"user","content":[{"type":"text","text":"x"},{"type":"image","source":{"type":"base64","media_type":"image/png","data":"AA"}}]}]`, `[{"name":"f","input_schema":{"a":1}}]`},
+		{``, `[{"role":"user","content":"q"},{"role":"assistant","content":[{"type":"thinking","thinking":"t","signature":"s"},{"type":"tool_use","id":"a","name":"f","input":{"b":1,"a":2}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"a","content":[{"type":"text","text":"r"},{"type":"image","source":{"type":"url","url":"u"}}]},{"type":"text","text":"more"}]}]`, `[{"type":"web_search_20250305","name":"web_search"}]`},
+		{`"` + long + `"`, `[{"role":"system","content":"` + long + `"},{"role":"user","content":[{"type":"text","text":"` + long + `"},{"type":"text","text":"\\n` + long + `"}]}]`, ``},
+		{`7`, `[{"role":"user","content":[{"type":"document","source":{}}]},{"role":"assistant","content":[]}]`, `{}`},
+		{``, `[{"content":"x"}]`, ``}, {``, `[]`, ``}, {`[{"type":"image"}]`, `[{"role":"user"}]`, ``}, {``, `[1]`, `[1]`},
+	} {
+		f.Add([]byte(s[0]), []byte(s[1]), []byte(s[2]), 5)
+	}
+	f.Fuzz(func(t *testing.T, system, msgs, tools []byte, min int) {
+		checkCanonical(t, "AppendMessages", abs(min)%64, validJSON(system, msgs, tools),
+			func() ([]byte, error) { return AppendMessages(nil, system, msgs, tools) },
+			func() ([]byte, error) { return AppendValidMessages(nil, system, msgs, tools) },
+			func(p *Parts, min int) error { return p.setMessages(system, msgs, tools, min) })
+	})
+}

@@ -17,16 +17,17 @@ type Ref struct {
 // Parts is a canonical prompt in pieces: the bytes the canonicaliser wrote
 // (Glue) with long plain texts referenced where they lie instead of
 // copied into it (Refs, in order). Its bytes, [Parts.AppendTo], are
-// exactly those of [AppendValidChat] or [AppendValidCompletion]; its block
+// exactly those of [AppendValidChat], [AppendValidCompletion],
+// [AppendValidResponses] or [AppendValidMessages]; its block
 // hashes, [Parts.AppendHashes], those of [AppendHashes] over them. A
 // Parts refers to the request body it was made from and is valid as long
 // as that body is.
 type Parts struct {
 	Glue []byte
 	Refs []Ref
-	// FirstUser and FirstTurn are, for a chat with a user message, where
-	// the first one begins and ends in the canonical bytes; 0 for any
-	// other prompt. Every turn of a conversation shares the bytes through
+	// FirstUser and FirstTurn are, for a chat (or a Responses or Messages
+	// request) with a user message, where the first one begins and ends
+	// in the canonical bytes; 0 for any other prompt. Every turn of a conversation shares the bytes through
 	// FirstTurn, and their blocks past FirstUser are what tells it from
 	// other conversations on the same system prompt.
 	FirstUser, FirstTurn int
@@ -64,6 +65,38 @@ func (p *Parts) setChat(messages, tools json.RawMessage, min int) error {
 	var err error
 	var turn [2]int
 	p.Glue, err = appendChat(p.Glue[:0], messages, tools, true, &refs, &turn)
+	p.Refs = refs.refs
+	p.FirstUser, p.FirstTurn = turn[0], turn[1]
+	return err
+}
+
+// SetValidResponses is [Parts.SetValidChat] for a Responses API request
+// (see [AppendValidResponses]).
+func (p *Parts) SetValidResponses(instructions, input, tools json.RawMessage) error {
+	return p.setResponses(instructions, input, tools, minRef)
+}
+
+func (p *Parts) setResponses(instructions, input, tools json.RawMessage, min int) error {
+	refs := refList{refs: p.Refs[:0], min: min}
+	var err error
+	var turn [2]int
+	p.Glue, err = appendResponses(p.Glue[:0], instructions, input, tools, true, &refs, &turn)
+	p.Refs = refs.refs
+	p.FirstUser, p.FirstTurn = turn[0], turn[1]
+	return err
+}
+
+// SetValidMessages is [Parts.SetValidChat] for an Anthropic Messages API
+// request (see [AppendValidMessages]).
+func (p *Parts) SetValidMessages(system, messages, tools json.RawMessage) error {
+	return p.setMessages(system, messages, tools, minRef)
+}
+
+func (p *Parts) setMessages(system, messages, tools json.RawMessage, min int) error {
+	refs := refList{refs: p.Refs[:0], min: min}
+	var err error
+	var turn [2]int
+	p.Glue, err = appendMessages(p.Glue[:0], system, messages, tools, true, &refs, &turn)
 	p.Refs = refs.refs
 	p.FirstUser, p.FirstTurn = turn[0], turn[1]
 	return err
