@@ -38,6 +38,10 @@ type Request struct {
 	FirstUser, FirstTurn int
 	// Session is the session-affinity header's value, or "".
 	Session string
+	// Holder, when set, is the ID of the only backend the request may go
+	// to: the one storing the response it continues. The pick's other
+	// stages still apply (a saturated holder makes the request wait).
+	Holder string
 	// Priority orders the admission queue; negative is sheddable.
 	Priority int
 	// Guard, when set, is attached to the chosen backend inside the pick,
@@ -214,6 +218,9 @@ func (b *Balancer) choose(s *scratch, p *PickInfo, dst []*Backend, ex *Explanati
 	reason = cmp.Or(why, reason)
 	primary, why := b.affinity(p)
 	reason = cmp.Or(why, reason)
+	if p.Req.Holder != "" && len(p.Cands) > 0 {
+		primary, reason = 0, ReasonStored // the filter left only the holder
+	}
 	total := b.score(s, p)
 	if primary < 0 {
 		primary, why = b.pol.picker.Choose(p, total)

@@ -32,6 +32,9 @@ const (
 	// ReasonSaturated: every backend is saturated and the admission queue
 	// is off (or the pick is a dry run).
 	ReasonSaturated Reason = "saturated"
+	// ReasonStored: the backend stores the response the request names
+	// (a Responses follow-up, or a look-up by id); no other may take it.
+	ReasonStored Reason = "stored"
 	// ReasonRetry: the proxy's, for a request its first candidate failed
 	// and a later one answered.
 	ReasonRetry Reason = "retry"

@@ -256,7 +256,7 @@ func (s *Server) authenticate(r *http.Request) (*tenant, error) {
 	if kr == nil {
 		return nil, nil
 	}
-	key, err := bearer(r.Header)
+	key, err := clientKey(r.Header)
 	if err != nil {
 		s.authMetrics.refused.WithLabelValues(reasonOf(err)).Inc()
 		return nil, err
@@ -280,6 +280,31 @@ func reasonOf(err error) string {
 		return "missing"
 	}
 	return "invalid"
+}
+
+// HeaderAPIKey is the header Anthropic's clients send their key in.
+const HeaderAPIKey = "X-Api-Key"
+
+// clientKey returns the request's API key: "Authorization: Bearer <key>"
+// as the OpenAI SDKs send it, or "x-api-key: <key>" as Anthropic's do. A
+// request bearing both must bear the same key in both, and one of each at
+// most: two keys leave it unclear which one is the client's.
+func clientKey(h http.Header) (string, error) {
+	xs := h.Values(HeaderAPIKey)
+	if len(xs) == 0 {
+		return bearer(h)
+	}
+	x := strings.TrimSpace(xs[0])
+	if len(xs) > 1 || x == "" || len(x) > maxKeyBytes || strings.ContainsAny(x, " \t") {
+		return "", errKeyInvalid
+	}
+	if len(h.Values("Authorization")) > 0 {
+		b, err := bearer(h)
+		if err != nil || b != x {
+			return "", errKeyInvalid
+		}
+	}
+	return x, nil
 }
 
 // bearer returns the key of the request's one Authorization header,

@@ -147,7 +147,7 @@ func BenchmarkObserver(b *testing.B) {
 		b.Run(tc.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				o := newObserver(io.NopCloser(strings.NewReader(tc.in)), tc.sse, tc.sse, time.Now, nil)
+				o := newObserver(io.NopCloser(strings.NewReader(tc.in)), KindChat, tc.sse, tc.sse, time.Now, nil)
 				for {
 					if _, err := o.Read(buf); err != nil {
 						break

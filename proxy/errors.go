@@ -71,7 +71,13 @@ func writeError(w http.ResponseWriter, e *HTTPError) {
 	if e.Code != "" {
 		body.Error.Code = &e.Code
 	}
-	h := w.Header()
+	setErrorHeaders(w.Header(), e)
+	w.WriteHeader(e.Status)
+	_ = json.NewEncoder(w).Encode(&body) // the client may be gone; nothing to do
+}
+
+// setErrorHeaders sets the headers of llmlb's own error answer e.
+func setErrorHeaders(h http.Header, e *HTTPError) {
 	h.Set("Content-Type", "application/json")
 	h.Set("X-Content-Type-Options", "nosniff")
 	if e.RetryAfter > 0 {
@@ -82,8 +88,55 @@ func writeError(w http.ResponseWriter, e *HTTPError) {
 	if e.Status == http.StatusUnauthorized {
 		h.Set("WWW-Authenticate", `Bearer realm="llmlb"`) // RFC 6750
 	}
+}
+
+// anthropicErrorBody is Anthropic's error envelope:
+// {"type":"error","error":{"type":...,"message":...}}
+// (docs.anthropic.com/en/api/errors).
+type anthropicErrorBody struct {
+	Type  string `json:"type"`
+	Error struct {
+		Type    string `json:"type"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// anthropicType is Anthropic's error type for an answer of status code.
+func anthropicType(code int) string {
+	switch code {
+	case http.StatusBadRequest, http.StatusUnsupportedMediaType, http.StatusRequestTimeout, http.StatusMethodNotAllowed:
+		return "invalid_request_error"
+	case http.StatusUnauthorized:
+		return "authentication_error"
+	case http.StatusForbidden:
+		return "permission_error"
+	case http.StatusNotFound:
+		return "not_found_error"
+	case http.StatusRequestEntityTooLarge:
+		return "request_too_large"
+	case http.StatusTooManyRequests:
+		return "rate_limit_error"
+	case http.StatusServiceUnavailable, 529:
+		return "overloaded_error"
+	case http.StatusGatewayTimeout:
+		return "timeout_error"
+	}
+	if code >= 500 {
+		return "api_error"
+	}
+	return "invalid_request_error"
+}
+
+// writeAnthropicError answers e to the client in Anthropic's shape, with
+// the same status and headers as [writeError].
+func writeAnthropicError(w http.ResponseWriter, e *HTTPError) {
+	var body anthropicErrorBody
+	body.Type = "error"
+	body.Error.Type = anthropicType(e.Status)
+	body.Error.Message = e.Msg
+	setErrorHeaders(w.Header(), e)
 	w.WriteHeader(e.Status)
-	_ = json.NewEncoder(w).Encode(&body) // the client may be gone; nothing to do
+	_ = json.NewEncoder(w).Encode(&body)
 }
 
 // dialError marks a failure to connect to a backend: nothing was sent, so the
@@ -129,7 +182,7 @@ func (s *Server) errorFor(clientCtx context.Context, err error) *HTTPError {
 		return &HTTPError{Status: StatusClientClosed, Type: "client_closed", Msg: "client closed request", Err: err}
 	case errors.Is(err, errKeyMissing):
 		return &HTTPError{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key", Err: err,
-			Msg: "You didn't provide an API key. Send it in an Authorization header using Bearer auth (Authorization: Bearer YOUR_KEY)."}
+			Msg: "You didn't provide an API key. Send it in an Authorization header using Bearer auth (Authorization: Bearer YOUR_KEY), or in an x-api-key header."}
 	case errors.Is(err, errKeyInvalid):
 		return &HTTPError{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key", Err: err, Msg: "Incorrect API key provided."}
 	case errors.As(err, &rle):

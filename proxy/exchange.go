@@ -29,6 +29,7 @@ type exchange struct {
 
 	// authorize
 	inference bool    // a route that names a model: counted and listed as such
+	anthropic bool    // a route of Anthropic's API: llmlb's errors take its shape
 	tenant    *tenant // the key's tenant; nil without keys configured
 
 	// parse
@@ -45,6 +46,10 @@ type exchange struct {
 
 	// route
 	target string // the model backends are asked for; req.Model is the client's; "" before routing
+	// holder is the backend storing the response the request names
+	// (previous_response_id, or the path's id), the only one it may go
+	// to; nil for any other request.
+	holder *balancer.Backend
 
 	// pick
 	picked bool // PickWait returned, with a decision or an error
@@ -126,7 +131,11 @@ func (s *Server) withExchange(next http.Handler) http.Handler {
 func (s *Server) fail(ex *exchange, err error) {
 	he := s.errorFor(ex.client, err)
 	ex.failure = he
-	if he.Status != StatusClientClosed {
+	switch {
+	case he.Status == StatusClientClosed:
+	case ex.anthropic:
+		writeAnthropicError(ex.w, he)
+	default:
 		writeError(ex.w, he)
 	}
 }

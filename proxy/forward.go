@@ -231,6 +231,10 @@ func attemptRequest(ctx context.Context, req *http.Request, be *balancer.Backend
 	}
 	out.URL = &u
 	out.Host = ""
+	if body.size() == 0 { // a GET or DELETE on a stored response
+		out.Body, out.ContentLength, out.GetBody = http.NoBody, 0, nil
+		return out
+	}
 	out.Body = body.open()
 	out.ContentLength = body.size()
 	out.GetBody = func() (io.ReadCloser, error) { return body.open(), nil }

@@ -54,21 +54,25 @@ const (
 // as it is read and its usage is read at the end.
 type observer struct {
 	src   io.ReadCloser
+	kind  Kind // the API, whose events and usage it reads
 	sse   bool
 	strip bool
 	now   func() time.Time
 	onGap func(time.Duration) // between token events; may be nil
 
 	u       Usage
-	pending []byte // SSE: bytes of an event not yet complete; JSON: the body so far
+	// Responses and Messages: the counts their usage gives apart, which
+	// later events may update one by one.
+	in, cacheRead, cacheWrite int
+	pending                   []byte // SSE: bytes of an event not yet complete; JSON: the body so far
 	out     []byte // SSE: complete events to hand to the client
 	over    bool   // JSON: the body outgrew maxJSONBody
 	eof     bool
 	err     error // from src, after EOF-less end
 }
 
-func newObserver(src io.ReadCloser, sse, strip bool, now func() time.Time, onGap func(time.Duration)) *observer {
-	return &observer{src: src, sse: sse, strip: strip, now: now, onGap: onGap}
+func newObserver(src io.ReadCloser, kind Kind, sse, strip bool, now func() time.Time, onGap func(time.Duration)) *observer {
+	return &observer{src: src, kind: kind, sse: sse, strip: strip, now: now, onGap: onGap}
 }
 
 // Usage returns what was observed so far; complete once the body is read.
@@ -85,7 +89,9 @@ func (o *observer) Read(p []byte) (int, error) {
 			}
 		}
 		if err == io.EOF && !o.over {
-			if u := bodyUsage(o.pending); u != nil {
+			if o.kind == KindResponses || o.kind == KindMessages {
+				o.apiBody(o.pending)
+			} else if u := bodyUsage(o.pending); u != nil {
 				o.u.set(u)
 			}
 			o.pending = nil
@@ -228,6 +234,12 @@ func (o *observer) event(ev []byte) {
 // dataLine reads one data line's payload: it times token chunks and records
 // usage. It reports whether the line goes to the client.
 func (o *observer) dataLine(data []byte) bool {
+	if o.kind == KindResponses || o.kind == KindMessages {
+		if o.apiEvent(data) {
+			o.token()
+		}
+		return true
+	}
 	keep, token := true, false
 	switch {
 	case len(data) == 0, bytes.Equal(data, []byte("[DONE]")):
@@ -252,16 +264,21 @@ func (o *observer) dataLine(data []byte) bool {
 		token = true
 	}
 	if token {
-		t := o.now()
-		if o.u.FirstToken.IsZero() {
-			o.u.FirstToken = t
-		} else if o.onGap != nil {
-			o.onGap(t.Sub(o.u.LastSeen))
-		}
-		o.u.LastSeen = t
-		o.u.TokenEvents++
+		o.token()
 	}
 	return keep
+}
+
+// token times a stream event that carried output.
+func (o *observer) token() {
+	t := o.now()
+	if o.u.FirstToken.IsZero() {
+		o.u.FirstToken = t
+	} else if o.onGap != nil {
+		o.onGap(t.Sub(o.u.LastSeen))
+	}
+	o.u.LastSeen = t
+	o.u.TokenEvents++
 }
 
 func (o *observer) Close() error {

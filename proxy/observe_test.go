@@ -46,7 +46,7 @@ func TestObserverStripsInjectedUsage(t *testing.T) {
 			src = iotest.OneByteReader(src)
 		}
 		var gaps []time.Duration
-		o := newObserver(io.NopCloser(src), true, true, fakeClock(), func(d time.Duration) { gaps = append(gaps, d) })
+		o := newObserver(io.NopCloser(src), KindChat, true, true, fakeClock(), func(d time.Duration) { gaps = append(gaps, d) })
 		got := readObserved(t, o)
 		want := strings.Replace(vllmStream, vllmStream[strings.Index(vllmStream, `data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[],`):strings.Index(vllmStream, "data: [DONE]")], "", 1)
 		if got != want {
@@ -67,7 +67,7 @@ func TestObserverStripsInjectedUsage(t *testing.T) {
 func TestObserverPassesClientUsage(t *testing.T) {
 	crlf := strings.ReplaceAll(vllmStream, "\n", "\r\n")
 	for _, in := range []string{vllmStream, crlf} {
-		o := newObserver(io.NopCloser(iotest.HalfReader(strings.NewReader(in))), true, false, fakeClock(), nil)
+		o := newObserver(io.NopCloser(iotest.HalfReader(strings.NewReader(in))), KindChat, true, false, fakeClock(), nil)
 		if got := readObserved(t, o); got != in {
 			t.Errorf("stream changed:\n%q\n%q", got, in)
 		}
@@ -81,14 +81,14 @@ func TestObserverPassesClientUsage(t *testing.T) {
 // prompt_tokens_details (SGLang, vLLM without --enable-prompt-tokens-details).
 func TestObserverJSONBody(t *testing.T) {
 	body := `{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":30,"completion_tokens":3,"total_tokens":33,"prompt_tokens_details":null}}`
-	o := newObserver(io.NopCloser(iotest.OneByteReader(strings.NewReader(body))), false, false, fakeClock(), nil)
+	o := newObserver(io.NopCloser(iotest.OneByteReader(strings.NewReader(body))), KindChat, false, false, fakeClock(), nil)
 	if got := readObserved(t, o); got != body {
 		t.Fatalf("body changed: %s", got)
 	}
 	if u := o.Usage(); !u.Known || u.Prompt != 30 || u.Completion != 3 || u.CachedKnown {
 		t.Errorf("usage %+v", u)
 	}
-	o = newObserver(io.NopCloser(strings.NewReader(`{"oops"`)), false, false, fakeClock(), nil)
+	o = newObserver(io.NopCloser(strings.NewReader(`{"oops"`)), KindChat, false, false, fakeClock(), nil)
 	readObserved(t, o)
 	if o.Usage().Known {
 		t.Error("usage from a broken body")
@@ -99,7 +99,7 @@ func TestObserverJSONBody(t *testing.T) {
 // mid-event hands over the whole events and then the error.
 func TestObserverErrorsAndCuts(t *testing.T) {
 	in := "data: {\"error\":{\"message\":\"boom\"}}\n\ndata: {\"choices\":[{\"te"
-	o := newObserver(io.NopCloser(iotest.TimeoutReader(strings.NewReader(in))), true, true, fakeClock(), nil)
+	o := newObserver(io.NopCloser(iotest.TimeoutReader(strings.NewReader(in))), KindChat, true, true, fakeClock(), nil)
 	b := make([]byte, 4096)
 	n, err := o.Read(b)
 	if err != nil || !bytes.HasPrefix(b[:n], []byte(`data: {"error"`)) {
@@ -124,12 +124,12 @@ func FuzzObserver(f *testing.F) {
 	f.Add([]byte(`{"usage":{"prompt_tokens":1}}`), false)
 	f.Add([]byte("data: {\"usage\":{}}\n\n\n\ndata:\n\n"), true)
 	f.Fuzz(func(t *testing.T, in []byte, sse bool) {
-		o := newObserver(io.NopCloser(iotest.HalfReader(bytes.NewReader(in))), sse, false, fakeClock(), func(time.Duration) {})
+		o := newObserver(io.NopCloser(iotest.HalfReader(bytes.NewReader(in))), KindChat, sse, false, fakeClock(), func(time.Duration) {})
 		got, err := io.ReadAll(o)
 		if err != nil || !bytes.Equal(got, in) {
 			t.Fatalf("passthrough changed the bytes (%v):\n%q\n%q", err, got, in)
 		}
-		o = newObserver(io.NopCloser(bytes.NewReader(in)), sse, true, fakeClock(), nil)
+		o = newObserver(io.NopCloser(bytes.NewReader(in)), KindChat, sse, true, fakeClock(), nil)
 		got, err = io.ReadAll(o)
 		if err != nil || len(got) > len(in) {
 			t.Fatalf("strip grew the stream (%v): %d > %d", err, len(got), len(in))
@@ -187,7 +187,7 @@ func TestObserverKeepsDoneAfterStrippedUsage(t *testing.T) {
 				if split {
 					src = iotest.OneByteReader(src)
 				}
-				o := newObserver(io.NopCloser(src), true, true, fakeClock(), nil)
+				o := newObserver(io.NopCloser(src), KindChat, true, true, fakeClock(), nil)
 				if got := readObserved(t, o); got != tc.want {
 					t.Errorf("split %v: client got %q, want %q", split, got, tc.want)
 				}
@@ -204,9 +204,9 @@ func TestObserverKeepsDoneAfterStrippedUsage(t *testing.T) {
 // for none) gets the same stream, usage chunk stripped, as one that reads
 // it whole.
 func TestObserverSmallReads(t *testing.T) {
-	whole := readObserved(t, newObserver(io.NopCloser(strings.NewReader(vllmStream)), true, true, fakeClock(), nil))
+	whole := readObserved(t, newObserver(io.NopCloser(strings.NewReader(vllmStream)), KindChat, true, true, fakeClock(), nil))
 	for _, size := range []int{1, 5, 64} {
-		o := newObserver(io.NopCloser(strings.NewReader(vllmStream)), true, true, fakeClock(), nil)
+		o := newObserver(io.NopCloser(strings.NewReader(vllmStream)), KindChat, true, true, fakeClock(), nil)
 		var got []byte
 		p := make([]byte, size)
 		for {

@@ -22,7 +22,28 @@ const (
 	KindCompletion
 	// KindChat is POST /v1/chat/completions.
 	KindChat
+	// KindResponses is POST /v1/responses, OpenAI's Responses API.
+	KindResponses
+	// KindMessages is POST /v1/messages, Anthropic's Messages API.
+	KindMessages
+	// KindCountTokens is POST /v1/messages/count_tokens: a Messages
+	// request the server only counts the tokens of.
+	KindCountTokens
+	// KindStored is a request on a stored response by its id: GET or
+	// DELETE /v1/responses/{id}, its cancel and its input items. It has
+	// no body.
+	KindStored
 )
+
+// anthropic reports whether requests of kind k speak Anthropic's API, and
+// are answered Anthropic's error shape.
+func (k Kind) anthropic() bool { return k == KindMessages || k == KindCountTokens }
+
+// generates reports whether requests of kind k generate tokens, whose
+// usage the answer reports.
+func (k Kind) generates() bool {
+	return k == KindCompletion || k == KindChat || k == KindResponses || k == KindMessages
+}
 
 // Request is what llmlb reads from an OpenAI request body. Body holds the
 // original bytes, forwarded unchanged.
@@ -37,7 +58,7 @@ type Request struct {
 	// when the body has no such key; it aliases Body.
 	StreamOptions json.RawMessage
 	// Prompt is the raw "prompt" value (completions) and Messages the raw
-	// "messages" value (chat); both alias Body.
+	// "messages" value (chat, Messages); both alias Body.
 	Prompt   json.RawMessage
 	Messages json.RawMessage
 	Body     []byte
@@ -46,8 +67,12 @@ type Request struct {
 	// empty for other routes, and in the proxy once the pick has read it
 	// (its buffer is lent to the next request).
 	Canonical prefix.Parts
-	// MaxTokens is max_completion_tokens or max_tokens; 0 if neither.
+	// MaxTokens is max_completion_tokens or max_tokens (max_output_tokens
+	// for Responses); 0 if none.
 	MaxTokens int
+	// PreviousResponseID is a Responses request's previous_response_id, as
+	// the client sent it; "" if none.
+	PreviousResponseID string
 	// CacheSalt is vLLM's cache_salt, which separates prefix caches.
 	CacheSalt string
 }
@@ -62,6 +87,8 @@ func (r *Request) PromptTokens() int { return prefix.Tokens(r.Canonical.Len()) }
 // them without case.
 type wireRequest struct {
 	Model, Stream, StreamOptions, Prompt, Messages, Tools, MaxTokens, MaxCompletion, CacheSalt json.RawMessage
+	// Responses and Messages
+	Input, Instructions, System, MaxOutput, PreviousResponseID json.RawMessage
 }
 
 // set keeps val if key is one of the fields; a later duplicate key wins,
@@ -86,6 +113,16 @@ func (w *wireRequest) set(key, val []byte) bool {
 		w.MaxCompletion = val
 	case "cache_salt":
 		w.CacheSalt = val
+	case "input":
+		w.Input = val
+	case "instructions":
+		w.Instructions = val
+	case "system":
+		w.System = val
+	case "max_output_tokens":
+		w.MaxOutput = val
+	case "previous_response_id":
+		w.PreviousResponseID = val
 	}
 	return true
 }
@@ -174,7 +211,7 @@ func parseRequest(k Kind, body, canon []byte) (*Request, error) {
 	for _, f := range []struct {
 		name string
 		raw  json.RawMessage
-	}{{"max_tokens", w.MaxTokens}, {"max_completion_tokens", w.MaxCompletion}} {
+	}{{"max_tokens", w.MaxTokens}, {"max_completion_tokens", w.MaxCompletion}, {"max_output_tokens", w.MaxOutput}} {
 		if isNull(f.raw) {
 			continue
 		}
@@ -182,13 +219,18 @@ func parseRequest(k Kind, body, canon []byte) (*Request, error) {
 		if err := json.Unmarshal(f.raw, &n); err != nil || n < 0 {
 			return r, badRequest(f.name, "%s must be a non-negative integer.", f.name)
 		}
-		if r.MaxTokens == 0 || f.name == "max_completion_tokens" {
+		if r.MaxTokens == 0 || f.name != "max_tokens" {
 			r.MaxTokens = n
 		}
 	}
 	if !isNull(w.CacheSalt) {
 		if err := json.Unmarshal(w.CacheSalt, &r.CacheSalt); err != nil {
 			return r, badRequest("cache_salt", "cache_salt must be a string.")
+		}
+	}
+	if k == KindResponses && !isNull(w.PreviousResponseID) {
+		if err := json.Unmarshal(w.PreviousResponseID, &r.PreviousResponseID); err != nil || r.PreviousResponseID == "" {
+			return r, badRequest("previous_response_id", "previous_response_id must be a non-empty string.")
 		}
 	}
 	// The body is valid UTF-8 and valid JSON (jsonscan or encoding/json
@@ -200,6 +242,10 @@ func parseRequest(k Kind, body, canon []byte) (*Request, error) {
 		err = r.Canonical.SetValidCompletion(w.Prompt)
 	case KindChat:
 		err = r.Canonical.SetValidChat(w.Messages, w.Tools)
+	case KindResponses:
+		err = r.Canonical.SetValidResponses(w.Instructions, w.Input, w.Tools)
+	case KindMessages, KindCountTokens:
+		err = r.Canonical.SetValidMessages(w.System, w.Messages, w.Tools)
 	}
 	var fe *prefix.FormatError
 	if errors.As(err, &fe) {

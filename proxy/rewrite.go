@@ -103,36 +103,47 @@ func setField(body []byte, key string, val []byte) (out []byte, found bool, err 
 	return append(out, body[prev:]...), true, nil
 }
 
-// maxRewriteLine bounds what modelRewriter holds back looking for a line
+// maxRewriteLine bounds what lineRewriter holds back looking for a line
 // end; a longer line passes through unchanged.
 const maxRewriteLine = 64 << 20
 
-// modelRewriter turns the target model's name back into the name the
-// client asked for in a response body, JSON or SSE, as it streams: it
+// lineRewriter edits a response body, JSON or SSE, as it streams: it
 // passes on whole lines (an SSE event's data line is one line), holding
-// back only a partial last line, and rewrites `"model":"target"` (with or
-// without a space after the colon) in each.
-type modelRewriter struct {
-	src      io.ReadCloser
-	from, to [2][]byte
-	chunk    []byte // read buffer, reused
-	buf      []byte // read, not yet returned
-	out      []byte // rewritten, not yet returned
-	eof      bool
+// back only a partial last line, each run of whole lines through edit.
+type lineRewriter struct {
+	src   io.ReadCloser
+	edit  func(dst, seg []byte) []byte // appends seg, edited, to dst
+	chunk []byte                       // read buffer, reused
+	buf   []byte                       // read, not yet returned
+	out   []byte                       // edited, not yet returned
+	eof   bool
 }
 
-func newModelRewriter(src io.ReadCloser, target, public string) *modelRewriter {
+func newLineRewriter(src io.ReadCloser, edit func(dst, seg []byte) []byte) *lineRewriter {
+	return &lineRewriter{src: src, edit: edit, chunk: make([]byte, 32<<10)}
+}
+
+// modelEdit turns the target model's name back into the name the client
+// asked for: `"model":"target"`, with or without a space after the colon.
+func modelEdit(target, public string) func(dst, seg []byte) []byte {
 	t, _ := json.Marshal(target)
 	p, _ := json.Marshal(public)
-	m := &modelRewriter{src: src, chunk: make([]byte, 32<<10)}
+	var from, to [2][]byte
 	for i, sep := range []string{`"model":`, `"model": `} {
-		m.from[i] = append([]byte(sep), t...)
-		m.to[i] = append([]byte(sep), p...)
+		from[i] = append([]byte(sep), t...)
+		to[i] = append([]byte(sep), p...)
 	}
-	return m
+	return func(dst, seg []byte) []byte {
+		for i := range from {
+			if bytes.Contains(seg, from[i]) {
+				seg = bytes.ReplaceAll(seg, from[i], to[i])
+			}
+		}
+		return append(dst, seg...)
+	}
 }
 
-func (m *modelRewriter) Read(p []byte) (int, error) {
+func (m *lineRewriter) Read(p []byte) (int, error) {
 	for len(m.out) == 0 {
 		if m.eof {
 			if len(m.buf) == 0 {
@@ -159,16 +170,10 @@ func (m *modelRewriter) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// emit rewrites buf's first n bytes into out.
-func (m *modelRewriter) emit(n int) {
-	seg := m.buf[:n]
-	for i := range m.from {
-		if bytes.Contains(seg, m.from[i]) {
-			seg = bytes.ReplaceAll(seg, m.from[i], m.to[i])
-		}
-	}
-	m.out = append(m.out[:0], seg...)
+// emit edits buf's first n bytes into out.
+func (m *lineRewriter) emit(n int) {
+	m.out = m.edit(m.out[:0], m.buf[:n])
 	m.buf = append(m.buf[:0], m.buf[n:]...)
 }
 
-func (m *modelRewriter) Close() error { return m.src.Close() }
+func (m *lineRewriter) Close() error { return m.src.Close() }

@@ -136,6 +136,13 @@ func (s *Server) Handler() http.Handler {
 	})
 	r.Post("/v1/completions", s.serveModel(KindCompletion))
 	r.Post("/v1/chat/completions", s.serveModel(KindChat))
+	r.Post("/v1/responses", s.serveModel(KindResponses))
+	r.Get("/v1/responses/{id}", s.serveStored(""))
+	r.Delete("/v1/responses/{id}", s.serveStored(""))
+	r.Post("/v1/responses/{id}/cancel", s.serveStored("/cancel"))
+	r.Get("/v1/responses/{id}/input_items", s.serveStored("/input_items"))
+	r.Post("/v1/messages", s.serveModel(KindMessages))
+	r.Post("/v1/messages/count_tokens", s.serveModel(KindCountTokens))
 	r.Get("/v1/models", s.serveModels)
 	// Only inference routes: anything else under /v1/ (LoRA loading, for
 	// one) could change a server, and reaches one only when an operator
@@ -164,7 +171,7 @@ func (s *Server) Handler() http.Handler {
 func (s *Server) serveModel(k Kind) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		ex := exchangeFrom(r.Context())
-		ex.inference = true
+		ex.inference, ex.anthropic = true, k.anthropic()
 		if err := s.authorize(ex, r); err != nil {
 			s.fail(ex, err)
 			return
@@ -213,8 +220,11 @@ func (s *Server) admit(ex *exchange) error {
 		return &unknownModelError{model: ex.req.Model, err: errModelNotAllowed}
 	}
 	est := ex.req.PromptTokens()
-	if ex.req.Kind == KindOther { // no prompt read, and no usage will be: the body's bytes stand
+	switch ex.req.Kind {
+	case KindOther: // no prompt read, and no usage will be: the body's bytes stand
 		est = prefix.Tokens(len(ex.req.Body))
+	case KindCountTokens: // counted, not computed: no tokens spent
+		est = 0
 	}
 	q, err := t.limiter.admit(time.Now(), est)
 	q.setHeaders(ex.w.Header())
@@ -240,7 +250,56 @@ func (s *Server) route(ex *exchange, r *http.Request) (*balancer.Request, error)
 		return nil, err
 	}
 	ex.target = breq.Model
+	if ex.req.PreviousResponseID != "" {
+		if err := s.followResponse(ex, breq); err != nil {
+			return nil, err
+		}
+	}
 	return breq, nil
+}
+
+// followResponse sends a request that continues a stored response to the
+// backend storing it, and only there: its prompt is matched nowhere (the
+// conversation so far is in that server's store, not in the request), and
+// the body names the response by the server's own id.
+func (s *Server) followResponse(ex *exchange, breq *balancer.Request) error {
+	const param = "previous_response_id"
+	id := ex.req.PreviousResponseID
+	be, orig, err := s.storedHolder(param, id)
+	if err != nil {
+		return err
+	}
+	if !be.Serves(breq.Model) {
+		return responseIDError(param, id, "is stored by a server that does not serve model "+quote(ex.req.Model)+".", http.StatusBadRequest)
+	}
+	val, _ := json.Marshal(orig)
+	body, _, err := setField(ex.req.Body, param, val)
+	if err != nil {
+		return badRequest(param, "The request body could not be rewritten: %v.", err)
+	}
+	ex.req.Body = body
+	ex.holder = be
+	breq.Holder = be.ID
+	breq.Prompt, breq.Parts, breq.FirstUser, breq.FirstTurn = nil, nil, 0, 0
+	return nil
+}
+
+// storedHolder returns the backend storing the response a client names
+// id, and the server's own id for it; an id that leads to no server that
+// is up is an error saying so, in param.
+func (s *Server) storedHolder(param, id string) (*balancer.Backend, string, error) {
+	orig, tag, ok := splitResponseID(id)
+	if !ok {
+		return nil, "", responseIDError(param, id, "was not handed out by this load balancer, which cannot tell the server that stores it.", http.StatusNotFound)
+	}
+	be := holderOf(s.bal.Snapshot(), tag)
+	switch {
+	case be == nil:
+		return nil, "", responseIDError(param, id, "is stored by a server this load balancer no longer routes to; the response is gone.", http.StatusNotFound)
+	case be.State == balancer.StateDown || be.State == balancer.StateDraining:
+		return nil, "", responseIDError(param, id, "is stored by server "+quote(be.Name)+", which is "+be.State.String()+"; try again once it is back.", http.StatusServiceUnavailable)
+	}
+	return be, orig, nil
 }
 
 // pick asks the balancer for the request's backends, waiting in the
@@ -260,6 +319,9 @@ func (s *Server) pick(ex *exchange, breq *balancer.Request) error {
 	}
 	if errors.Is(err, balancer.ErrUnknownModel) {
 		return &unknownModelError{model: ex.req.Model, err: err}
+	}
+	if ex.holder != nil && errors.Is(err, balancer.ErrNoBackend) {
+		return responseIDError("previous_response_id", ex.req.PreviousResponseID, "is stored by server "+quote(ex.holder.Name)+", which is not available now; try again shortly.", http.StatusServiceUnavailable)
 	}
 	if err != nil {
 		return err
@@ -281,7 +343,7 @@ func (s *Server) forward(ex *exchange, r *http.Request) {
 		req.Body = body
 	}
 	ex.body.head = req.Body
-	if s.cfg.RequestUsage && req.Stream && !req.IncludeUsage && req.Kind != KindOther {
+	if s.cfg.RequestUsage && req.Stream && !req.IncludeUsage && (req.Kind == KindCompletion || req.Kind == KindChat) {
 		if body, err := withUsage(req.Body, req.StreamOptions); err == nil {
 			ex.body.head, ex.body.tail, ex.stripUsage = body.head, body.tail, true
 		}
@@ -324,6 +386,10 @@ func (s *Server) balancerRequest(r *http.Request, req *Request, t *tenant) (*bal
 	c := &req.Canonical
 	breq.FirstUser, breq.FirstTurn = c.FirstUser, c.FirstTurn
 	switch {
+	case req.Kind == KindCountTokens:
+		// Counting computes no KV cache: matched against the index, and
+		// recorded in it, the prompt would claim a cache nobody holds.
+		breq.FirstUser, breq.FirstTurn = 0, 0
 	case len(c.Refs) == 0:
 		breq.Prompt = c.Glue
 	case s.bal.PromptInParts(): // hashed where it lies
@@ -398,6 +464,7 @@ func (s *Server) rewrite(pr *httputil.ProxyRequest) {
 	stripClientHeaders(pr.Out.Header)
 	if ex.tenant != nil {
 		pr.Out.Header.Del("Authorization") // the client's llmlb key, not the backend's
+		pr.Out.Header.Del(HeaderAPIKey)
 	}
 	pr.SetURL(ex.dec.Candidates[0].URL)
 	pr.SetXForwarded()
@@ -411,8 +478,8 @@ func (s *Server) modifyResponse(resp *http.Response) error {
 		resp.Header.Set(HeaderBackend, be.Name)
 		resp.Header.Set(HeaderReason, ex.reason())
 	}
-	if ex.target != ex.req.Model {
-		resp.Body = newModelRewriter(resp.Body, ex.target, ex.req.Model)
+	if edit := s.responseEdit(ex, be); edit != nil {
+		resp.Body = newLineRewriter(resp.Body, edit)
 		resp.ContentLength = -1
 		resp.Header.Del("Content-Length")
 	}
@@ -420,10 +487,10 @@ func (s *Server) modifyResponse(resp *http.Response) error {
 		d := ex.guard.FirstByte(time.Now())
 		s.metrics.ttfb.WithLabelValues(be.ID).Observe(d.Seconds())
 	}}
-	if resp.StatusCode == http.StatusOK && ex.req.Kind != KindOther {
+	if resp.StatusCode == http.StatusOK && ex.req.Kind.generates() {
 		sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
 		itl := s.metrics.itl.WithLabelValues(be.ID, ex.req.Model)
-		ex.obs = newObserver(resp.Body, sse, sse && ex.stripUsage, time.Now, func(d time.Duration) { itl.Observe(d.Seconds()) })
+		ex.obs = newObserver(resp.Body, ex.req.Kind, sse, sse && ex.stripUsage, time.Now, func(d time.Duration) { itl.Observe(d.Seconds()) })
 		resp.Body = ex.obs
 		if ex.stripUsage {
 			resp.ContentLength = -1
@@ -431,6 +498,29 @@ func (s *Server) modifyResponse(resp *http.Response) error {
 		}
 	}
 	return nil
+}
+
+// responseEdit is how the answer of backend be is edited on its way to
+// the client, nil if it is not: the target model's name turned back into
+// the client's, and on the Responses routes, every response id tagged
+// with be (see respid.go).
+func (s *Server) responseEdit(ex *exchange, be *balancer.Backend) func(dst, seg []byte) []byte {
+	var model func(dst, seg []byte) []byte
+	if ex.target != ex.req.Model {
+		model = modelEdit(ex.target, ex.req.Model)
+	}
+	if ex.req.Kind != KindResponses && ex.req.Kind != KindStored {
+		return model
+	}
+	tag := responseTag(be.ID)
+	if model == nil {
+		return func(dst, seg []byte) []byte { return tagResponseIDs(dst, seg, tag) }
+	}
+	var tmp []byte
+	return func(dst, seg []byte) []byte {
+		tmp = model(tmp[:0], seg)
+		return tagResponseIDs(dst, tmp, tag)
+	}
 }
 
 func (s *Server) errorHandler(w http.ResponseWriter, r *http.Request, err error) {

@@ -27,13 +27,19 @@ type tokenizer struct {
 	store  *kvevents.Store
 	client *http.Client
 	next   atomic.Uint64 // rotates the backends asked
-	// After a failure no request is tokenized until pauseUntil (unix
-	// nanoseconds): a fleet whose servers cannot tokenize (no /tokenize,
-	// overloaded) would otherwise cost every request a round trip or a
-	// whole proxy.tokenize_timeout. The pause doubles with each failure in
-	// a row, from 1s to 30s.
-	pauseUntil atomic.Int64
-	failures   atomic.Int64 // in a row
+	// tok pauses /tokenize, render the render endpoints, which a server
+	// may lack while it has /tokenize.
+	tok, render pause
+}
+
+// pause stops asking servers to tokenize after a failure, until its
+// until (unix nanoseconds): a fleet whose servers cannot tokenize (no
+// such route, overloaded) would otherwise cost every request a round trip
+// or a whole proxy.tokenize_timeout. It doubles with each failure in a
+// row, from 1s to 30s.
+type pause struct {
+	until    atomic.Int64
+	failures atomic.Int64 // in a row
 }
 
 // backend returns the next of snap's ready backends serving model in turn,
@@ -61,10 +67,10 @@ func (t *tokenizer) backend(snap *balancer.Snapshot, model string) *balancer.Bac
 	return nil
 }
 
-// failed records a failure and pauses tokenizing.
-func (t *tokenizer) failed(now time.Time) {
-	n := min(t.failures.Add(1), 6)
-	t.pauseUntil.Store(now.Add(min(time.Second<<(n-1), 30*time.Second)).UnixNano())
+// failed records a failure and pauses.
+func (p *pause) failed(now time.Time) {
+	n := min(p.failures.Add(1), 6)
+	p.until.Store(now.Add(min(time.Second<<(n-1), 30*time.Second)).UnixNano())
 }
 
 // tokenize fills breq's token blocks, or leaves them nil when the request
@@ -75,15 +81,27 @@ func (t *tokenizer) failed(now time.Time) {
 func (s *Server) tokenize(ctx context.Context, ex *exchange, breq *balancer.Request) {
 	t := s.tok
 	req := ex.req
-	if t == nil || !s.bal.ReadsCacheEvents() || req.Kind == KindOther || req.CacheSalt != "" {
+	if t == nil || !s.bal.ReadsCacheEvents() || !req.Kind.generates() || req.CacheSalt != "" || ex.holder != nil {
 		return
+	}
+	// Chat and completions go to /tokenize. The Responses and Messages
+	// APIs go to vLLM's render endpoints, which answer the prompt's
+	// tokens as a GenerateRequest (token_ids; vLLM's
+	// vllm/entrypoints/serve/disagg/protocol.py at 06408932), and which
+	// vLLM serves with --enable-scale-out.
+	path, p := "tokenize", &t.tok
+	switch req.Kind {
+	case KindResponses:
+		path, p = "v1/responses/render", &t.render
+	case KindMessages:
+		path, p = "v1/messages/render", &t.render
 	}
 	bs := t.store.BlockSize()
 	if bs <= 0 {
 		return // no backend has stored a block yet
 	}
 	now := time.Now()
-	if now.UnixNano() < t.pauseUntil.Load() {
+	if now.UnixNano() < p.until.Load() {
 		return
 	}
 	be := t.backend(s.bal.Snapshot(), breq.Model)
@@ -105,8 +123,8 @@ func (s *Server) tokenize(ctx context.Context, ex *exchange, breq *balancer.Requ
 		body = slices.Concat([]byte(`{"model":`), m, []byte(`,"prompt":`), req.Prompt, []byte(`}`))
 	} else {
 		// A chat's tokens depend on its tools and template arguments
-		// too; the body goes whole, its sampling fields ignored (and
-		// logged) by the server.
+		// too (a Message's and a Response's likewise); the body goes
+		// whole, its sampling fields ignored (and logged) by the server.
 		body = req.Body
 		if breq.Model != req.Model {
 			var err error
@@ -117,7 +135,7 @@ func (s *Server) tokenize(ctx context.Context, ex *exchange, breq *balancer.Requ
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.TokenizeTimeout)
 	defer cancel()
-	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, be.URL.JoinPath("tokenize").String(), bytes.NewReader(body))
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, be.URL.JoinPath(path).String(), bytes.NewReader(body))
 	if err != nil {
 		return
 	}
@@ -125,23 +143,28 @@ func (s *Server) tokenize(ctx context.Context, ex *exchange, breq *balancer.Requ
 	resp, err := t.client.Do(hr)
 	if err != nil {
 		if ctx.Err() == nil || errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			t.failed(now) // not the client going away
+			p.failed(now) // not the client going away
 		}
 		s.metrics.tokenize.WithLabelValues("error").Inc()
 		return
 	}
 	defer resp.Body.Close()
 	var out struct {
-		Tokens []uint32 `json:"tokens"`
+		Tokens   []uint32 `json:"tokens"`    // /tokenize
+		TokenIDs []uint32 `json:"token_ids"` // render
 	}
-	if resp.StatusCode != http.StatusOK || json.NewDecoder(http.MaxBytesReader(nil, resp.Body, 64<<20)).Decode(&out) != nil || len(out.Tokens) == 0 {
+	ok := resp.StatusCode == http.StatusOK && json.NewDecoder(http.MaxBytesReader(nil, resp.Body, 64<<20)).Decode(&out) == nil
+	if len(out.Tokens) == 0 {
+		out.Tokens = out.TokenIDs
+	}
+	if !ok || len(out.Tokens) == 0 {
 		if resp.StatusCode < 400 || resp.StatusCode == http.StatusNotFound || resp.StatusCode >= 500 {
-			t.failed(now) // not this prompt's fault (400: too long, say), the server's
+			p.failed(now) // not this prompt's fault (400: too long, say), the server's
 		}
 		s.metrics.tokenize.WithLabelValues("error").Inc()
 		return
 	}
-	t.failures.Store(0)
+	p.failures.Store(0)
 	s.metrics.tokenize.WithLabelValues("ok").Inc()
 	breq.TokenBlocks, breq.TokenBlockSize = kvevents.Blocks(nil, out.Tokens, bs, lora), bs
 	breq.PromptTokens = len(out.Tokens)
