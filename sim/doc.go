@@ -2,6 +2,7 @@
 // shown on machines with no GPU: an engine model after vLLM V1 (continuous
 // batching with chunked prefill, a paged KV cache with prefix caching,
 // preemption, LoRA, a step-cost model held to published measurements by
-// its calibration), driven in real time behind the OpenAI API, /v1/models,
-// /health and each engine's /metrics, or in virtual time by package bench.
+// its calibration), driven in real time behind the OpenAI completions, chat
+// and Responses APIs, Anthropic's Messages API, /v1/models, /health and
+// each engine's /metrics, or in virtual time by package bench.
 package sim

@@ -19,9 +19,9 @@ type FaultKind string
 
 // The faults a [Server] can be told to show. Connection faults hit every
 // route except /sim/faults; generation faults hit the inference routes
-// (completions and chat) and leave /health answering, as a broken engine
-// behind a live HTTP front does; the metrics and health faults hit only
-// their page.
+// (completions, chat, Responses and Messages) and leave /health
+// answering, as a broken engine behind a live HTTP front does; the metrics
+// and health faults hit only their page.
 const (
 	// FaultRefuse closes the listening socket, so connections are refused,
 	// and resets every open connection, as a killed process does. It needs
@@ -406,15 +406,16 @@ func (s *Server) faultyEmit(ctx context.Context, emit func() error) func() error
 }
 
 // generationFault answers a generation that a 5xx, 429 or hang fault
-// takes, and reports whether it did.
-func (s *Server) generationFault(w http.ResponseWriter, r *http.Request) bool {
+// takes, writing errors with write, the route's API's error shape, and
+// reports whether it did.
+func (s *Server) generationFault(w http.ResponseWriter, r *http.Request, write func(http.ResponseWriter, *refusal)) bool {
 	if f, ok := s.fault(Fault5xx); ok {
-		vllmError(w, f.Status, "InternalServerError", "", "Emulated server error (sim fault 5xx).")
+		write(w, &refusal{status: f.Status, typ: "InternalServerError", msg: "Emulated server error (sim fault 5xx)."})
 		return true
 	}
 	if _, ok := s.fault(Fault429); ok {
 		w.Header().Set("Retry-After", "1")
-		vllmError(w, http.StatusTooManyRequests, "TooManyRequestsError", "", "Emulated overload (sim fault 429).")
+		write(w, &refusal{status: http.StatusTooManyRequests, typ: "TooManyRequestsError", msg: "Emulated overload (sim fault 429)."})
 		return true
 	}
 	if _, ok := s.fault(FaultHang); ok {

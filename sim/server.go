@@ -1,20 +1,15 @@
 package sim
 
 import (
-	"bytes"
 	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/cespare/xxhash/v2"
 )
 
 // ServerConfig describes one emulated model server.
@@ -28,6 +23,12 @@ type ServerConfig struct {
 	// MaxModelLen is the context length reported by /v1/models and enforced
 	// on prompts. (default 131072)
 	MaxModelLen int
+	// MaxStoredResponses is how many Responses API responses the server
+	// keeps, the newest, for GET, input_items, cancel and
+	// previous_response_id. A negative number keeps none, as vLLM without
+	// VLLM_ENABLE_RESPONSES_API_STORE=1: store=true is then ignored and
+	// background refused. (default 10000)
+	MaxStoredResponses int
 }
 
 // Server is an emulated model server. Its handler may be called
@@ -37,6 +38,9 @@ type Server struct {
 	model   Model
 	created int64
 	seq     atomic.Int64 // request ids
+	// responses is the Responses API store; nil when the server keeps
+	// none.
+	responses *responseStore
 
 	faults        atomic.Pointer[faultState] // nil: no fault
 	fmu           sync.Mutex
@@ -62,15 +66,31 @@ func NewServer(cfg ServerConfig, m Model) (*Server, error) {
 		// hold; the emulation shrinks it instead.
 		cfg.MaxModelLen = min(cfg.MaxModelLen, c.Capacity())
 	}
-	return &Server{cfg: cfg, model: m, created: time.Now().Unix(), faultsChanged: make(chan struct{})}, nil
+	s := &Server{cfg: cfg, model: m, created: time.Now().Unix(), faultsChanged: make(chan struct{})}
+	switch {
+	case cfg.MaxStoredResponses == 0:
+		s.responses = newResponseStore(defaultMaxStoredResponses)
+	case cfg.MaxStoredResponses > 0:
+		s.responses = newResponseStore(cfg.MaxStoredResponses)
+	}
+	return s, nil
 }
 
 // Handler returns the server's routes, and /sim/faults, the switch for
-// the faults it shows (see [Server.SetFaults]).
+// the faults it shows (see [Server.SetFaults]). Every flavour serves the
+// OpenAI completions, chat and Responses APIs and Anthropic's Messages API
+// (responses.go, messages.go), priced alike.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, false) })
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, true) })
+	mux.HandleFunc("POST /v1/responses", s.createResponse)
+	mux.HandleFunc("GET /v1/responses/{id}", s.getResponse)
+	mux.HandleFunc("DELETE /v1/responses/{id}", s.deleteResponse)
+	mux.HandleFunc("POST /v1/responses/{id}/cancel", s.cancelResponse)
+	mux.HandleFunc("GET /v1/responses/{id}/input_items", s.listInputItems)
+	mux.HandleFunc("POST /v1/messages", s.createMessage)
+	mux.HandleFunc("POST /v1/messages/count_tokens", s.countMessageTokens)
 	mux.HandleFunc("GET /v1/models", s.models)
 	mux.HandleFunc("GET /health", s.healthy)
 	mux.HandleFunc("/sim/faults", s.serveFaults)
@@ -113,18 +133,25 @@ func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(map[string]any{"count": len(tokens), "max_model_len": s.cfg.MaxModelLen, "tokens": tokens, "token_strs": nil})
 }
 
-// vllmError writes vLLM's error shape:
-// {"error":{"message":...,"type":...,"param":...,"code":<int>}}.
+// vllmError writes vLLM's error shape,
+// {"error":{"message":...,"type":...,"param":...,"code":<int>}}, its fields
+// in vLLM's order so a body can be compared byte for byte.
 func vllmError(w http.ResponseWriter, code int, typ, param, msg string) {
-	var p any
+	var body struct {
+		Error struct {
+			Message string  `json:"message"`
+			Type    string  `json:"type"`
+			Param   *string `json:"param"`
+			Code    int     `json:"code"`
+		} `json:"error"`
+	}
+	body.Error.Message, body.Error.Type, body.Error.Code = msg, typ, code
 	if param != "" {
-		p = param
+		body.Error.Param = &param
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
-	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{
-		"message": msg, "type": typ, "param": p, "code": code,
-	}})
+	_ = json.NewEncoder(w).Encode(body)
 }
 
 type genRequest struct {
@@ -140,43 +167,29 @@ type genRequest struct {
 }
 
 type chatMessage struct {
-	Role    string          `json:"role"`
-	Content json.RawMessage `json:"content"`
+	Role      string          `json:"role"`
+	Content   json.RawMessage `json:"content"`
+	ToolCalls []struct {
+		Function struct {
+			Name      string `json:"name"`
+			Arguments string `json:"arguments"`
+		} `json:"function"`
+	} `json:"tool_calls"`
 }
 
 // promptText renders the prompt as the engine would see it before
 // tokenizing: a completion prompt as sent (token ids as four bytes each),
-// chat messages through a simple chat template. [BytesPerToken] bytes of it
-// count as one token, and its full blocks are hashed for the prefix cache,
-// so requests that share leading messages share cached blocks.
+// chat messages through the emulation's chat template ([renderChat]).
+// [BytesPerToken] bytes of it count as one token, and its full blocks are
+// hashed for the prefix cache, so requests that share leading messages
+// share cached blocks.
 func (g *genRequest) promptText(chat bool) ([]byte, error) {
-	var b []byte
 	if chat {
-		if len(g.Messages) == 0 {
-			return nil, fmt.Errorf("messages must not be empty")
+		turns, err := chatTurns(g.Messages)
+		if err != nil {
+			return nil, err
 		}
-		for _, m := range g.Messages {
-			b = append(b, "<|start|>"...)
-			b = append(b, m.Role...)
-			b = append(b, '\n')
-			var text string
-			if json.Unmarshal(m.Content, &text) == nil {
-				b = append(b, text...)
-			} else {
-				var parts []struct {
-					Type string `json:"type"`
-					Text string `json:"text"`
-				}
-				if json.Unmarshal(m.Content, &parts) != nil {
-					return nil, fmt.Errorf("message content must be a string or a list of parts")
-				}
-				for _, p := range parts {
-					b = append(b, p.Text...)
-				}
-			}
-			b = append(b, "<|end|>\n"...)
-		}
-		return append(b, "<|start|>assistant\n"...), nil
+		return renderChat(turns), nil
 	}
 	var s string
 	if json.Unmarshal(g.Prompt, &s) == nil {
@@ -185,6 +198,7 @@ func (g *genRequest) promptText(chat bool) ([]byte, error) {
 		}
 		return []byte(s), nil
 	}
+	var b []byte
 	var ids []int
 	if json.Unmarshal(g.Prompt, &ids) == nil && len(ids) > 0 {
 		for _, id := range ids {
@@ -202,28 +216,19 @@ func (g *genRequest) promptText(chat bool) ([]byte, error) {
 	return nil, fmt.Errorf("prompt must be a non-empty string, list of strings or list of token ids")
 }
 
-func (s *Server) serves(model string) (adapter string, ok bool) {
-	if model == s.cfg.Model {
-		return "", true
-	}
-	if slices.Contains(s.cfg.Adapters, model) {
-		return model, true
-	}
-	return "", false
-}
-
+// generate serves completions (chat false) and chat completions.
 func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	var g genRequest
 	if err := json.NewDecoder(r.Body).Decode(&g); err != nil {
 		vllmError(w, http.StatusBadRequest, "BadRequestError", "", "Invalid request body: "+err.Error())
 		return
 	}
-	if s.generationFault(w, r) {
+	if s.generationFault(w, r, writeVLLM) {
 		return
 	}
-	adapter, ok := s.serves(g.Model)
-	if !ok {
-		vllmError(w, http.StatusNotFound, "NotFoundError", "model", fmt.Sprintf("The model `%s` does not exist.", g.Model))
+	adapter, rf := s.lookupModel(g.Model)
+	if rf != nil {
+		writeVLLM(w, rf)
 		return
 	}
 	text, err := g.promptText(chat)
@@ -231,10 +236,9 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		vllmError(w, http.StatusBadRequest, "BadRequestError", "", err.Error())
 		return
 	}
-	prompt := max(1, len(text)/BytesPerToken)
 	maxTokens := 16 // vLLM's completions default
 	if chat {
-		maxTokens = 64
+		maxTokens = defaultChatMaxTokens
 	}
 	switch {
 	case g.MaxCompletionTokens != nil:
@@ -246,33 +250,26 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		vllmError(w, http.StatusBadRequest, "BadRequestError", "max_tokens", "max_tokens must be at least 1, got "+strconv.Itoa(maxTokens)+".")
 		return
 	}
-	if prompt+maxTokens > s.cfg.MaxModelLen {
-		vllmError(w, http.StatusBadRequest, "BadRequestError", "", fmt.Sprintf(
-			"This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion).",
-			s.cfg.MaxModelLen, prompt+maxTokens, prompt, maxTokens))
+	a, rf := s.admit(generation{model: g.Model, adapter: adapter, prompt: text, maxTokens: maxTokens})
+	if rf != nil {
+		writeVLLM(w, rf)
 		return
 	}
 
-	id := s.seq.Add(1)
 	idPrefix, object, chunkObject := "cmpl-", "text_completion", "text_completion"
 	if chat {
 		idPrefix, object, chunkObject = "chatcmpl-", "chat.completion", "chat.completion.chunk"
 	}
-	rid := fmt.Sprintf("%s%x%08x", idPrefix, s.created, id)
-	job := Job{PromptTokens: prompt, MaxTokens: maxTokens, Adapter: adapter,
-		Prompt: text, Seed: xxhash.Sum64String(g.Model)}
+	rid := fmt.Sprintf("%s%x%08x", idPrefix, s.created, a.seq)
 	usage := func(cached int) map[string]any {
-		return map[string]any{"prompt_tokens": prompt, "completion_tokens": maxTokens, "total_tokens": prompt + maxTokens,
+		return map[string]any{"prompt_tokens": a.prompt, "completion_tokens": maxTokens, "total_tokens": a.prompt + maxTokens,
 			"prompt_tokens_details": map[string]any{"cached_tokens": cached}}
 	}
 
 	if !g.Stream {
 		var text strings.Builder
-		n := 0
-		cached, err := s.model.Run(r.Context(), job, s.faultyEmit(r.Context(), func() error { text.WriteString(word(id, n)); n++; return nil }))
-		if errors.Is(err, errDie) {
-			panic(http.ErrAbortHandler) // the connection closes with no answer
-		}
+		cached, err := s.run(r.Context(), a, func(t string) error { text.WriteString(t); return nil })
+		abortOnDie(err) // the connection closes with no answer
 		if err != nil {
 			return // the client left; vLLM aborts the request the same way
 		}
@@ -291,34 +288,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 
 	includeUsage := g.StreamOptions != nil && g.StreamOptions.IncludeUsage
-	flusher, _ := w.(http.Flusher)
-	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
-	w.Header().Set("Cache-Control", "no-cache")
-	w.WriteHeader(http.StatusOK)
-	// A real server's stream headers go out at once, before the first
-	// token (vLLM answers with Starlette's StreamingResponse, which sends
-	// http.response.start before iterating the body): llmlb's first-byte
-	// timeout for streams reads them.
-	if flusher != nil {
-		flusher.Flush()
-	}
-	var buf bytes.Buffer
-	send := func(chunk map[string]any) error {
-		buf.Reset()
-		buf.WriteString("data: ")
-		if err := json.NewEncoder(&buf).Encode(chunk); err != nil {
-			return err
-		}
-		buf.Truncate(buf.Len() - 1) // Encode's newline
-		buf.WriteString("\n\n")
-		if _, err := w.Write(buf.Bytes()); err != nil {
-			return err
-		}
-		if flusher != nil {
-			flusher.Flush()
-		}
-		return nil
-	}
+	sse := startSSE(w)
 	chunk := func(choices []any) map[string]any {
 		c := map[string]any{"id": rid, "object": chunkObject, "created": time.Now().Unix(), "model": g.Model, "choices": choices}
 		if includeUsage {
@@ -327,7 +297,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		return c
 	}
 	n := 0
-	cached, err := s.model.Run(r.Context(), job, s.faultyEmit(r.Context(), func() error {
+	cached, err := s.run(r.Context(), a, func(t string) error {
 		var finish any
 		if n == maxTokens-1 {
 			finish = "length"
@@ -337,41 +307,29 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 			if n == 0 {
 				// vLLM opens a chat stream with the role alone.
 				first := map[string]any{"index": 0, "delta": map[string]any{"role": "assistant", "content": ""}, "logprobs": nil, "finish_reason": nil}
-				if err := send(chunk([]any{first})); err != nil {
+				if err := sse.send("", chunk([]any{first})); err != nil {
 					return err
 				}
 			}
-			choice["delta"] = map[string]any{"content": word(id, n)}
+			choice["delta"] = map[string]any{"content": t}
 		} else {
-			choice["text"] = word(id, n)
+			choice["text"] = t
 		}
 		n++
-		return send(chunk([]any{choice}))
-	}))
-	if errors.Is(err, errDie) {
-		panic(http.ErrAbortHandler) // cut the stream: no final chunk, no [DONE]
-	}
+		return sse.send("", chunk([]any{choice}))
+	})
+	abortOnDie(err) // cut the stream: no final chunk, no [DONE]
 	if err != nil {
 		return
 	}
 	if includeUsage {
 		c := chunk([]any{})
 		c["usage"] = usage(cached)
-		if send(c) != nil {
+		if sse.send("", c) != nil {
 			return
 		}
 	}
-	_, _ = w.Write([]byte("data: [DONE]\n\n"))
-	if flusher != nil {
-		flusher.Flush()
-	}
-}
-
-var words = strings.Fields("the quick brown fox jumps over a lazy dog while seven bright stars shine on quiet hills and rivers run")
-
-// word returns the n-th output token of request id: deterministic text.
-func word(id int64, n int) string {
-	return " " + words[(int(id)+n)%len(words)]
+	_ = sse.write([]byte("data: [DONE]\n\n"))
 }
 
 func (s *Server) models(w http.ResponseWriter, r *http.Request) {
