@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb/internal/serve"
+	"github.com/llmlb/llmlb/proxy"
 	"github.com/llmlb/llmlb/sim"
 )
 
@@ -359,7 +360,9 @@ func nodeSDK(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "openai", "package.json")); err == nil {
+	_, err1 := os.Stat(filepath.Join(dir, "node_modules", "openai", "package.json"))
+	_, err2 := os.Stat(filepath.Join(dir, "node_modules", "@anthropic-ai", "sdk", "package.json"))
+	if err1 == nil && err2 == nil {
 		return dir
 	}
 	npm := tool(t, "npm", "LLMLBTEST_REQUIRE_NODE", "apt-get install npm")
@@ -371,25 +374,38 @@ func nodeSDK(t *testing.T) string {
 	return dir
 }
 
-// TestNodeSDKEndToEnd drives llmlb in front of emulated vLLM servers with
-// the official OpenAI Node SDK (testdata/node-sdk/e2e.mjs): model list,
-// chat, streamed chat with and without usage, completions, and the 404 the
-// SDK raises as NotFoundError.
-func TestNodeSDKEndToEnd(t *testing.T) {
+// runNode runs a script of testdata/node-sdk with env and decodes the JSON
+// summary it prints last into summary.
+func runNode(t *testing.T, script string, summary any, env ...string) {
+	t.Helper()
 	dir := nodeSDK(t)
-	urls := simBackends(t, 2, sim.SteadyConfig{Speed: 100})
-	inst := startTest(t, testConfig(urls), 2)
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "node", "e2e.mjs")
+	cmd := exec.CommandContext(ctx, "node", script)
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "LLMLB_BASE_URL=http://"+inst.Addr+"/v1", "LLMLB_MODEL="+testModel)
+	cmd.Env = append(os.Environ(), env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
-		t.Fatalf("node e2e.mjs: %v\n%s%s", err, stdout.String(), stderr.String())
+		t.Fatalf("node %s: %v\n%s%s", script, err, stdout.String(), stderr.String())
 	}
 	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), summary); err != nil {
+		t.Fatalf("summary line %q: %v", lines[len(lines)-1], err)
+	}
+}
+
+// TestNodeSDKEndToEnd drives llmlb in front of emulated vLLM servers with
+// the official OpenAI Node SDK (testdata/node-sdk/e2e.mjs): model list,
+// chat, streamed chat with and without usage, completions, the 404 the
+// SDK raises as NotFoundError, and stored Responses: follow-ups with
+// previous_response_id (streamed and not), retrieve and delete, made
+// through a second llmlb replica.
+func TestNodeSDKEndToEnd(t *testing.T) {
+	nodeSDK(t)
+	urls := simBackends(t, 3, sim.SteadyConfig{Speed: 100})
+	inst := startTest(t, testConfig(urls), 3)
+	inst2 := startTest(t, testConfig(urls), 3)
 	var summary struct {
 		Models []string `json:"models"`
 		Stream struct {
@@ -398,11 +414,38 @@ func TestNodeSDKEndToEnd(t *testing.T) {
 		} `json:"stream"`
 		Completion string `json:"completion"`
 		NotFound   bool   `json:"not_found"`
+		Responses  struct {
+			First, Streamed, Deltas string
+		} `json:"responses"`
 	}
-	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &summary); err != nil {
-		t.Fatalf("summary line %q: %v", lines[len(lines)-1], err)
+	runNode(t, "e2e.mjs", &summary, "LLMLB_BASE_URL=http://"+inst.Addr+"/v1", "LLMLB_BASE_URL_2=http://"+inst2.Addr+"/v1", "LLMLB_MODEL="+testModel)
+	if !slices.Contains(summary.Models, testModel) || summary.Stream.CompletionTokens != 6 || summary.Completion == "" || !summary.NotFound ||
+		summary.Responses.Streamed == "" || summary.Responses.Deltas == "" {
+		t.Errorf("summary = %+v", summary)
 	}
-	if !slices.Contains(summary.Models, testModel) || summary.Stream.CompletionTokens != 6 || summary.Completion == "" || !summary.NotFound {
+}
+
+// TestAnthropicNodeSDK drives a keyed llmlb with the official Anthropic
+// Node SDK (testdata/node-sdk/anthropic.mjs), which sends its key in
+// x-api-key: a Message, a streamed one, a tool-calling turn, token
+// counting, and a wrong key refused as the SDK's AuthenticationError.
+func TestAnthropicNodeSDK(t *testing.T) {
+	nodeSDK(t)
+	urls := simBackends(t, 2, sim.SteadyConfig{Speed: 100})
+	cfg := testConfig(urls)
+	cfg.Auth = proxy.AuthConfig{Keys: []proxy.KeyConfig{{Name: "alpha", Key: proxy.HashKey(testKeyA)}}}
+	inst := startTest(t, cfg, 2)
+	var summary struct {
+		Message string `json:"message"`
+		Stream  struct {
+			Text         string `json:"text"`
+			OutputTokens int    `json:"output_tokens"`
+		} `json:"stream"`
+		Count        int  `json:"count"`
+		Unauthorized bool `json:"unauthorized"`
+	}
+	runNode(t, "anthropic.mjs", &summary, "LLMLB_URL=http://"+inst.Addr, "LLMLB_KEY="+testKeyA, "LLMLB_MODEL="+testModel)
+	if summary.Message == "" || summary.Stream.OutputTokens != 6 || summary.Count == 0 || !summary.Unauthorized {
 		t.Errorf("summary = %+v", summary)
 	}
 }

@@ -118,7 +118,6 @@ type Config struct {
 func InferenceRoutes() []string {
 	return []string{
 		"/v1/embeddings",
-		"/v1/responses",
 		"/v1/rerank",
 		"/v2/rerank",
 		"/rerank",
@@ -134,7 +133,7 @@ func InferenceRoutes() []string {
 // builtinRoutes are the paths the client listener serves itself or
 // forwards by default, which extra_routes may not name again.
 func builtinRoutes() []string {
-	return append([]string{"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/ready"}, InferenceRoutes()...)
+	return append([]string{"/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens", "/v1/models", "/health", "/ready"}, InferenceRoutes()...)
 }
 
 // DefaultConfig returns the proxy defaults.

@@ -60,15 +60,15 @@ type observer struct {
 	now   func() time.Time
 	onGap func(time.Duration) // between token events; may be nil
 
-	u       Usage
+	u Usage
 	// Responses and Messages: the counts their usage gives apart, which
 	// later events may update one by one.
 	in, cacheRead, cacheWrite int
 	pending                   []byte // SSE: bytes of an event not yet complete; JSON: the body so far
-	out     []byte // SSE: complete events to hand to the client
-	over    bool   // JSON: the body outgrew maxJSONBody
-	eof     bool
-	err     error // from src, after EOF-less end
+	out                       []byte // SSE: complete events to hand to the client
+	over                      bool   // JSON: the body outgrew maxJSONBody
+	eof                       bool
+	err                       error // from src, after EOF-less end
 }
 
 func newObserver(src io.ReadCloser, kind Kind, sse, strip bool, now func() time.Time, onGap func(time.Duration)) *observer {
