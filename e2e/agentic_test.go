@@ -8,9 +8,11 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/llmlb/llmlb/balancer"
 	"github.com/llmlb/llmlb/internal/serve"
@@ -124,8 +126,39 @@ func TestStoredResponsesFollowTheirServer(t *testing.T) {
 		t.Errorf("GET after DELETE: %d %s", status, b)
 	}
 
+	// A new llmlb, its backends listed the other way round (a restart and
+	// a reload that reorders them), reads the same servers from the ids.
+	rev := slices.Clone(urls)
+	slices.Reverse(rev)
+	fresh := "http://" + startTest(t, testConfig(rev), 3).Addr
+	for c := range conversations {
+		last := ids[c][len(ids[c])-1]
+		status, b, _ := call(t, "POST", fresh+"/v1/responses", map[string]any{"model": testModel, "input": "one more", "previous_response_id": last, "max_output_tokens": 2})
+		var r response
+		if status != http.StatusOK || json.Unmarshal(b, &r) != nil || r.PreviousResponseID != last {
+			t.Errorf("follow-up through a restarted llmlb with its backends reordered: %d %s", status, b)
+		}
+	}
+
+	// A background response, polled through the other replica until done.
+	status, b, _ := call(t, "POST", replicas[0]+"/v1/responses", map[string]any{"model": testModel, "input": "work on it", "background": true, "max_output_tokens": 3})
+	var bg struct{ ID, Status string }
+	if status != http.StatusOK || json.Unmarshal(b, &bg) != nil || bg.ID == "" {
+		t.Fatalf("background: %d %s", status, b)
+	}
+	if !waitFor(10*time.Second, func() bool {
+		status, b, _ := call(t, "GET", replicas[1]+"/v1/responses/"+bg.ID, nil)
+		return status == http.StatusOK && json.Unmarshal(b, &bg) == nil && bg.Status != "queued" && bg.Status != "in_progress"
+	}) {
+		t.Errorf("background response %s never finished: %+v", bg.ID, bg)
+	}
+	// Cancelling it once done: the server's own 400, through llmlb.
+	if status, b, _ := call(t, "POST", replicas[1]+"/v1/responses/"+bg.ID+"/cancel", nil); status != http.StatusBadRequest {
+		t.Errorf("cancel of a finished response: %d %s", status, b)
+	}
+
 	// An id llmlb did not hand out leads nowhere: a 404 that says so.
-	status, b, _ := call(t, "POST", replicas[0]+"/v1/responses", map[string]any{"model": testModel, "input": "x", "previous_response_id": "resp_0123"})
+	status, b, _ = call(t, "POST", replicas[0]+"/v1/responses", map[string]any{"model": testModel, "input": "x", "previous_response_id": "resp_0123"})
 	if status != http.StatusNotFound || !bytes.Contains(b, []byte("not handed out by this load balancer")) {
 		t.Errorf("untagged id: %d %s", status, b)
 	}
@@ -218,5 +251,36 @@ func TestMessagesEndToEnd(t *testing.T) {
 	}
 	if status != http.StatusUnauthorized || json.Unmarshal(b, &e) != nil || e.Type != "error" || e.Error.Type != "authentication_error" {
 		t.Errorf("wrong x-api-key: %d %s", status, b)
+	}
+}
+
+// TestStatelessResponsesFollowTheirPrefix: a conversation that resends its
+// whole input each turn (store false) stays on the server that holds its
+// prefix, as a chat does.
+func TestStatelessResponsesFollowTheirPrefix(t *testing.T) {
+	_, urls := storeBackends(t, 3)
+	base := "http://" + startTest(t, testConfig(urls), 3).Addr
+	input := []map[string]any{{"role": "user", "content": strings.Repeat("Summarise the attached design document section by section. ", 40)}}
+	first := ""
+	for turn := range 6 {
+		status, b, name := call(t, "POST", base+"/v1/responses", map[string]any{
+			"model": testModel, "store": false, "instructions": "You are a careful reviewer.", "input": input, "max_output_tokens": 4,
+		})
+		var r struct {
+			Output []struct {
+				Content []struct{ Text string }
+			}
+		}
+		if status != http.StatusOK || json.Unmarshal(b, &r) != nil || len(r.Output) == 0 || len(r.Output[0].Content) == 0 {
+			t.Fatalf("turn %d: %d %s", turn, status, b)
+		}
+		if turn == 0 {
+			first = name
+		} else if name != first {
+			t.Errorf("turn %d went to %s, the conversation's prefix is on %s", turn, name, first)
+		}
+		input = append(input,
+			map[string]any{"role": "assistant", "content": []map[string]any{{"type": "output_text", "text": r.Output[0].Content[0].Text}}},
+			map[string]any{"role": "user", "content": fmt.Sprintf("Now section %d.", turn+2)})
 	}
 }
