@@ -70,7 +70,8 @@ type Cluster struct {
 	// its arrival times: that many clients each send the next request (in
 	// arrival order, timestamps ignored) as soon as their previous one is
 	// answered, refused or failed, as a benchmark client with a
-	// concurrency limit does. The cluster then runs as fast as it can, so
+	// concurrency limit does; a client that sends a session's first turn
+	// stays with the session to its end. The cluster then runs as fast as it can, so
 	// the output tokens per second measure what routing lets it serve.
 	Clients int
 	// Trace records each served request's pick in [Result.Trace]: the
@@ -93,6 +94,13 @@ type Result struct {
 	Refused      int   // the admission queue refused or timed out
 	Failed       int   // no backend, or a server refused the request
 	Preemptions  int64
+	// FollowUps counts the stored follow-ups sent ([Request.Stored]), and
+	// FailedFollowUps those that reached a server other than the one
+	// storing the response they continue, which answers 404 at once;
+	// they are in neither Refused nor Failed. Unsent counts the later
+	// turns never sent because an earlier turn of their session was not
+	// answered.
+	FollowUps, FailedFollowUps, Unsent int
 	// Trace holds one record a served request, in first-token order,
 	// when the run was traced ([Cluster.Trace]).
 	Trace []TraceRecord
@@ -136,6 +144,21 @@ type run struct {
 	adapts    []balancer.Adapter
 	last      time.Duration
 	next      int // closed loop: the next request to send
+	// pending counts the arrivals still to come, for the scrapes to stop.
+	pending int
+	// after and before are the indexes of each request's session's next
+	// and previous turns, -1 for none; answeredBy is the server that
+	// answered each request, -1 until one has.
+	after, before, answeredBy []int
+	// followsStored: the policy is llmlb's own, whose proxy sends a
+	// stored follow-up to the server storing its previous response
+	// ([ownPolicy]).
+	followsStored bool
+	newText       []byte // a stored follow-up's body text, for a peer's pick
+	// newOnly: the pick in progress sees only newText, so the true cache
+	// is asked about it alone.
+	newOnly   bool
+	newHashes []uint64
 	// kv is the index of the servers' KV events. Every replica reads the
 	// one store: real replicas each keep their own, fed the same events
 	// at the same lag, so their contents are the same.
@@ -215,6 +238,7 @@ func (r *run) build() error {
 	if err := bcfg.Validate(); err != nil && !pr.TrueCache && pr.Scenario == "" {
 		return err
 	}
+	r.followsStored = ownPolicy(pr.Name)
 	pcfg := prefix.DefaultConfig()
 	if r.c.Prefix != nil {
 		pcfg = *r.c.Prefix
@@ -258,14 +282,21 @@ func (r *run) build() error {
 			r.pushScrape(rep, i)
 		}
 	}
+	if err := r.linkTurns(); err != nil {
+		return err
+	}
+	r.pending = len(r.w.Requests)
 	if r.c.Clients > 0 {
-		r.next = min(r.c.Clients, len(r.w.Requests))
-		for i := range r.next {
-			r.push(event{at: 0, kind: evArrival, i: i})
+		for range r.c.Clients {
+			if !r.sendNext() {
+				break
+			}
 		}
 	} else {
 		for i := range r.w.Requests {
-			r.push(event{at: r.w.Requests[i].At, kind: evArrival, i: i})
+			if r.w.Requests[i].Turn == 0 { // later turns wait for their answers
+				r.push(event{at: r.w.Requests[i].At, kind: evArrival, i: i})
+			}
 		}
 	}
 	r.ttft = make([]time.Duration, len(r.w.Requests))
@@ -275,4 +306,54 @@ func (r *run) build() error {
 	}
 	r.res.PerBackend = make([]int, len(r.servers))
 	return nil
+}
+
+// linkTurns finds each session's next turn after every request; a later
+// turn without the one before it is an error.
+func (r *run) linkTurns() error {
+	n := len(r.w.Requests)
+	r.after, r.before, r.answeredBy = make([]int, n), make([]int, n), make([]int, n)
+	type turn struct {
+		session uint64
+		n       int
+	}
+	idx := map[turn]int{}
+	for i := range r.w.Requests {
+		r.after[i], r.before[i], r.answeredBy[i] = -1, -1, -1
+		if q := &r.w.Requests[i]; q.Session != 0 {
+			idx[turn{q.Session, q.Turn}] = i
+		}
+	}
+	for i := range r.w.Requests {
+		q := &r.w.Requests[i]
+		if q.Turn == 0 {
+			if q.Stored > 0 {
+				return fmt.Errorf("bench: request %d continues a stored response but is its session's first turn", i)
+			}
+			continue
+		}
+		prev, ok := idx[turn{q.Session, q.Turn - 1}]
+		if q.Session == 0 || !ok {
+			return fmt.Errorf("bench: request %d is turn %d of session %d, which has no turn %d", i, q.Turn, q.Session, q.Turn-1)
+		}
+		r.after[prev], r.before[i] = i, prev
+	}
+	return nil
+}
+
+// ownPolicy reports whether preset is one of llmlb's own, which `llmlb
+// serve` runs behind its proxy; the others emulate peer routers deployed
+// on their own (the llm-d endpoint picker, SGLang's gateway, nginx,
+// KubeAI and others, as their [balancer.Preset] Follows says). The line
+// matters for the Responses API's stored responses: llmlb's proxy sends
+// a follow-up to the server storing the response it continues whatever
+// the policy ([balancer.Request.Holder]), while a peer routes it by its
+// policy on the body it sees, the new input alone, and the server it
+// picks answers 404 unless it is the one storing the response.
+func ownPolicy(preset string) bool {
+	switch preset {
+	case "ttft", "ttft-true-cache":
+		return true
+	}
+	return false
 }

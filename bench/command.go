@@ -190,7 +190,8 @@ func (c Command) runExperiment(ctx context.Context, stdout io.Writer) error {
 // printing each table as its replay ends.
 func (c Command) runTarget(ctx context.Context, stdout io.Writer) error {
 	workloads := c.Workloads
-	if len(workloads) == 0 {
+	chosen := len(workloads) > 0
+	if !chosen {
 		workloads = WorkloadNames()
 	}
 	t := &HTTPReplay{URL: c.Target, Model: c.Model, Label: c.Label, Progress: c.Progress}
@@ -200,6 +201,10 @@ func (c Command) runTarget(ctx context.Context, stdout io.Writer) error {
 		w, err := Build(name, c.Params)
 		if err != nil {
 			return err
+		}
+		if !chosen && w.hasSessions() {
+			fmt.Fprintf(stdout, "\n%s: skipped: its turns wait for earlier turns' answers, which the HTTP replay does not do\n", name)
+			continue
 		}
 		res, err := t.Replay(ctx, w)
 		if err != nil {

@@ -56,13 +56,12 @@ func (r *run) pushScrape(rep, i int) {
 // loop runs events until every request is answered or refused; scrapes
 // stop once nothing is left to do.
 func (r *run) loop() {
-	arrivals := len(r.w.Requests)
 	for r.q.Len() > 0 {
 		e := heap.Pop(&r.q).(event)
 		r.now = e.at
 		switch e.kind {
 		case evArrival:
-			arrivals--
+			r.pending--
 			r.arrive(e.i)
 		case evEnter:
 			r.entering--
@@ -76,7 +75,7 @@ func (r *run) loop() {
 			r.step(e.i)
 		case evScrape:
 			r.scrapeServer(e.rep, e.i)
-			if arrivals > 0 || len(r.flights)+r.queued+r.entering > 0 {
+			if r.pending > 0 || len(r.flights)+r.queued+r.entering > 0 {
 				r.pushScrape(e.rep, e.i)
 			}
 		}
@@ -88,6 +87,7 @@ func (r *run) loop() {
 		for _, f := range rep.waiting {
 			f.ticket.Leave("timeout")
 			r.res.Refused++
+			r.drop(f.idx)
 		}
 		rep.waiting = nil
 	}

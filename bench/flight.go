@@ -24,6 +24,7 @@ type flight struct {
 	arrived time.Duration
 	tokens  []uint32     // the prompt's token ids, when its replica reads KV events
 	trace   *TraceRecord // when the run is traced: the pick's record, until the first token
+	holder  int          // a stored follow-up's: the server storing its previous response
 }
 
 func (r *run) arrive(i int) {
@@ -40,10 +41,18 @@ func (r *run) arrive(i int) {
 	f.breq = balancer.Request{Model: model, Seed: prefix.Seed(model, ""), PromptTokens: r.c.Perturb.tokens(req.Tokens()), MaxTokens: req.MaxTokens,
 		UserText: req.AppendUserText(nil, 100)}
 	f.breq.FirstUser, f.breq.FirstTurn = req.FirstTurn()
+	if req.Stored > 0 {
+		r.res.FollowUps++
+		r.storedFollowUp(f)
+	}
 	if r.kv != nil && r.reps[rep].bal.ReadsCacheEvents() {
-		// Tokenized first, as the proxy asks /tokenize, then picked.
 		r.text = req.AppendText(r.text[:0])
-		f.tokens = sim.Tokens(r.text)
+		f.tokens = sim.Tokens(r.text) // the engine's own, for its KV events
+		if f.breq.Holder != "" {
+			r.dispatch(f) // the proxy tokenizes no pinned request
+			return
+		}
+		// Tokenized first, as the proxy asks /tokenize, then picked.
 		bs := r.servers[0].eng.Config().BlockSize
 		f.breq.TokenBlocks, f.breq.TokenBlockSize = kvevents.Blocks(nil, f.tokens, bs, req.Model), bs
 		base, per := r.c.TokenizeBase, r.c.TokenizePerByte
@@ -57,6 +66,20 @@ func (r *run) arrive(i int) {
 	r.dispatch(f)
 }
 
+// storedFollowUp sets up the pick of f, a stored follow-up, as its
+// balancer sees it: the body holds only the new input, with no user
+// message, and names the previous response. llmlb's proxy pins it to the
+// server storing that response, with no prompt to match; a peer routes
+// it on the new input ([ownPolicy]).
+func (r *run) storedFollowUp(f *flight) {
+	f.holder = r.answeredBy[r.before[f.idx]]
+	f.breq.PromptTokens = r.c.Perturb.tokens(f.req.NewTokens())
+	f.breq.UserText, f.breq.FirstUser, f.breq.FirstTurn = nil, 0, 0
+	if r.followsStored {
+		f.breq.Holder = r.servers[f.holder].id
+	}
+}
+
 // dispatch picks a server for f through its replica's balancer, the
 // product's own admission queue included, and sends it there. It reports
 // whether f left the queue (sent, refused or failed).
@@ -65,9 +88,17 @@ func (r *run) dispatch(f *flight) bool {
 	r.text = f.req.AppendText(r.text[:0])
 	r.hashBlock = 0
 	f.breq.Prompt = r.text
+	switch {
+	case f.breq.Holder != "":
+		f.breq.Prompt = nil // the proxy matches a pinned request nowhere
+	case f.req.Stored > 0:
+		r.newText = f.req.AppendNewText(r.newText[:0])
+		f.breq.Prompt = r.newText
+	}
 	f.breq.Guard = rep.bal.NewGuard()
 	var dec balancer.Decision
 	var err error
+	r.newOnly = f.req.Stored > 0 && f.breq.Holder == ""
 	if f.ticket == nil {
 		dec, err = rep.bal.Pick(&f.breq, r.dst[:0])
 		if errors.Is(err, balancer.ErrSaturated) {
@@ -84,18 +115,28 @@ func (r *run) dispatch(f *flight) bool {
 			return false
 		}
 	}
+	r.newOnly = false
 	r.dst = dec.Candidates
 	switch {
 	case errors.Is(err, balancer.ErrQueueFull), errors.Is(err, balancer.ErrShed):
 		r.res.Refused++
-		r.ended()
+		r.ended(f.idx, false)
 		return true
 	case err != nil:
 		r.res.Failed++
-		r.ended()
+		r.ended(f.idx, false)
 		return true
 	}
 	f.srv = r.byID[dec.Candidates[0].ID]
+	if f.req.Stored > 0 && f.srv != f.holder {
+		// The server does not store the response the request names: a
+		// 404 at once, and the agent stops.
+		f.breq.Guard.Release()
+		f.breq.Prompt = nil
+		r.res.FailedFollowUps++
+		r.ended(f.idx, false)
+		return true
+	}
 	s := r.servers[f.srv]
 	if r.c.Trace {
 		r.tracePick(f, &dec)
@@ -128,7 +169,7 @@ func (r *run) enter(f *flight) {
 	if err := s.eng.Add(f.seq); err != nil {
 		f.guard.Release()
 		r.res.Failed++
-		r.ended()
+		r.ended(f.idx, false)
 		return
 	}
 	r.flights[f.seq] = f
@@ -150,7 +191,7 @@ func (r *run) admit(rep int) {
 			r.res.Refused++
 			rp.waiting = rp.waiting[1:]
 			r.queued--
-			r.ended()
+			r.ended(f.idx, false)
 			continue
 		}
 		if !r.dispatch(f) {
@@ -161,11 +202,44 @@ func (r *run) admit(rep int) {
 	}
 }
 
-// ended is called as each request leaves the cluster; in a closed-loop run
-// its client sends the next request now.
-func (r *run) ended() {
-	if r.c.Clients > 0 && r.next < len(r.w.Requests) {
-		r.push(event{at: r.now, kind: evArrival, i: r.next})
+// ended is called as request i leaves the cluster, answered (ok) or not.
+// After an answer, its session's next turn is sent after its think time;
+// a session whose turn was not answered ends there, as an agent harness
+// stops at an error. In a closed-loop run, a client whose session (or
+// lone request) is over sends the next request now.
+func (r *run) ended(i int, ok bool) {
+	if j := r.after[i]; j >= 0 {
+		if ok {
+			r.push(event{at: r.now + r.w.Requests[j].Think, kind: evArrival, i: j})
+			return
+		}
+		r.drop(i)
+	}
+	if r.c.Clients > 0 {
+		r.sendNext()
+	}
+}
+
+// drop counts the later turns of request i's session, which will not be
+// sent.
+func (r *run) drop(i int) {
+	for j := r.after[i]; j >= 0; j = r.after[j] {
+		r.res.Unsent++
+		r.pending--
+	}
+}
+
+// sendNext sends the next request of a closed-loop run that is not a
+// later turn of a session (those follow their sessions' answers), and
+// reports whether there was one.
+func (r *run) sendNext() bool {
+	for r.next < len(r.w.Requests) && r.w.Requests[r.next].Turn > 0 {
 		r.next++
 	}
+	if r.next >= len(r.w.Requests) {
+		return false
+	}
+	r.push(event{at: r.now, kind: evArrival, i: r.next})
+	r.next++
+	return true
 }

@@ -41,7 +41,13 @@ type HTTPReplay struct {
 // and which backend answered. Refused counts 429 and 503 answers (the
 // balancer's admission queue); Failed counts every other error, including
 // a stream that ends without [DONE]. The result's Policy is the Label.
+//
+// A workload whose turns wait for earlier answers (agentic) is refused: the
+// replay sends at fixed times and keeps no responses to continue.
 func (t *HTTPReplay) Replay(ctx context.Context, w *Workload) (Result, error) {
+	if w.hasSessions() {
+		return Result{}, fmt.Errorf("bench: %s: its turns wait for earlier turns' answers, which the HTTP replay does not do", w.Name)
+	}
 	client := t.Client
 	if client == nil {
 		client = &http.Client{}

@@ -29,6 +29,13 @@ type Row struct {
 	Imbalance  float64 `json:"imbalance"`
 	Refused    int     `json:"refused"`
 	Failed     int     `json:"failed"`
+	// FollowUps is the stored follow-ups sent, FailedFollowUps those that
+	// reached a server not storing the response they continue (a 404,
+	// counted in neither Refused nor Failed), and UnsentTurns the later
+	// turns of sessions that ended at a turn not answered ([Result]).
+	FollowUps       int `json:"stored_follow_ups"`
+	FailedFollowUps int `json:"failed_follow_ups"`
+	UnsentTurns     int `json:"unsent_turns"`
 	// Saturated is the output tokens per second of the closed-loop run
 	// (Options.Clients); 0 when there was none.
 	Saturated float64 `json:"saturated_output_tokens_per_s,omitempty"`
@@ -86,6 +93,7 @@ func Summarize(r Result) Row {
 	slices.Sort(e2e)
 	row := Row{
 		Policy: r.Policy, Refused: r.Refused, Failed: r.Failed,
+		FollowUps: r.FollowUps, FailedFollowUps: r.FailedFollowUps, UnsentTurns: r.Unsent,
 		TTFTP50: Quantile(ttft, .5), TTFTP90: Quantile(ttft, .9), TTFTP99: Quantile(ttft, .99),
 		TTFTMean: mean(ttft),
 		E2EP50:   Quantile(e2e, .5), E2EP99: Quantile(e2e, .99),
@@ -115,6 +123,10 @@ func WriteTable(w io.Writer, t Table) {
 	}
 	fmt.Fprintln(w)
 	head := []string{"policy", "ttft p50", "p90", "p99", "e2e p50", "p99", "out tok/s", "hit rate", "imbalance", "refused", "failed"}
+	stored := t.hasFollowUps()
+	if stored {
+		head = append(head, "failed follow-ups", "unsent turns")
+	}
 	if t.Clients > 0 {
 		head = append(head, "saturated tok/s")
 	}
@@ -123,6 +135,9 @@ func WriteTable(w io.Writer, t Table) {
 		row := []string{r.Policy, secs(r.TTFTP50), secs(r.TTFTP90), secs(r.TTFTP99), secs(r.E2EP50), secs(r.E2EP99),
 			fmt.Sprintf("%.0f", r.Throughput), fmt.Sprintf("%.1f%%", 100*r.HitRate), fmt.Sprintf("%.2f", r.Imbalance),
 			fmt.Sprint(r.Refused), fmt.Sprint(r.Failed)}
+		if stored {
+			row = append(row, followUps(r), fmt.Sprint(r.UnsentTurns))
+		}
 		if t.Clients > 0 {
 			row = append(row, fmt.Sprintf("%.0f", r.Saturated))
 		}
@@ -130,6 +145,20 @@ func WriteTable(w io.Writer, t Table) {
 	}
 	writeAligned(w, rows)
 }
+
+// hasFollowUps reports whether some row sent stored follow-ups; only then
+// does a table show the columns that count them.
+func (t Table) hasFollowUps() bool {
+	for _, r := range t.Results {
+		if r.FollowUps > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// followUps is r's failed stored follow-ups of those sent, "failed/sent".
+func followUps(r Row) string { return fmt.Sprintf("%d/%d", r.FailedFollowUps, r.FollowUps) }
 
 func secs(s float64) string {
 	if math.IsNaN(s) {

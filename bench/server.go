@@ -49,7 +49,8 @@ func (r *run) step(i int) {
 			r.res.OutputTokens += int64(o.Seq.Generated)
 			r.last = max(r.last, r.now)
 			delete(r.flights, o.Seq)
-			r.ended()
+			r.answeredBy[f.idx] = f.srv
+			r.ended(f.idx, true)
 		}
 	}
 	s.busy = d > 0
@@ -112,19 +113,26 @@ func (r *run) deliverKV(i int) {
 	s.kv = s.kv[n:]
 }
 
-// trueCache tells a balancer what each server's prefix cache really holds,
-// for the presets that know it (llm-d's KV-event index, whose speculative
-// indexing covers the events' delay for its own picks, and llmlb's scorer
-// fed the truth).
+// trueCache tells a balancer what each server's prefix cache really holds
+// of the prompt the balancer sees, for the presets that know it (llm-d's
+// KV-event index, whose speculative indexing covers the events' delay for
+// its own picks, and llmlb's scorer fed the truth). A peer picking a stored
+// follow-up sees only its new input, and is told what the servers hold of
+// that as a prompt of its own.
 type trueCache struct{ r *run }
 
 func (o trueCache) CachedTokens(be *balancer.Backend, req *balancer.Request) int {
-	i, ok := o.r.byID[be.ID]
+	r := o.r
+	i, ok := r.byID[be.ID]
 	if !ok {
 		return 0
 	}
-	s := o.r.servers[i]
-	return s.eng.Holds(o.r.engineHashes(req.Model, s.block))
+	s := r.servers[i]
+	if r.newOnly {
+		r.newHashes = sim.BlockHashes(r.newHashes[:0], xxhash.Sum64String(req.Model), r.newText, s.block)
+		return s.eng.Holds(r.newHashes)
+	}
+	return s.eng.Holds(r.engineHashes(req.Model, s.block))
 }
 
 // engineHashes returns the engine block hashes of the request in r.text

@@ -136,18 +136,21 @@ func medianRow(policy string, rows []Row) Row {
 		return median(vs)
 	}
 	m := Row{Policy: policy,
-		TTFTP50:    pick(func(r Row) float64 { return r.TTFTP50 }),
-		TTFTP90:    pick(func(r Row) float64 { return r.TTFTP90 }),
-		TTFTP99:    pick(func(r Row) float64 { return r.TTFTP99 }),
-		TTFTMean:   pick(func(r Row) float64 { return r.TTFTMean }),
-		E2EP50:     pick(func(r Row) float64 { return r.E2EP50 }),
-		E2EP99:     pick(func(r Row) float64 { return r.E2EP99 }),
-		Throughput: pick(func(r Row) float64 { return r.Throughput }),
-		HitRate:    pick(func(r Row) float64 { return r.HitRate }),
-		Imbalance:  pick(func(r Row) float64 { return r.Imbalance }),
-		Refused:    int(math.Round(pick(func(r Row) float64 { return float64(r.Refused) }))),
-		Failed:     int(math.Round(pick(func(r Row) float64 { return float64(r.Failed) }))),
-		Saturated:  pick(func(r Row) float64 { return r.Saturated }),
+		TTFTP50:         pick(func(r Row) float64 { return r.TTFTP50 }),
+		TTFTP90:         pick(func(r Row) float64 { return r.TTFTP90 }),
+		TTFTP99:         pick(func(r Row) float64 { return r.TTFTP99 }),
+		TTFTMean:        pick(func(r Row) float64 { return r.TTFTMean }),
+		E2EP50:          pick(func(r Row) float64 { return r.E2EP50 }),
+		E2EP99:          pick(func(r Row) float64 { return r.E2EP99 }),
+		Throughput:      pick(func(r Row) float64 { return r.Throughput }),
+		HitRate:         pick(func(r Row) float64 { return r.HitRate }),
+		Imbalance:       pick(func(r Row) float64 { return r.Imbalance }),
+		Refused:         int(math.Round(pick(func(r Row) float64 { return float64(r.Refused) }))),
+		Failed:          int(math.Round(pick(func(r Row) float64 { return float64(r.Failed) }))),
+		FollowUps:       int(math.Round(pick(func(r Row) float64 { return float64(r.FollowUps) }))),
+		FailedFollowUps: int(math.Round(pick(func(r Row) float64 { return float64(r.FailedFollowUps) }))),
+		UnsentTurns:     int(math.Round(pick(func(r Row) float64 { return float64(r.UnsentTurns) }))),
+		Saturated:       pick(func(r Row) float64 { return r.Saturated }),
 	}
 	for _, r := range rows {
 		m.TTFTP90s = append(m.TTFTP90s, r.TTFTP90)
@@ -171,7 +174,8 @@ func median(vs []float64) float64 {
 }
 
 // WriteSweep prints each workload's TTFT p90 and output tokens/s per
-// policy at every rate, then the default's worst ratio to each peer over
+// policy at every rate (and its failed stored follow-ups of those sent,
+// for a workload that has them), then the default's worst ratio to each peer over
 // the ladder. Merged over seeds (MergeSeeds), the figures are medians, and
 // the summary adds the range of the seeds' own ratios where the worst is
 // and the seeds at which the default is worse by more than 3% anywhere on
@@ -181,7 +185,12 @@ func WriteSweep(w io.Writer, curves []Curve) {
 		if len(c.Tables) == 0 {
 			continue
 		}
-		fmt.Fprintf(w, "\n%s: %d servers; TTFT p90 / output tok/s at each arrival-rate factor\n", c.Name, c.Tables[0].Backends)
+		stored := slices.ContainsFunc(c.Tables, Table.hasFollowUps)
+		what := "TTFT p90 / output tok/s"
+		if stored {
+			what += " / failed of stored follow-ups"
+		}
+		fmt.Fprintf(w, "\n%s: %d servers; %s at each arrival-rate factor\n", c.Name, c.Tables[0].Backends, what)
 		head := []string{"policy"}
 		for _, t := range c.Tables {
 			head = append(head, fmt.Sprintf("x%g", t.Rate))
@@ -191,7 +200,11 @@ func WriteSweep(w io.Writer, curves []Curve) {
 			row := []string{r.Policy}
 			for _, t := range c.Tables {
 				x := t.Results[pi]
-				row = append(row, fmt.Sprintf("%s / %.0f", secs(x.TTFTP90), x.Throughput))
+				cell := fmt.Sprintf("%s / %.0f", secs(x.TTFTP90), x.Throughput)
+				if stored {
+					cell += " / " + followUps(x)
+				}
+				row = append(row, cell)
 			}
 			rows = append(rows, row)
 		}

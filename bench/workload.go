@@ -31,6 +31,67 @@ type Request struct {
 	// System is how many leading parts are the system prompt; the first
 	// user message starts after them.
 	System int
+	// Session, when not 0, names the agent session the request is a turn
+	// of, and Turn is its place in it, from 0. A later turn is sent Think
+	// after the session's previous turn is answered, and never if that
+	// turn was not (an agent waits for the model's answer and the tool
+	// it called, and stops at an error); its At is its session's start.
+	Session uint64
+	Turn    int
+	Think   time.Duration
+	// API is the API the request is sent to. The emulation routes every
+	// API alike, on the whole prompt, except a Stored follow-up.
+	API API
+	// Stored, when positive, makes the request a Responses API follow-up
+	// naming its session's previous turn (previous_response_id): its
+	// first Stored parts are the conversation the server that answered
+	// that turn keeps and prepends, and its body carries only the rest,
+	// so the engine computes the whole prompt while the balancer sees
+	// only the new input. 0: the request carries its whole prompt.
+	Stored int
+}
+
+// API is the API a request is sent to.
+type API uint8
+
+const (
+	// APIChat is OpenAI's chat completions, the zero value (and the
+	// traces' prompts).
+	APIChat API = iota
+	// APIResponses is OpenAI's Responses API.
+	APIResponses
+	// APIMessages is Anthropic's Messages API, which keeps no state: the
+	// whole conversation is resent each turn.
+	APIMessages
+)
+
+// String is the API's name.
+func (a API) String() string {
+	switch a {
+	case APIResponses:
+		return "responses"
+	case APIMessages:
+		return "messages"
+	}
+	return "chat"
+}
+
+// AppendNewText appends the text the request's body carries: the whole
+// prompt, or a Stored follow-up's new input.
+func (r *Request) AppendNewText(dst []byte) []byte {
+	for _, p := range r.Parts[min(r.Stored, len(r.Parts)):] {
+		dst = appendPart(dst, p)
+	}
+	return dst
+}
+
+// NewTokens is the length in tokens of the text the body carries.
+func (r *Request) NewTokens() int {
+	n := 0
+	for _, p := range r.Parts[min(r.Stored, len(r.Parts)):] {
+		n += p.Tokens
+	}
+	return n
 }
 
 // AppendUserText appends the first n bytes of the first user message: the
@@ -104,8 +165,19 @@ type Workload struct {
 	Rate float64
 }
 
+// hasSessions reports whether some request waits for an earlier one's
+// answer ([Request.Session]).
+func (w *Workload) hasSessions() bool {
+	for i := range w.Requests {
+		if w.Requests[i].Turn > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // Names of the built-in workloads, in the order the benchmark runs them.
-var workloadNames = []string{"mooncake-conversation", "mooncake-synthetic", "shared-prefix", "multi-turn", "lora", "burst"}
+var workloadNames = []string{"mooncake-conversation", "mooncake-synthetic", "shared-prefix", "multi-turn", "lora", "burst", "agentic"}
 
 // WorkloadNames lists the built-in workloads.
 func WorkloadNames() []string { return slices.Clone(workloadNames) }
@@ -142,6 +214,8 @@ func Build(name string, p Params) (*Workload, error) {
 		w = loraMix(p, rng)
 	case "burst":
 		w = burst(p, rng)
+	case "agentic":
+		w = agentic(p, rng)
 	default:
 		return nil, fmt.Errorf("unknown workload %q (have %v)", name, workloadNames)
 	}
@@ -163,6 +237,7 @@ var defaultRate = map[string]float64{
 	"multi-turn":            1,
 	"lora":                  1,
 	"burst":                 1,
+	"agentic":               1,
 }
 
 func rate(name string, p Params) float64 {
@@ -369,6 +444,54 @@ func burst(p Params, rng *rand.Rand) *Workload {
 				Parts:     []Part{{ID: 9<<32 + uint64(b), Tokens: 4000}, {ID: 10<<32 + uint64(b)<<16 + uint64(i), Tokens: 200}},
 				MaxTokens: 100,
 			})
+		}
+	}
+	return w
+}
+
+// agentic: tool-calling agent sessions, over OpenAI's Responses API and
+// Anthropic's Messages API. Sessions start as a Poisson process. Each
+// sends 4-10 requests: the first is one of four shared system prompts
+// with tool definitions (1,800-2,400 tokens: agent harnesses ship long
+// ones that many sessions share) and a task; each later one appends the
+// model's last answer (a tool call, 50-300 tokens) and the tool's result
+// (200-2,000 tokens, log-uniform: mostly short command outputs, now and
+// then a whole file), and is sent 1-5 s after that answer (tools are
+// fast, and an agent does not stop to think as a person does). Sessions
+// go in turn to the Responses API with stored responses (each follow-up
+// carries only the tool's result and names the previous response), the
+// Responses API without (the whole input resent) and the Messages API
+// (the whole conversation resent). Rate multiplies the sessions' start
+// rate, not the tools' time.
+func agentic(p Params, rng *rand.Rand) *Workload {
+	sessions := max(1, int(1200*p.Scale))
+	r := rate("agentic", p)
+	starts := poisson(rng, sessions, 4*r)
+	w := &Workload{Rate: r}
+	for s := range sessions {
+		sys := rng.IntN(4)
+		sid := uint64(s) << 8
+		hist := []Part{
+			{ID: 15<<32 + uint64(sys), Tokens: 1800 + 200*sys},
+			{ID: 16<<32 + sid, Tokens: 100 + rng.IntN(400)},
+		}
+		api, stored := APIResponses, s%3 == 0
+		if s%3 == 2 {
+			api = APIMessages
+		}
+		turns := 4 + rng.IntN(7)
+		var think time.Duration
+		for turn := range turns {
+			out := 50 + rng.IntN(251)
+			req := Request{At: starts[s], Parts: slices.Clone(hist), MaxTokens: out, System: 1,
+				Session: uint64(s) + 1, Turn: turn, Think: think, API: api}
+			if stored && turn > 0 {
+				req.Stored = len(hist) - 1 // the tool's result is new
+			}
+			w.Requests = append(w.Requests, req)
+			tool := int(math.Round(200 * math.Pow(10, rng.Float64()))) // 200-2,000, log-uniform
+			hist = append(hist, Part{ID: 17<<32 + sid + uint64(turn), Tokens: out}, Part{ID: 18<<32 + sid + uint64(turn), Tokens: tool})
+			think = time.Second + time.Duration(rng.Int64N(int64(4*time.Second)))
 		}
 	}
 	return w
