@@ -66,6 +66,12 @@ type Config struct {
 	// stream is cut (nothing is retried after the first byte). Time the
 	// client takes to read does not count. 0 means no limit. (default 60s)
 	StreamIdleTimeout time.Duration `mapstructure:"stream_idle_timeout"`
+	// StreamContinuations is how many times a chat or completion stream
+	// whose server breaks it after its first byte (the connection cut, a
+	// stall past StreamIdleTimeout, an error event) may be continued on
+	// another candidate, which is asked for the rest of the answer; 0
+	// turns continuing off, and such a stream ends broken. (default 2)
+	StreamContinuations int `mapstructure:"stream_continuations"`
 
 	// ReadHeaderTimeout bounds reading a client request's headers; a
 	// client slower than that is disconnected without an answer. (default
@@ -151,6 +157,7 @@ func DefaultConfig() Config {
 		StreamFirstByteTimeout: 15 * time.Second,
 		TokenizeTimeout:        200 * time.Millisecond,
 		StreamIdleTimeout:      60 * time.Second,
+		StreamContinuations:    2,
 		ReadHeaderTimeout:      10 * time.Second,
 		BodyReadTimeout:        30 * time.Second,
 		IdleTimeout:            2 * time.Minute,
@@ -185,6 +192,9 @@ func (c Config) Validate() error {
 	}
 	if c.RequestTimeout < 0 {
 		errs = append(errs, fmt.Errorf("proxy.request_timeout: must not be negative, got %s", c.RequestTimeout))
+	}
+	if c.StreamContinuations < 0 {
+		errs = append(errs, fmt.Errorf("proxy.stream_continuations: must not be negative, got %d", c.StreamContinuations))
 	}
 	if c.MaxIdleConnsPerBackend < 0 {
 		errs = append(errs, fmt.Errorf("proxy.max_idle_conns_per_backend: must not be negative, got %d", c.MaxIdleConnsPerBackend))

@@ -28,6 +28,7 @@ type retryTransport struct {
 	retryBroken   bool
 	firstByte     time.Duration      // streams: wait for response headers; 0: none of our own
 	idle          time.Duration      // streams: silence allowed once headers arrived; 0: none
+	continuations int                // streams: how many times one may be continued elsewhere
 	bal           *balancer.Balancer // told of every failure: passive health
 	logger        *slog.Logger
 	metrics       *metrics
@@ -53,8 +54,8 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		// timers cancel it with their cause, and closing the response
 		// body releases it.
 		a.ctx, a.cancel = context.WithCancelCause(ctx)
-		resp, err := t.attempt(req, a, i)
-		resp, retry, err := t.verdict(ctx, a, resp, err, i == len(cands)-1)
+		resp, err := t.attempt(req, a, i, ex.body)
+		resp, retry, err := t.verdict(req, a, resp, err, i == len(cands)-1)
 		if !retry {
 			return resp, err
 		}
@@ -78,9 +79,9 @@ type try struct {
 // attempt sends req to a.be, the exchange's i-th candidate, and returns
 // what came back. On a stream with a first-byte limit, a timer cancels the
 // attempt when no response headers arrive in time.
-func (t *retryTransport) attempt(req *http.Request, a try, i int) (*http.Response, error) {
+func (t *retryTransport) attempt(req *http.Request, a try, i int, body sendBody) (*http.Response, error) {
 	ex, be := a.ex, a.be
-	out := attemptRequest(a.ctx, req, be, ex.inURL, ex.body)
+	out := attemptRequest(a.ctx, req, be, ex.inURL, body)
 	if i > 0 || ex.guard.Backend() != be { // the pick attached the first
 		ex.guard.Attach(be, ex.dec.Work[i], time.Now())
 	}
@@ -104,8 +105,8 @@ func (t *retryTransport) attempt(req *http.Request, a try, i int) (*http.Respons
 // candidate, which the last never does. Otherwise the response or error is
 // final; a response's body is wrapped by [retryTransport.answer]. Every
 // path but the answer releases the attempt's context.
-func (t *retryTransport) verdict(ctx context.Context, a try, resp *http.Response, err error, last bool) (*http.Response, bool, error) {
-	be := a.be
+func (t *retryTransport) verdict(req *http.Request, a try, resp *http.Response, err error, last bool) (*http.Response, bool, error) {
+	ctx, be := req.Context(), a.be
 	if err != nil {
 		firstByte := errors.Is(context.Cause(a.ctx), errFirstByteTimeout) || errors.Is(err, errFirstByteTimeout)
 		a.cancel(nil)
@@ -158,21 +159,34 @@ func (t *retryTransport) verdict(ctx context.Context, a try, resp *http.Response
 	if failed {
 		t.bal.Failed(be, kind)
 	}
-	return t.answer(a, resp, !failed), false, nil
+	return t.answer(req, a, resp, !failed), false, nil
 }
 
 // answer wraps the body of the response that goes to the client in an
-// [attemptBody]. A good answer counts as a success once its body has ended
-// (judge): a stream cut after its headers is a failure (issue 17).
-func (t *retryTransport) answer(a try, resp *http.Response, judge bool) *http.Response {
+// [attemptBody], and a good stream that can be continued on another
+// server if this one dies in a [continuer].
+func (t *retryTransport) answer(req *http.Request, a try, resp *http.Response, judge bool) *http.Response {
+	sb := t.attemptBody(a, resp, judge)
+	resp.Body = sb
+	ex := a.ex
+	if judge && t.continuations > 0 && ex.req.Stream && (ex.req.Kind == KindCompletion || ex.req.Kind == KindChat) &&
+		strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		resp.Body = newContinuer(t, req, ex, sb, t.continuations)
+	}
+	return resp
+}
+
+// attemptBody wraps an attempt's response body. A good answer counts as a
+// success once its body has ended (judge): a stream cut after its headers
+// is a failure (issue 17).
+func (t *retryTransport) attemptBody(a try, resp *http.Response, judge bool) *attemptBody {
 	sb := &attemptBody{ReadCloser: resp.Body, ctx: a.ctx, cancel: a.cancel, be: a.be, ex: a.ex, bal: t.bal, judge: judge}
 	if a.ex.req.Stream && t.idle > 0 {
 		sb.idle = t.idle
 		sb.timer = time.AfterFunc(t.idle, func() { a.cancel(errStreamStalled) })
 		sb.timer.Stop() // runs only while a Read waits on the backend
 	}
-	resp.Body = sb
-	return resp
+	return sb
 }
 
 func (t *retryTransport) debug(ctx context.Context, msg string, be *balancer.Backend, err error, attrs ...any) {

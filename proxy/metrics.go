@@ -21,6 +21,7 @@ type metrics struct {
 	predicted                                    *prometheus.CounterVec // backend
 	reported                                     *prometheus.CounterVec // backend
 	retries                                      *prometheus.CounterVec // backend (the one that failed)
+	continuations                                *prometheus.CounterVec // reason, result
 	picks                                        *prometheus.CounterVec // backend, reason
 	tokenize                                     *prometheus.CounterVec // result
 	queueWait                                    prometheus.Histogram
@@ -73,6 +74,10 @@ func newMetrics(reg prometheus.Registerer, bal *balancer.Balancer) *metrics {
 			Help: "Attempts abandoned for another backend before the first byte, by the backend that failed.",
 		}, []string{"backend"}),
 	}
+	m.continuations = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "llmlb_stream_continuations_total",
+		Help: "Streams that broke after their first byte, by why (cut, stall, error: an error event) and what came of it (continued on another server, not_continued: it could not be, failed: no server took it).",
+	}, []string{"reason", "result"})
 	m.picks = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "llmlb_picks_total",
 		Help: "Backends chosen first for a request, by backend and reason (prefix-hit, least-load, lora, affinity, ...).",
@@ -95,7 +100,7 @@ func newMetrics(reg prometheus.Registerer, bal *balancer.Balancer) *metrics {
 		return c
 	}
 	m.promptTokens, m.completionTokens, m.cachedTokens = tokens("prompt"), tokens("completion"), tokens("cached_prompt")
-	reg.MustRegister(m.requests, m.ttfb, m.ttft, m.itl, m.duration, m.predicted, m.reported, m.retries, m.picks, m.tokenize, m.queueWait, &inFlightCollector{bal: bal})
+	reg.MustRegister(m.requests, m.ttfb, m.ttft, m.itl, m.duration, m.predicted, m.reported, m.retries, m.continuations, m.picks, m.tokenize, m.queueWait, &inFlightCollector{bal: bal})
 	return m
 }
 

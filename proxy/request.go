@@ -6,6 +6,7 @@ import (
 	"errors"
 	"mime"
 	"net/http"
+	"slices"
 	"unicode/utf8"
 
 	"github.com/llmlb/llmlb/jsonscan"
@@ -70,11 +71,19 @@ type Request struct {
 	// MaxTokens is max_completion_tokens or max_tokens (max_output_tokens
 	// for Responses); 0 if none.
 	MaxTokens int
+	// maxKeys are the keys of the body that set MaxTokens.
+	maxKeys []string
 	// PreviousResponseID is a Responses request's previous_response_id, as
 	// the client sent it; "" if none.
 	PreviousResponseID string
 	// CacheSalt is vLLM's cache_salt, which separates prefix caches.
 	CacheSalt string
+	// Uncontinuable says why a stream of this request cannot be continued
+	// on another server if its own dies ("" when it can): only a single
+	// text answer to a chat or a one-string completion can be, without
+	// log probabilities or constrained output, which another server could
+	// not resume faithfully.
+	Uncontinuable string
 }
 
 // PromptTokens estimates the prompt's tokens from its canonical bytes
@@ -89,6 +98,10 @@ type wireRequest struct {
 	Model, Stream, StreamOptions, Prompt, Messages, Tools, MaxTokens, MaxCompletion, CacheSalt json.RawMessage
 	// Responses and Messages
 	Input, Instructions, System, MaxOutput, PreviousResponseID json.RawMessage
+	// What makes a stream impossible to continue faithfully on another
+	// server (see [Request.Uncontinuable]).
+	N, BestOf, Logprobs, TopLogprobs, Echo, ResponseFormat json.RawMessage
+	Guided                                                 []byte // the first guided_* or structured_outputs key set
 }
 
 // set keeps val if key is one of the fields; a later duplicate key wins,
@@ -123,6 +136,22 @@ func (w *wireRequest) set(key, val []byte) bool {
 		w.MaxOutput = val
 	case "previous_response_id":
 		w.PreviousResponseID = val
+	case "n":
+		w.N = val
+	case "best_of":
+		w.BestOf = val
+	case "logprobs":
+		w.Logprobs = val
+	case "top_logprobs":
+		w.TopLogprobs = val
+	case "echo":
+		w.Echo = val
+	case "response_format":
+		w.ResponseFormat = val
+	default:
+		if (bytes.HasPrefix(key, []byte("guided_")) || string(key) == "structured_outputs") && !isNull(val) && w.Guided == nil {
+			w.Guided = key
+		}
 	}
 	return true
 }
@@ -222,6 +251,7 @@ func parseRequest(k Kind, body, canon []byte) (*Request, error) {
 		if r.MaxTokens == 0 || f.name != "max_tokens" {
 			r.MaxTokens = n
 		}
+		r.maxKeys = append(r.maxKeys, f.name)
 	}
 	if !isNull(w.CacheSalt) {
 		if err := json.Unmarshal(w.CacheSalt, &r.CacheSalt); err != nil {
@@ -251,7 +281,31 @@ func parseRequest(k Kind, body, canon []byte) (*Request, error) {
 	if errors.As(err, &fe) {
 		return r, badRequest(fe.Field, "%s", fe.Msg)
 	}
+	r.Uncontinuable = uncontinuable(k, &w)
 	return r, nil
+}
+
+// uncontinuable says why a stream of a request of kind k with fields w
+// cannot be continued, "" if it can.
+func uncontinuable(k Kind, w *wireRequest) string {
+	is := func(raw json.RawMessage, vals ...string) bool {
+		return isNull(raw) || slices.Contains(vals, string(raw))
+	}
+	switch {
+	case k != KindCompletion && k != KindChat:
+		return "api"
+	case k == KindCompletion && (len(w.Prompt) == 0 || w.Prompt[0] != '"'):
+		return "prompt" // token ids or a batch
+	case !is(w.N, "1"), !is(w.BestOf, "1"):
+		return "n"
+	case !is(w.Logprobs, "false"), !is(w.TopLogprobs, "0"):
+		return "logprobs"
+	case w.Guided != nil, !is(w.ResponseFormat) && !bytes.Contains(w.ResponseFormat, []byte(`"text"`)):
+		return "structured"
+	case !is(w.Echo, "false"):
+		return "echo"
+	}
+	return ""
 }
 
 func isNull(raw json.RawMessage) bool {

@@ -103,7 +103,7 @@ func New(o Options) (*Server, error) {
 	s.rp = &httputil.ReverseProxy{
 		Rewrite: s.rewrite,
 		Transport: &retryTransport{base: base, maxAttempts: cfg.MaxAttempts, retryStatuses: cfg.RetryStatuses, retryBroken: cfg.RetryBrokenConnections,
-			firstByte: cfg.StreamFirstByteTimeout, idle: cfg.StreamIdleTimeout, bal: bal, logger: logger, metrics: s.metrics},
+			firstByte: cfg.StreamFirstByteTimeout, idle: cfg.StreamIdleTimeout, continuations: cfg.StreamContinuations, bal: bal, logger: logger, metrics: s.metrics},
 		// 0: ReverseProxy flushes every write of an event stream or a body
 		// of unknown length at once (its own rule), and a body of known
 		// length once, at its end: with -1 every JSON answer cost a timer
