@@ -30,12 +30,18 @@ const (
 	// FaultClose accepts each request and closes the connection without
 	// an answer.
 	FaultClose FaultKind = "close"
-	// FaultDieMidStream cuts the connection after Events stream events
-	// (a non-streaming request after Events tokens, before any answer).
+	// FaultDieMidStream cuts the connection after Events tokens: a stream
+	// after its first Events content chunks, with the events an API sends
+	// along with them (chat's role chunk before the first, the Responses
+	// and Messages APIs' opening events) and none after (no finish_reason,
+	// usage or [DONE]); a non-streaming request before any answer. It
+	// takes each request that begins while it shows, so
+	// "die-mid-stream:events=3" cuts every stream after its third chunk.
+	// An answer of Events tokens or fewer ends whole.
 	FaultDieMidStream FaultKind = "die-mid-stream"
 	// FaultHang never sends response headers.
 	FaultHang FaultKind = "hang"
-	// FaultStall sends Events stream events, then nothing, keeping the
+	// FaultStall sends Events tokens, then nothing, keeping the
 	// connection open.
 	FaultStall FaultKind = "stall"
 	// FaultDrip sends every token, the first included, Gap apart.
@@ -70,8 +76,8 @@ type Fault struct {
 	// For is how long the fault lasts; 0 means until the faults are
 	// replaced.
 	For time.Duration
-	// Events is how many stream events die-mid-stream and stall send
-	// first. (default 2)
+	// Events is how many tokens, a stream's content chunks, die-mid-stream
+	// and stall let through first. (default 2)
 	Events int
 	// Gap is drip's time between tokens (default 3s) and health-flap's
 	// time in each state (default 1s).

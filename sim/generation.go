@@ -41,6 +41,7 @@ type generation struct {
 	model     string // the name the client asked for: the base model or an adapter
 	adapter   string // the LoRA adapter that serves it, or ""
 	prompt    []byte // the prompt text as the engine tokenizes it
+	continues string // the text the answer goes on from, or "" (see firstWord)
 	maxTokens int    // tokens to generate, at least 1
 }
 
@@ -80,7 +81,8 @@ func promptTokens(text []byte) int {
 
 // admitted is a generation the server took on.
 type admitted struct {
-	seq    int64 // the server's request number; the output text derives from it
+	seq    int64 // the server's request number
+	first  int   // the vocabulary index of the answer's first word
 	prompt int   // prompt tokens
 	job    Job
 }
@@ -94,7 +96,8 @@ func (s *Server) admit(g generation) (admitted, *refusal) {
 			"This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion).",
 			s.cfg.MaxModelLen, prompt+g.maxTokens, prompt, g.maxTokens))
 	}
-	return admitted{seq: s.seq.Add(1), prompt: prompt, job: Job{PromptTokens: prompt, MaxTokens: g.maxTokens,
+	seq := s.seq.Add(1)
+	return admitted{seq: seq, first: firstWord(g.continues, seq), prompt: prompt, job: Job{PromptTokens: prompt, MaxTokens: g.maxTokens,
 		Adapter: g.adapter, Prompt: g.prompt, Seed: xxhash.Sum64String(g.model)}}, nil
 }
 
@@ -105,7 +108,7 @@ func (s *Server) admit(g generation) (admitted, *refusal) {
 func (s *Server) run(ctx context.Context, a admitted, token func(text string) error) (cached int, err error) {
 	n := 0
 	return s.model.Run(ctx, a.job, s.faultyEmit(ctx, func() error {
-		t := word(a.seq, n)
+		t := word(a.first, n)
 		n++
 		return token(t)
 	}))
@@ -201,7 +204,24 @@ func writeJSON(w http.ResponseWriter, v any) {
 
 var words = strings.Fields("the quick brown fox jumps over a lazy dog while seven bright stars shine on quiet hills and rivers run")
 
-// word returns the n-th output token of request id: deterministic text.
-func word(id int64, n int) string {
-	return " " + words[(int(id)+n)%len(words)]
+// word returns the n-th output token of an answer that starts with
+// words[first]: the vocabulary in a cycle, one word a token.
+func word(first, n int) string {
+	return " " + words[(first+n)%len(words)]
+}
+
+// firstWord returns the vocabulary index an answer starts at. An answer
+// that goes on from text ending in one of the vocabulary's words, as the
+// answers end (" fox"), starts at the word after it: a chat that continues
+// the delivered part of a cut answer, or a completion whose prompt ends
+// with it, gets the rest of what the unbroken answer would have said, on
+// any server, as a model at temperature 0 would. Any other answer starts
+// at the server's request number, so answers differ.
+func firstWord(continues string, seq int64) int {
+	if i := strings.LastIndexByte(continues, ' '); i >= 0 {
+		if k := slices.Index(words, continues[i+1:]); k >= 0 {
+			return k + 1
+		}
+	}
+	return int(seq % int64(len(words)))
 }

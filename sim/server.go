@@ -3,6 +3,7 @@ package sim
 import (
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -111,19 +112,25 @@ func (s *Server) Handler() http.Handler {
 
 // tokenize answers vLLM's POST /tokenize (vllm/entrypoints/openai
 // serving_tokenization.py): a completion's prompt or a chat's messages,
-// rendered as generate renders them, to {"count", "max_model_len",
-// "tokens"}.
+// rendered as generate renders them, add_generation_prompt and
+// continue_final_message included (vLLM's TokenizeChatRequest takes both,
+// vllm/entrypoints/serve/tokenize/protocol.py at 343bacaf), to {"count",
+// "max_model_len", "tokens"}.
 func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 	var g genRequest
 	if err := json.NewDecoder(r.Body).Decode(&g); err != nil {
 		vllmError(w, http.StatusBadRequest, "BadRequestError", "", "Invalid request body: "+err.Error())
 		return
 	}
+	if rf := g.validate(g.Messages != nil); rf != nil {
+		writeVLLM(w, rf)
+		return
+	}
 	if _, ok := s.serves(g.Model); !ok {
 		vllmError(w, http.StatusNotFound, "NotFoundError", "model", fmt.Sprintf("The model `%s` does not exist.", g.Model))
 		return
 	}
-	text, err := g.promptText(g.Messages != nil)
+	text, _, err := g.promptText(g.Messages != nil)
 	if err != nil {
 		vllmError(w, http.StatusBadRequest, "BadRequestError", "", err.Error())
 		return
@@ -164,6 +171,54 @@ type genRequest struct {
 	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
+	// AddGenerationPrompt and ContinueFinalMessage choose how a chat's
+	// prompt ends ([chatEnd]); nil AddGenerationPrompt is vLLM's default,
+	// true. A completion ignores both, as vLLM's CompletionRequest has
+	// neither.
+	AddGenerationPrompt  *bool `json:"add_generation_prompt"`
+	ContinueFinalMessage bool  `json:"continue_final_message"`
+}
+
+// validate refuses a chat that sets both add_generation_prompt and
+// continue_final_message to true, as vLLM's request model does before the
+// request reaches a handler (ChatCompletionRequest.check_generation_prompt
+// in vllm/entrypoints/openai/chat_completion/protocol.py at d5dba2d7, and
+// TokenizeChatRequest's alike), so in FastAPI's validation error shape:
+// type "Bad Request", no param. vLLM's message is FastAPI's dump of the
+// error, which quotes the request body; the emulation sends the
+// validator's message alone, as pydantic words it.
+func (g *genRequest) validate(chat bool) *refusal {
+	if chat && g.ContinueFinalMessage && g.AddGenerationPrompt != nil && *g.AddGenerationPrompt {
+		return &refusal{status: http.StatusBadRequest, typ: "Bad Request",
+			msg: "Value error, Cannot set both `continue_final_message` and `add_generation_prompt` to True."}
+	}
+	return nil
+}
+
+// chatEnd reads how the chat's prompt ends, refusing what vLLM's template
+// stage refuses. continue_final_message with add_generation_prompt at its
+// default, true, reaches transformers' apply_chat_template, whose check
+// words the refusal (src/transformers/tokenization_utils_base.py at
+// 598a3dc3; both set true explicitly is refused earlier, by
+// [genRequest.validate]). continue_final_message after a last message that
+// is not the assistant's is refused in the words of vLLM's Rust front end
+// (rust/src/chat/src/error.rs at 030ea52e, raised by ChatRequest.validate);
+// vLLM's Python server lets it through and leaves the user's message open,
+// but refusing catches a caller that continues the wrong message.
+func (g *genRequest) chatEnd(turns []turn) (chatEnd, error) {
+	switch {
+	case g.ContinueFinalMessage && (g.AddGenerationPrompt == nil || *g.AddGenerationPrompt):
+		return 0, errors.New("continue_final_message and add_generation_prompt are not compatible. " +
+			"Use continue_final_message when you want the model to continue the final message, " +
+			"and add_generation_prompt when you want to add a header that will prompt it to start a new assistant message instead.")
+	case g.ContinueFinalMessage && turns[len(turns)-1].role != "assistant":
+		return 0, errors.New("cannot continue the final message when the last message is not from the assistant")
+	case g.ContinueFinalMessage:
+		return continueFinal, nil
+	case g.AddGenerationPrompt != nil && !*g.AddGenerationPrompt:
+		return closedTurns, nil
+	}
+	return newTurn, nil
 }
 
 type chatMessage struct {
@@ -179,18 +234,35 @@ type chatMessage struct {
 
 // promptText renders the prompt as the engine would see it before
 // tokenizing: a completion prompt as sent (token ids as four bytes each),
-// chat messages through the emulation's chat template ([renderChat]).
-// [BytesPerToken] bytes of it count as one token, and its full blocks are
-// hashed for the prefix cache, so requests that share leading messages
-// share cached blocks.
-func (g *genRequest) promptText(chat bool) ([]byte, error) {
+// chat messages through the emulation's chat template ([renderTemplate]),
+// ended as [genRequest.chatEnd] says. [BytesPerToken] bytes of it count as
+// one token, and its full blocks are hashed for the prefix cache, so
+// requests that share leading messages share cached blocks. It also
+// returns the text the answer continues (see [firstWord]): a chat's final
+// message when the answer continues it, a completion's prompt (a model
+// continues its prompt), or "" for a new turn.
+func (g *genRequest) promptText(chat bool) (text []byte, continues string, err error) {
 	if chat {
 		turns, err := chatTurns(g.Messages)
 		if err != nil {
-			return nil, err
+			return nil, "", err
 		}
-		return renderChat(turns), nil
+		end, err := g.chatEnd(turns)
+		if err != nil {
+			return nil, "", err
+		}
+		if end == continueFinal {
+			continues = turns[len(turns)-1].text
+		}
+		return renderTemplate(turns, end), continues, nil
 	}
+	text, err = g.completionPrompt()
+	return text, string(text), err
+}
+
+// completionPrompt renders a completion's prompt; see
+// [genRequest.promptText].
+func (g *genRequest) completionPrompt() ([]byte, error) {
 	var s string
 	if json.Unmarshal(g.Prompt, &s) == nil {
 		if s == "" {
@@ -223,6 +295,10 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		vllmError(w, http.StatusBadRequest, "BadRequestError", "", "Invalid request body: "+err.Error())
 		return
 	}
+	if rf := g.validate(chat); rf != nil {
+		writeVLLM(w, rf)
+		return
+	}
 	if s.generationFault(w, r, writeVLLM) {
 		return
 	}
@@ -231,7 +307,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		writeVLLM(w, rf)
 		return
 	}
-	text, err := g.promptText(chat)
+	text, continues, err := g.promptText(chat)
 	if err != nil {
 		vllmError(w, http.StatusBadRequest, "BadRequestError", "", err.Error())
 		return
@@ -250,7 +326,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		vllmError(w, http.StatusBadRequest, "BadRequestError", "max_tokens", "max_tokens must be at least 1, got "+strconv.Itoa(maxTokens)+".")
 		return
 	}
-	a, rf := s.admit(generation{model: g.Model, adapter: adapter, prompt: text, maxTokens: maxTokens})
+	a, rf := s.admit(generation{model: g.Model, adapter: adapter, prompt: text, continues: continues, maxTokens: maxTokens})
 	if rf != nil {
 		writeVLLM(w, rf)
 		return

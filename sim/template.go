@@ -22,6 +22,23 @@ type toolCall struct {
 	name, arguments string
 }
 
+// chatEnd is how the chat template ends a prompt, as a chat request's
+// add_generation_prompt and continue_final_message choose.
+type chatEnd int
+
+const (
+	// newTurn ends with the opening of the assistant's answer, the
+	// generation prompt (add_generation_prompt, vLLM's default).
+	newTurn chatEnd = iota
+	// closedTurns ends with the last turn closed and no generation prompt
+	// (add_generation_prompt false).
+	closedTurns
+	// continueFinal leaves the final turn open, with no end-of-turn and no
+	// generation prompt, so the answer continues it
+	// (continue_final_message).
+	continueFinal
+)
+
 // renderChat renders turns through the emulation's chat template, ending
 // with the opening of the assistant's answer, as a chat template's
 // generation prompt does:
@@ -30,9 +47,17 @@ type toolCall struct {
 //
 // A turn without tool calls renders exactly as chat messages always have,
 // so adding tool calls to the template changed no existing prompt's price.
-func renderChat(turns []turn) []byte {
+func renderChat(turns []turn) []byte { return renderTemplate(turns, newTurn) }
+
+// renderTemplate renders turns as [renderChat] does, ending as end says.
+// A conversation with a final assistant turn of text T renders with
+// continueFinal to exactly the bytes the conversation without it renders
+// with newTurn, followed by T: the prompt that continues a cut answer is
+// the prompt that began it plus the text delivered, so it shares that
+// prompt's cached blocks, as vLLM's does.
+func renderTemplate(turns []turn, end chatEnd) []byte {
 	var b []byte
-	for _, t := range turns {
+	for i, t := range turns {
 		b = append(b, "<|start|>"...)
 		b = append(b, t.role...)
 		b = append(b, '\n')
@@ -43,9 +68,15 @@ func renderChat(turns []turn) []byte {
 			b = append(b, ' ')
 			b = append(b, c.arguments...)
 		}
+		if end == continueFinal && i == len(turns)-1 {
+			return b
+		}
 		b = append(b, "<|end|>\n"...)
 	}
-	return append(b, "<|start|>assistant\n"...)
+	if end == newTurn {
+		b = append(b, "<|start|>assistant\n"...)
+	}
+	return b
 }
 
 // contentText reads a message's content: a string, or a list of parts
