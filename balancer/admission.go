@@ -1,10 +1,13 @@
 package balancer
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"maps"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,7 +20,8 @@ var (
 	ErrQueueFull = errors.New("every backend is saturated and the admission queue is full")
 	// ErrQueueTimeout: the request waited the whole admission timeout (503).
 	ErrQueueTimeout = errors.New("every backend stayed saturated for the admission timeout")
-	// ErrShed: a sheddable request (negative priority) met saturation (429).
+	// ErrShed: a sheddable request (negative priority) met saturation with
+	// the queue filling ([AdmissionConfig.ShedAt]) (429).
 	ErrShed = errors.New("every backend is saturated and the request is sheddable")
 )
 
@@ -26,67 +30,299 @@ var (
 // [Balancer.PickWait] then waits for capacity.
 var ErrSaturated = errors.New("every backend is saturated")
 
-// admission is the bounded queue of requests waiting for capacity: ordered
-// by priority, highest first, FIFO within a priority. Only the head is
-// woken when capacity may have freed (a request ended or started
-// producing, a scrape arrived); it tries to pick, and when it leaves, the
-// next head is woken, so capacity goes out in priority order.
+// Fairness rules for the requests of one priority ([AdmissionConfig.Fairness]).
+const (
+	FairRoundRobin = "round-robin"
+	FairTokens     = "tokens"
+	FairOff        = "off"
+)
+
+// FairnessNames lists the fairness rules config may name.
+func FairnessNames() []string { return []string{FairRoundRobin, FairTokens, FairOff} }
+
+// Token weights of the tokens rule: a request costs its prompt tokens plus
+// twice its output tokens, since each output token takes a decode step of
+// its own while a prompt's tokens are prefilled together. These are the
+// weights of AIBrix's VTC (vllm-project/aibrix,
+// pkg/plugins/gateway/algorithms/vtc/vtc_basic.go at
+// 0d536acf6984119e86b716cf4fbca07a44cafcf1: input 1, output 2), and of the
+// VTC paper it follows (Sheng et al., "Fairness in Serving Large Language
+// Models", OSDI 2024).
+const (
+	promptTokenWeight = 1
+	outputTokenWeight = 2
+)
+
+// admission is the bounded queue of requests waiting for capacity. It has
+// two tiers, as the Inference Extension's flow control has priority bands
+// and, within a band, one queue per flow chosen by an inter-flow policy
+// (kubernetes-sigs/gateway-api-inference-extension,
+// pkg/epp/flowcontrol/framework/policies.go at
+// 0e05556d3ffe8a641a0fc2aa22c21847dc35bd45): a band per priority, highest
+// first, and in a band one FIFO queue per tenant ([Request.Tenant]), so
+// that one tenant's burst does not hold the others' requests behind all of
+// it. The head, the one waiter that may pick, is the first request of the
+// tenant the fairness rule chooses in the highest band:
+//
+//   - round-robin: the band's waiting tenants take turns, one admission
+//     each; a tenant that starts waiting joins the end of the round.
+//   - tokens: the tenant with the least weighted tokens admitted from the
+//     band goes next (a virtual token counter, as in VTC), ties in turn. A
+//     tenant that starts waiting starts at the least counter among the
+//     band's waiting tenants, or at its own if that is higher, so time
+//     with nothing waiting banks no credit, and leaving the queue for a
+//     moment forgives nothing.
+//   - off: FIFO within the band; tenants are ignored.
+//
+// Only the head is woken when capacity may have freed (a request ended or
+// started producing, a scrape arrived); it tries to pick, and when it
+// leaves, the next head is woken, so capacity goes out in that order. A
+// band's turn and counters last while it has waiters: fairness is among
+// requests that contend, and an empty band starts afresh.
 type admission struct {
-	max int
+	// immutable after newAdmission
+	max       int
+	fairness  string
+	shedAt    float64
+	outTokens int // output tokens assumed for a request without MaxTokens
+	rand      func() uint64
 
-	mu      sync.Mutex
-	waiters []*waiter // guarded by mu; sorted by (priority desc, seq asc)
-	seq     uint64    // guarded by mu
+	mu    sync.Mutex
+	bands []*band // guarded by mu; the bands with waiters, highest priority first
+	n     int     // guarded by mu; waiters in all bands
+	head  *waiter // guarded by mu; the waiter that may pick, nil when none waits
 
+	// atomic
 	length   atomic.Int64
 	waitBits atomic.Uint64 // smoothed wait, seconds
 	refused  sync.Map      // reason → *atomic.Int64
 }
 
+// band is the waiters of one priority. Guarded by admission.mu.
+type band struct {
+	prio  int
+	flows []*flow          // the tenants with waiters, in turn order
+	turn  int              // index in flows of the tenant whose turn it is
+	byID  map[string]*flow // flows by tenant
+	// spent keeps the counters of tenants that stopped waiting (tokens
+	// rule), for when they come back; nil until one does.
+	spent map[string]float64
+}
+
+// flow is one tenant's waiters in a band. Guarded by admission.mu.
+type flow struct {
+	tenant  string
+	waiters []*waiter // FIFO
+	spent   float64   // tokens rule: weighted tokens admitted from the band
+}
+
 type waiter struct {
-	prio int
-	seq  uint64
-	ch   chan struct{} // buffered 1: a wake-up is never lost or blocking
+	prio   int
+	tenant string
+	cost   float64       // weighted tokens, for the tokens rule
+	ch     chan struct{} // buffered 1: a wake-up is never lost or blocking
 }
 
-func newAdmission(cfg AdmissionConfig) *admission {
-	return &admission{max: cfg.MaxQueue}
+func newAdmission(cfg Config, rand func() uint64) *admission {
+	return &admission{
+		max:       cfg.Admission.MaxQueue,
+		fairness:  cfg.Admission.Fairness,
+		shedAt:    cfg.Admission.ShedAt,
+		outTokens: cfg.TTFT.DefaultMaxTokens,
+		rand:      rand,
+	}
 }
 
-// enter queues a waiter at its place, or refuses when the queue is full.
-func (a *admission) enter(prio int) (*waiter, error) {
+// enter queues a waiter for req at its place, or refuses it: a sheddable
+// request as [admission.shedLocked] says, any when the queue is full.
+func (a *admission) enter(req *Request) (*waiter, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if len(a.waiters) >= a.max {
+	if req.Priority < 0 && a.shedLocked() {
+		a.refuseLocked("shed")
+		return nil, ErrShed
+	}
+	if a.n >= a.max {
 		a.refuseLocked("queue-full")
 		return nil, ErrQueueFull
 	}
-	a.seq++
-	w := &waiter{prio: prio, seq: a.seq, ch: make(chan struct{}, 1)}
-	i, _ := slices.BinarySearchFunc(a.waiters, w, func(x, y *waiter) int {
-		if x.prio != y.prio {
-			return y.prio - x.prio
-		}
-		return int(x.seq - y.seq)
-	})
-	a.waiters = slices.Insert(a.waiters, i, w)
-	a.length.Store(int64(len(a.waiters)))
-	if i == 0 {
-		wake(w) // a new head tries at once
+	w := &waiter{prio: req.Priority, ch: make(chan struct{}, 1)}
+	if a.fairness != FairOff {
+		w.tenant = req.Tenant
 	}
+	if a.fairness == FairTokens {
+		out := req.MaxTokens
+		if out <= 0 {
+			out = a.outTokens
+		}
+		w.cost = promptTokenWeight*float64(max(req.PromptTokens, 0)) + outputTokenWeight*float64(out)
+	}
+	b := a.bandLocked(w.prio)
+	f := b.byID[w.tenant]
+	if f == nil {
+		f = &flow{tenant: w.tenant}
+		if a.fairness == FairTokens {
+			f.spent = b.floor()
+			if s, ok := b.spent[w.tenant]; ok {
+				f.spent = max(f.spent, s)
+				delete(b.spent, w.tenant)
+			}
+		}
+		// The end of the round is just before the tenant whose turn it is.
+		b.flows = slices.Insert(b.flows, b.turn, f)
+		if len(b.flows) > 1 {
+			b.turn++
+		}
+		b.byID[w.tenant] = f
+	}
+	f.waiters = append(f.waiters, w)
+	a.n++
+	a.length.Store(int64(a.n))
+	a.setHeadLocked() // a new head tries at once
 	return w, nil
 }
 
-// leave removes w, served or given up, and wakes the next head.
-func (a *admission) leave(w *waiter) {
+// shedLocked reports whether a sheddable request that met saturation is
+// refused at the queue's present length n: with L = ShedAt × MaxQueue, it
+// is refused with probability n/L, and always once n ≥ L. Sheddable
+// traffic thins as the queue fills, as in RED, and holds at most that
+// share of the queue, which stays for the rest; L = 0 refuses it at once.
+// The caller must hold mu.
+func (a *admission) shedLocked() bool {
+	limit := a.shedAt * float64(a.max)
+	n := float64(a.n)
+	if n >= limit {
+		return true
+	}
+	u := float64(a.rand()>>11) * 0x1p-53 // uniform in [0, 1)
+	return u*limit < n
+}
+
+// bandLocked returns the band of priority prio, made if none waits at it.
+// The caller must hold mu.
+func (a *admission) bandLocked(prio int) *band {
+	i, found := slices.BinarySearchFunc(a.bands, prio, func(b *band, p int) int { return p - b.prio })
+	if !found {
+		a.bands = slices.Insert(a.bands, i, &band{prio: prio, byID: map[string]*flow{}})
+	}
+	return a.bands[i]
+}
+
+// leave removes w, served (picked) or given up, and wakes the next head.
+// A served waiter ends its tenant's turn and, under the tokens rule, adds
+// its cost to the tenant's counter; one that gives up leaves the turn where
+// it was.
+func (a *admission) leave(w *waiter, served bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if i := slices.Index(a.waiters, w); i >= 0 {
-		a.waiters = slices.Delete(a.waiters, i, i+1)
+	bi := slices.IndexFunc(a.bands, func(b *band) bool { return b.prio == w.prio })
+	if bi < 0 {
+		return
 	}
-	a.length.Store(int64(len(a.waiters)))
-	if len(a.waiters) > 0 {
-		wake(a.waiters[0])
+	b := a.bands[bi]
+	f := b.byID[w.tenant]
+	wi := -1
+	if f != nil {
+		wi = slices.Index(f.waiters, w)
+	}
+	if wi < 0 {
+		return
+	}
+	f.waiters = slices.Delete(f.waiters, wi, wi+1)
+	a.n--
+	a.length.Store(int64(a.n))
+	fi := slices.Index(b.flows, f)
+	if served {
+		f.spent += w.cost
+		b.turn = fi + 1
+	}
+	if len(f.waiters) == 0 {
+		b.flows = slices.Delete(b.flows, fi, fi+1)
+		delete(b.byID, f.tenant)
+		if b.turn > fi {
+			b.turn--
+		}
+		if len(b.flows) == 0 {
+			a.bands = slices.Delete(a.bands, bi, bi+1)
+		} else if a.fairness == FairTokens && f.spent > b.floor() {
+			a.rememberLocked(b, f)
+		}
+	}
+	if len(b.flows) > 0 {
+		b.turn %= len(b.flows)
+	}
+	a.setHeadLocked()
+}
+
+// rememberLocked keeps the counter of f, whose tenant stopped waiting in
+// b, for when it comes back. The kept counters are bounded by MaxQueue: a
+// counter at or below the band's floor is dropped, since a returning
+// tenant starts there anyway, and past the bound the lowest half go. A
+// tenant was served only while its counter was the floor, so a dropped
+// counter forgives at most one request's cost. The caller must hold mu.
+func (a *admission) rememberLocked(b *band, f *flow) {
+	if b.spent == nil {
+		b.spent = map[string]float64{}
+	}
+	b.spent[f.tenant] = f.spent
+	if len(b.spent) <= a.max {
+		return
+	}
+	floor := b.floor()
+	maps.DeleteFunc(b.spent, func(_ string, s float64) bool { return s <= floor })
+	if len(b.spent) <= a.max {
+		return
+	}
+	ids := slices.SortedFunc(maps.Keys(b.spent), func(x, y string) int {
+		return cmp.Or(cmp.Compare(b.spent[x], b.spent[y]), strings.Compare(x, y))
+	})
+	for _, id := range ids[:len(ids)-a.max/2] {
+		delete(b.spent, id)
+	}
+}
+
+// floor returns the least counter among b's waiting tenants, 0 when none
+// waits.
+func (b *band) floor() float64 {
+	if len(b.flows) == 0 {
+		return 0
+	}
+	m := b.flows[0].spent
+	for _, f := range b.flows[1:] {
+		m = min(m, f.spent)
+	}
+	return m
+}
+
+// next returns the index in b.flows of the tenant served next under rule
+// fairness.
+func (b *band) next(fairness string) int {
+	if fairness != FairTokens {
+		return b.turn
+	}
+	best := b.turn
+	for i := 1; i < len(b.flows); i++ {
+		j := (b.turn + i) % len(b.flows)
+		if b.flows[j].spent < b.flows[best].spent {
+			best = j
+		}
+	}
+	return best
+}
+
+// setHeadLocked finds the head and wakes it if it changed. The caller
+// must hold mu.
+func (a *admission) setHeadLocked() {
+	var h *waiter
+	if len(a.bands) > 0 {
+		b := a.bands[0]
+		h = b.flows[b.next(a.fairness)].waiters[0]
+	}
+	if h != a.head {
+		a.head = h
+		if h != nil {
+			wake(h)
+		}
 	}
 }
 
@@ -94,7 +330,7 @@ func (a *admission) leave(w *waiter) {
 func (a *admission) isHead(w *waiter) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return len(a.waiters) > 0 && a.waiters[0] == w
+	return a.head == w
 }
 
 // notify wakes the head, if any: capacity may have freed.
@@ -104,8 +340,8 @@ func (a *admission) notify() {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if len(a.waiters) > 0 {
-		wake(a.waiters[0])
+	if a.head != nil {
+		wake(a.head)
 	}
 }
 
@@ -157,11 +393,12 @@ func (b *Balancer) RetryAfter() time.Duration {
 	return max(time.Second, time.Duration(math.Ceil(s))*time.Second)
 }
 
-// PickWait is Pick that waits in the admission queue, in priority order,
-// while every backend is saturated, for at most the admission timeout or
-// until ctx ends. A sheddable request (negative priority) is refused at
-// once with [ErrShed]; a full queue gives [ErrQueueFull]; the timeout
-// [ErrQueueTimeout].
+// PickWait is Pick that waits in the admission queue while every backend
+// is saturated, for at most the admission timeout or until ctx ends: by
+// priority, then by tenant as [AdmissionConfig.Fairness] says, then FIFO.
+// A sheddable request (negative priority) may be refused with [ErrShed] as
+// the queue fills ([AdmissionConfig.ShedAt]); a full queue gives
+// [ErrQueueFull]; the timeout [ErrQueueTimeout].
 func (b *Balancer) PickWait(ctx context.Context, req *Request, dst []*Backend) (Decision, error) {
 	dec, err := b.Pick(req, dst)
 	if !errors.Is(err, ErrSaturated) {
@@ -204,14 +441,11 @@ type Ticket struct {
 }
 
 // Enqueue puts req, which [Balancer.Pick] found saturated, in the admission
-// queue. A sheddable request is refused with [ErrShed], and a full queue
-// with [ErrQueueFull].
+// queue. A sheddable request may be refused with [ErrShed] (more likely as
+// the queue fills: [AdmissionConfig.ShedAt]), and any with [ErrQueueFull]
+// when the queue is full.
 func (b *Balancer) Enqueue(req *Request) (*Ticket, error) {
-	if req.Priority < 0 {
-		b.adm.refuse("shed")
-		return nil, ErrShed
-	}
-	w, err := b.adm.enter(req.Priority)
+	w, err := b.adm.enter(req)
 	if err != nil {
 		return nil, err
 	}
@@ -231,7 +465,7 @@ func (t *Ticket) Pick(dst []*Backend) (Decision, error) {
 		return dec, err
 	}
 	t.done = true
-	t.b.adm.leave(t.w)
+	t.b.adm.leave(t.w, err == nil)
 	dec.Waited = t.b.now().Sub(t.since)
 	t.b.adm.observeWait(dec.Waited)
 	return dec, err
@@ -244,6 +478,6 @@ func (t *Ticket) Leave(reason string) {
 		return
 	}
 	t.done = true
-	t.b.adm.leave(t.w)
+	t.b.adm.leave(t.w, false)
 	t.b.adm.refuse(reason)
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -105,4 +107,347 @@ func TestAdmissionRefusals(t *testing.T) {
 			t.Errorf("refusals %v", r)
 		}
 	})
+}
+
+// queued is a request waiting in admissionBal's queue from its own
+// goroutine, as the proxy's handlers wait.
+type queued struct {
+	label string
+	req   Request
+}
+
+// admitInTurn runs the waiters of reqs against b, whose one backend "a" is
+// saturated, each entering the queue in the order given, then frees room
+// for exactly one request per scrape until every waiter is served. It
+// returns the labels in the order served. next, when set, is called as
+// each request is served and may return a request its client sends at once
+// (a closed loop); it runs on the test's goroutine.
+func admitInTurn(t *testing.T, b *Balancer, reqs []queued, next func(served string) *queued) []string {
+	t.Helper()
+	ctx := context.Background()
+	hold := make(chan struct{})
+	defer close(hold)
+	done := make(chan string, len(reqs)+1)
+	start := func(q queued) {
+		go func() {
+			g := b.NewGuard()
+			q.req.Guard = g
+			if _, err := b.PickWait(ctx, &q.req, nil); err != nil {
+				t.Errorf("waiter %s: %v", q.label, err)
+			}
+			done <- q.label
+			<-hold // the slot stays taken: the test frees capacity by scrapes
+			g.Release()
+		}()
+		synctest.Wait()
+	}
+	for _, q := range reqs {
+		start(q)
+	}
+	var order []string
+	for b.QueueLen() > 0 {
+		time.Sleep(time.Millisecond) // virtual time: the next scrape has a new reading time
+		b.Update(ready("a", 15, 4, 0.5))
+		synctest.Wait()
+		select {
+		case l := <-done:
+			order = append(order, l)
+			if len(done) > 0 {
+				t.Fatalf("two waiters served by one free slot (order so far %v)", order)
+			}
+			if next != nil {
+				if q := next(l); q != nil {
+					start(*q)
+				}
+			}
+		default:
+			t.Fatalf("no waiter served after capacity freed (order so far %v)", order)
+		}
+		b.Update(ready("a", 20, 4, 0.5))
+	}
+	return order
+}
+
+// TestAdmissionTenantsTakeTurns: at saturation, tenant A's burst of 200
+// does not hold back tenant B's 10 sent just after: round-robin serves B
+// every other admission, its k-th request by the 2k-th admission (FIFO
+// served it after all 200), and a B that sends one request at a time has
+// each served within 2 admissions of its arrival. A's requests are served
+// in the order A sent them.
+func TestAdmissionTenantsTakeTurns(t *testing.T) {
+	tests := []struct {
+		name     string
+		fairness string
+		oneByOne bool // B sends its next request when the last is served
+		// wantWorst bounds B's worst wait, in admissions from the
+		// request's arrival; wantFair, when set, bounds B's k-th
+		// (1-based) request of the burst to 2k admissions.
+		wantWorst int
+		wantFair  bool
+	}{
+		{name: "round-robin burst", fairness: FairRoundRobin, wantWorst: 20, wantFair: true},
+		{name: "round-robin one by one", fairness: FairRoundRobin, oneByOne: true, wantWorst: 2},
+		{name: "off burst", fairness: FairOff, wantWorst: 210},
+		{name: "off one by one", fairness: FairOff, oneByOne: true, wantWorst: 201},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				b := newBal(t, "ttft", func(c *Config, _ *Deps) {
+					c.Admission.MaxQueue = 300
+					c.Admission.Timeout = time.Hour
+					c.Admission.Fairness = tt.fairness
+				})
+				b.Update(ready("a", 20, 4, 0.5))
+				var reqs []queued
+				for i := range 200 {
+					reqs = append(reqs, queued{fmt.Sprintf("A%d", i), Request{Model: "m", Tenant: "A"}})
+				}
+				nB := 10
+				if tt.oneByOne {
+					nB = 1
+				}
+				for i := range nB {
+					reqs = append(reqs, queued{fmt.Sprintf("B%d", i), Request{Model: "m", Tenant: "B"}})
+				}
+				sentB := nB
+				var next func(string) *queued
+				if tt.oneByOne {
+					next = func(served string) *queued {
+						if served[0] != 'B' || sentB == 10 {
+							return nil
+						}
+						sentB++
+						return &queued{fmt.Sprintf("B%d", sentB-1), Request{Model: "m", Tenant: "B"}}
+					}
+				}
+				order := admitInTurn(t, b, reqs, next)
+				if len(order) != 210 {
+					t.Fatalf("served %d requests, want 210", len(order))
+				}
+				worst, arrived, nextA, k := 0, 0, 0, 0
+				for i, l := range order {
+					n := i + 1 // admissions so far
+					if l[0] == 'A' {
+						if want := fmt.Sprintf("A%d", nextA); l != want {
+							t.Fatalf("admission %d served %s, want %s: A's requests out of order", n, l, want)
+						}
+						nextA++
+						continue
+					}
+					k++
+					worst = max(worst, n-arrived)
+					if tt.wantFair && n > 2*k {
+						t.Errorf("B's request %d served at admission %d, want by %d (every other admission)", k, n, 2*k)
+					}
+					if tt.oneByOne {
+						arrived = n // B's next request arrives as this one is served
+					}
+				}
+				t.Logf("%s: B's worst wait %d admissions", tt.fairness, worst)
+				if worst > tt.wantWorst || !tt.wantFair && worst < tt.wantWorst {
+					t.Errorf("B's worst wait %d admissions, want %d", worst, tt.wantWorst)
+				}
+			})
+		})
+	}
+}
+
+// TestAdmissionPriorityBeforeTenants: priority bands still order the
+// queue across tenants: a later request of higher priority goes first,
+// the tenants of one band take turns, and a sheddable request, let in
+// while the queue was empty, goes last.
+func TestAdmissionPriorityBeforeTenants(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := admissionBal(t, 10, time.Hour)
+		reqs := []queued{
+			{"S", Request{Model: "m", Tenant: "S", Priority: -1}},
+			{"A1", Request{Model: "m", Tenant: "A"}},
+			{"A2", Request{Model: "m", Tenant: "A"}},
+			{"A3", Request{Model: "m", Tenant: "A"}},
+			{"B1", Request{Model: "m", Tenant: "B"}},
+			{"B2", Request{Model: "m", Tenant: "B"}},
+			{"C1", Request{Model: "m", Tenant: "C", Priority: 5}},
+		}
+		order := admitInTurn(t, b, reqs, nil)
+		if got, want := fmt.Sprint(order), "[C1 A1 B1 A2 B2 A3 S]"; got != want {
+			t.Errorf("served in order %s, want %s", got, want)
+		}
+	})
+}
+
+// drain serves a's queue head after head, as capacity would, and returns
+// the label of each waiter served; serve, when set, is told each label
+// and may enter more waiters.
+func drain(a *admission, labels map[*waiter]string, serve func(label string)) string {
+	var out strings.Builder
+	for a.head != nil {
+		w := a.head
+		a.leave(w, true)
+		out.WriteString(labels[w])
+		if serve != nil {
+			serve(labels[w])
+		}
+	}
+	return out.String()
+}
+
+// testAdmission is a queue of maxQueue under rule fairness, for tests
+// without sheddable requests (it has no random source).
+func testAdmission(t *testing.T, fairness string, maxQueue int) *admission {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.Admission.Fairness = fairness
+	cfg.Admission.MaxQueue = maxQueue
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return newAdmission(cfg, nil)
+}
+
+// TestAdmissionTokenFairness: under the tokens rule a tenant whose
+// requests cost ten times another's gets one admission for the other's
+// ten (round-robin: one each); a tenant that starts waiting late starts
+// at the others' count rather than at 0, and one that leaves the queue
+// and comes back keeps its count.
+func TestAdmissionTokenFairness(t *testing.T) {
+	enter := func(t *testing.T, a *admission, labels map[*waiter]string, label string, n int, req Request) {
+		t.Helper()
+		for range n {
+			w, err := a.enter(&req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			labels[w] = label
+		}
+	}
+	// A costs 1000 + 2×500 = 2000 tokens a request, B 100 + 2×50 = 200.
+	big := Request{Tenant: "A", PromptTokens: 1000, MaxTokens: 500}
+	small := Request{Tenant: "B", PromptTokens: 100, MaxTokens: 50}
+	for _, tt := range []struct {
+		fairness, want string
+	}{
+		{FairTokens, "A" + strings.Repeat("B", 10) + "A" + strings.Repeat("B", 10) + strings.Repeat("A", 18)},
+		{FairRoundRobin, strings.Repeat("AB", 20)},
+		{FairOff, strings.Repeat("A", 20) + strings.Repeat("B", 20)},
+	} {
+		t.Run("costs "+tt.fairness, func(t *testing.T) {
+			a := testAdmission(t, tt.fairness, 100)
+			labels := map[*waiter]string{}
+			enter(t, a, labels, "A", 20, big)
+			enter(t, a, labels, "B", 20, small)
+			if got := drain(a, labels, nil); got != tt.want {
+				t.Errorf("served %s, want %s", got, tt.want)
+			}
+		})
+	}
+	t.Run("late tenant starts at the floor", func(t *testing.T) {
+		a := testAdmission(t, FairTokens, 100)
+		labels := map[*waiter]string{}
+		// MaxTokens unset: ttft.default_max_tokens (256) is assumed, so
+		// A's and B's requests cost alike.
+		enter(t, a, labels, "A", 10, Request{Tenant: "A", PromptTokens: 200})
+		for range 5 {
+			a.leave(a.head, true)
+		}
+		enter(t, a, labels, "B", 5, Request{Tenant: "B", PromptTokens: 200})
+		if got, want := drain(a, labels, nil), "ABABABABAB"; got != want {
+			t.Errorf("served %s, want %s (B banked no credit while absent)", got, want)
+		}
+	})
+	t.Run("returning tenant keeps its count", func(t *testing.T) {
+		a := testAdmission(t, FairTokens, 100)
+		labels := map[*waiter]string{}
+		cheap := Request{Tenant: "A", PromptTokens: 200, MaxTokens: 1}
+		enter(t, a, labels, "A", 40, cheap)                                                 // 202 tokens each
+		enter(t, a, labels, "B", 1, Request{Tenant: "B", PromptTokens: 2018, MaxTokens: 1}) // 2020: ten of A's
+		// B sends one request at a time: the next as the last is served.
+		got := drain(a, labels, func(l string) {
+			if l == "B" && a.head != nil {
+				enter(t, a, labels, "B", 1, Request{Tenant: "B", PromptTokens: 2018, MaxTokens: 1})
+			}
+		})
+		// A's first goes before B's first (a tie at 0, A's turn); then A
+		// gets B's cost in admissions between B's: nine the first time,
+		// since one of A's was served already, then ten, until A's 40
+		// are served.
+		want := "AB" + strings.Repeat("A", 9) + "B" + strings.Repeat(strings.Repeat("A", 10)+"B", 3)
+		if got != want {
+			t.Errorf("served %s, want %s (B's count kept while it had no request waiting)", got, want)
+		}
+	})
+	t.Run("kept counts are bounded", func(t *testing.T) {
+		const maxQueue = 4
+		a := testAdmission(t, FairTokens, maxQueue)
+		labels := map[*waiter]string{}
+		enter(t, a, labels, "A", 2, Request{Tenant: "A", PromptTokens: 200, MaxTokens: 1})
+		// A stream of tenants each sends one request dearer than A's and
+		// goes away once served, leaving its count above the floor.
+		next := 0
+		newcomer := func() {
+			enter(t, a, labels, "T", 1, Request{Tenant: fmt.Sprint("T", next), PromptTokens: 2018, MaxTokens: 1})
+			next++
+		}
+		newcomer()
+		for range 500 {
+			w := a.head
+			a.leave(w, true)
+			if labels[w] == "A" {
+				enter(t, a, labels, "A", 1, Request{Tenant: "A", PromptTokens: 200, MaxTokens: 1})
+			} else {
+				newcomer()
+			}
+			if n := len(a.bands[0].spent); n > maxQueue {
+				t.Fatalf("%d counts kept after %d tenants, want at most max_queue (%d)", n, next, maxQueue)
+			}
+		}
+		if next < 10 {
+			t.Errorf("only %d tenants came and went", next)
+		}
+	})
+}
+
+// TestAdmissionShedsAsQueueFills: a sheddable request is let in with
+// probability 1 - n/L for n waiting and L = shed_at × max_queue (here
+// 0.5 × 20 = 10), refused always from n = L, and at once when shed_at is
+// 0. The random draw is injected: 0 refuses from n = 1, half of the
+// range from n = 6 (5/10 < n/L), the top of the range only from n = L.
+func TestAdmissionShedsAsQueueFills(t *testing.T) {
+	tests := []struct {
+		name     string
+		shedAt   float64
+		draw     uint64
+		wantUpTo int // let in while n ≤ wantUpTo; -1: never
+	}{
+		{name: "draw 0", shedAt: 0.5, draw: 0, wantUpTo: 0},
+		{name: "draw half", shedAt: 0.5, draw: 1 << 63, wantUpTo: 5},
+		{name: "draw top", shedAt: 0.5, draw: math.MaxUint64, wantUpTo: 9},
+		{name: "shed_at 0", shedAt: 0, draw: math.MaxUint64, wantUpTo: -1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := DefaultConfig()
+			cfg.Admission.MaxQueue = 20
+			cfg.Admission.ShedAt = tt.shedAt
+			a := newAdmission(cfg, func() uint64 { return tt.draw })
+			for n := range 20 {
+				w, err := a.enter(&Request{Priority: -1})
+				switch {
+				case n <= tt.wantUpTo && err != nil:
+					t.Errorf("n = %d: sheddable refused (%v), want let in", n, err)
+				case n > tt.wantUpTo && !errors.Is(err, ErrShed):
+					t.Errorf("n = %d: sheddable got %v, want ErrShed", n, err)
+				}
+				if w != nil {
+					a.leave(w, false)
+				}
+				if _, err := a.enter(&Request{}); err != nil {
+					t.Fatalf("n = %d: priority 0 refused: %v", n, err)
+				}
+			}
+			if _, err := a.enter(&Request{}); !errors.Is(err, ErrQueueFull) {
+				t.Errorf("full queue: %v, want ErrQueueFull", err)
+			}
+		})
+	}
 }

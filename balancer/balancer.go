@@ -217,7 +217,7 @@ func New(cfg Config, deps Deps, models []ModelRoute, logger *slog.Logger) (*Bala
 		return nil, err
 	}
 	b.pol = pol
-	b.adm = newAdmission(cfg.Admission)
+	b.adm = newAdmission(cfg, deps.Rand)
 	if cfg.Session.Header != "" {
 		b.sessions, _ = lru.New[string, string](cfg.Session.MaxSessions)
 	}

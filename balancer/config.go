@@ -162,10 +162,32 @@ type AdmissionConfig struct {
 	// Timeout is the longest a request waits; past it, 503. (default 30s)
 	Timeout time.Duration `mapstructure:"timeout"`
 	// PriorityHeader carries a request's priority, an integer: higher is
-	// served first, negative is sheddable (refused at once with 429 when
-	// every backend is saturated). Models may set a default priority.
+	// served first, negative is sheddable (refused with 429 as the queue
+	// fills: ShedAt). Models may set a default priority.
 	// (default X-Llmlb-Priority)
 	PriorityHeader string `mapstructure:"priority_header"`
+	// Fairness orders the waiting requests of one priority by tenant
+	// ([Request.Tenant]), so that one tenant's burst does not hold back
+	// another's requests: round-robin gives the waiting tenants one
+	// admission each in turn; tokens admits the tenant with the least
+	// weighted tokens admitted (prompt tokens plus twice max_tokens, or
+	// ttft.default_max_tokens when unset), a virtual token counter as in
+	// VTC; off is FIFO, tenants ignored. Each tenant's own requests stay
+	// FIFO. (default round-robin)
+	Fairness string `mapstructure:"fairness"`
+	// ShedAt is the queue length, as a share of MaxQueue (0..1), at which
+	// a sheddable request (negative priority) that meets saturation is
+	// always refused (429); below it, one is refused with probability
+	// length / (ShedAt × MaxQueue). Sheddable traffic thins as the queue
+	// fills and holds at most this share of it. 0 refuses sheddable
+	// requests at once whenever every backend is saturated. (default 0.5)
+	ShedAt float64 `mapstructure:"shed_at"`
+	// TenantHeader names the request header whose value is the tenant for
+	// Fairness when no API keys are configured; empty makes every request
+	// one anonymous tenant. With keys the key's name is the tenant and the
+	// header is ignored: a client is not trusted to choose its share.
+	// (default "")
+	TenantHeader string `mapstructure:"tenant_header"`
 }
 
 // SessionConfig is session affinity.
@@ -250,7 +272,7 @@ func DefaultConfig() Config {
 			DecodeCost:       50 * time.Microsecond,
 		},
 		Saturation:     SaturationConfig{Queue: 16, KV: 0.95, KeepHolders: true, HolderQueue: 4},
-		Admission:      AdmissionConfig{MaxQueue: 1024, Timeout: 30 * time.Second, PriorityHeader: "X-Llmlb-Priority"},
+		Admission:      AdmissionConfig{MaxQueue: 1024, Timeout: 30 * time.Second, PriorityHeader: "X-Llmlb-Priority", Fairness: FairRoundRobin, ShedAt: 0.5},
 		Session:        SessionConfig{MaxSessions: 65536},
 		ConsistentHash: ConsistentHashConfig{PrefixBytes: 100, LoadFactor: 1.25, VirtualNodes: 256},
 		SGLang:         SGLangConfig{CacheThreshold: 0.3, BalanceAbsThreshold: 64, BalanceRelThreshold: 1.5, MaxTreeBytes: 1 << 26},
@@ -328,6 +350,12 @@ func (c Config) Validate() error {
 	}
 	if c.Admission.PriorityHeader == "" {
 		bad("admission.priority_header", "must not be empty")
+	}
+	if !slices.Contains(FairnessNames(), c.Admission.Fairness) {
+		bad("admission.fairness", "unknown rule %q (known: %s)", c.Admission.Fairness, strings.Join(FairnessNames(), ", "))
+	}
+	if c.Admission.ShedAt < 0 || c.Admission.ShedAt > 1 {
+		bad("admission.shed_at", "must be in [0, 1], got %g", c.Admission.ShedAt)
 	}
 	if c.Session.MaxSessions < 1 {
 		bad("session.max_sessions", "must be at least 1, got %d", c.Session.MaxSessions)

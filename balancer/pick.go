@@ -44,6 +44,11 @@ type Request struct {
 	Holder string
 	// Priority orders the admission queue; negative is sheddable.
 	Priority int
+	// Tenant identifies the client for fairness in the admission queue
+	// ([AdmissionConfig.Fairness]): the API key's name, or the tenant
+	// header's value when no keys are configured. "" is one anonymous
+	// tenant, like any other name.
+	Tenant string
 	// Guard, when set, is attached to the chosen backend inside the pick,
 	// so that concurrent picks see this request in the ledger at once and
 	// a burst does not all choose the backend that looked idlest.
