@@ -118,6 +118,10 @@ func (b *Balancer) filter(s *scratch, p *PickInfo, ex *Explanation) (tier string
 			ex.skip(be, "does not serve the model")
 			continue
 		}
+		if req.Avoid != "" && be.ID == req.Avoid {
+			ex.skip(be, "broke the request's stream")
+			continue
+		}
 		if req.Holder != "" && be.ID != req.Holder {
 			ex.skip(be, "does not store the response the request continues")
 			continue

@@ -38,6 +38,9 @@ type Request struct {
 	FirstUser, FirstTurn int
 	// Session is the session-affinity header's value, or "".
 	Session string
+	// Avoid, when set, is the ID of a backend the request must not go to:
+	// the one whose stream of it broke, when the rest is asked elsewhere.
+	Avoid string
 	// Holder, when set, is the ID of the only backend the request may go
 	// to: the one storing the response it continues. The pick's other
 	// stages still apply (a saturated holder makes the request wait).

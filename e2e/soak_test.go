@@ -26,10 +26,12 @@ import (
 // without it) through the llmlb binary at LLMLBTEST_BIN against four emulated
 // servers in two `llmlb sim` processes, the one of them serving a single
 // server killed (SIGKILL) halfway and started again a tenth of the run
-// later. It prints requests completed, failed and lost; llmlb's RSS,
+// later. It prints requests completed, failed (refused before their
+// stream began), streams broken (begun and not ended whole) and lost; llmlb's RSS,
 // goroutines and file descriptors before, during (peak) and after; and
 // memory and goroutines per stream. It fails if a request is lost, if a
-// request fails that was not streaming from the killed server, or if
+// stream breaks (llmlb continues those the killed server cut), if a
+// request fails that was not on its way to the killed server, or if
 // llmlb's ledger or goroutines do not come back to their starting level
 // (counting two goroutines for each keep-alive connection its pools still
 // hold).
@@ -93,10 +95,10 @@ backends:
 	t.Logf("before: %s", before)
 
 	var (
-		completed, failed, started, finished atomic.Int64
-		mu                                   sync.Mutex
-		badFailures                          []string
-		killedAt, restartedAt                time.Time
+		completed, failed, broken, started, finished atomic.Int64
+		mu                                           sync.Mutex
+		badFailures                                  []string
+		killedAt, restartedAt                        time.Time
 	)
 	stop := make(chan struct{})
 	client := &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: streams, MaxConnsPerHost: 0}}
@@ -111,10 +113,19 @@ backends:
 				default:
 				}
 				started.Add(1)
-				backend, err := soakStream(client, addr, prompt)
+				backend, brk, err := soakStream(client, addr, prompt)
 				finished.Add(1)
 				if err == nil {
 					completed.Add(1)
+					continue
+				}
+				if brk {
+					// A stream that began and did not end whole: llmlb
+					// continues a stream its server cut on another.
+					broken.Add(1)
+					mu.Lock()
+					badFailures = append(badFailures, fmt.Sprintf("broken stream from backend %q: %v", backend, err))
+					mu.Unlock()
 					continue
 				}
 				failed.Add(1)
@@ -204,7 +215,7 @@ backends:
 	secs := time.Since(start).Seconds()
 	fmt.Printf("soak: %d streams for %s through llmlb, server %s killed at %s and started again at %s\n",
 		streams, dur, victimURL, killedAt.Sub(start).Round(time.Second), restartedAt.Sub(start).Round(time.Second))
-	fmt.Printf("soak: requests completed %d, failed %d, lost %d (%.0f/s)\n", completed.Load(), failed.Load(), lost, float64(finished.Load())/secs)
+	fmt.Printf("soak: requests completed %d, failed %d, streams broken %d, lost %d (%.0f/s)\n", completed.Load(), failed.Load(), broken.Load(), lost, float64(finished.Load())/secs)
 	fmt.Printf("soak: before  %s\n", before)
 	fmt.Printf("soak: during  %s (peak)\n", during)
 	fmt.Printf("soak: after   %s (%s after the run)\n", after, time.Since(start.Add(dur)).Round(time.Second))
@@ -215,7 +226,7 @@ backends:
 		t.Errorf("%d requests lost (neither completed nor failed)", lost)
 	}
 	if len(badFailures) > 0 {
-		t.Errorf("%d requests failed that were not streaming from the killed server; first: %s", len(badFailures), badFailures[0])
+		t.Errorf("%d requests failed that were not streaming from the killed server, or streams broke (%d); first: %s", len(badFailures), broken.Load(), badFailures[0])
 	}
 	if completed.Load() == 0 {
 		t.Errorf("no request completed")
@@ -241,7 +252,7 @@ func cmpOr(a, b string) string {
 }
 
 // soakStream sends one streaming chat completion and reads it to [DONE].
-func soakStream(client *http.Client, addr, prompt string) (backend string, err error) {
+func soakStream(client *http.Client, addr, prompt string) (backend string, broken bool, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	body := `{"model":"llama-3.1-8b","messages":[{"role":"user","content":"` + prompt + `"}],"max_tokens":16,"stream":true}`
@@ -249,25 +260,37 @@ func soakStream(client *http.Client, addr, prompt string) (backend string, err e
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := client.Do(req)
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	defer resp.Body.Close()
 	backend = resp.Header.Get("X-Llmlb-Backend")
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 256))
-		return backend, fmt.Errorf("status %d: %s", resp.StatusCode, b)
+		return backend, false, fmt.Errorf("status %d: %s", resp.StatusCode, b)
 	}
+	// From here on the stream has begun: whatever goes wrong breaks it.
+	pieces := 0
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
-		if bytes.Equal(sc.Bytes(), []byte("data: [DONE]")) {
+		line := sc.Bytes()
+		if bytes.Equal(line, []byte("data: [DONE]")) {
 			_, _ = io.Copy(io.Discard, resp.Body)
-			return backend, nil
+			if pieces != 16 {
+				return backend, true, fmt.Errorf("%d of 16 pieces", pieces)
+			}
+			return backend, false, nil
+		}
+		if bytes.HasPrefix(line, []byte(`data: {"error"`)) {
+			return backend, true, fmt.Errorf("error event: %s", line)
+		}
+		if bytes.Contains(line, []byte(`"content":"`)) && !bytes.Contains(line, []byte(`"content":""`)) {
+			pieces++
 		}
 	}
 	if sc.Err() != nil {
-		return backend, sc.Err()
+		return backend, true, sc.Err()
 	}
-	return backend, io.ErrUnexpectedEOF
+	return backend, true, io.ErrUnexpectedEOF
 }
 
 // procSample is llmlb's process at one moment.

@@ -59,7 +59,6 @@ type continuer struct {
 	err     error // returned once out is drained
 	brk     error // an error event broke the stream; set by event
 
-	next int // the next candidate to ask, an index into ex.dec.Candidates
 	left int // continuations left
 
 	// What the client received.
@@ -79,7 +78,7 @@ type continuer struct {
 }
 
 func newContinuer(t *retryTransport, req *http.Request, ex *exchange, src *attemptBody, left int) *continuer {
-	return &continuer{t: t, req: req, ex: ex, src: src, buf: make([]byte, 16<<10), next: ex.attempts, left: left, usageTokens: -1}
+	return &continuer{t: t, req: req, ex: ex, src: src, buf: make([]byte, 16<<10), left: left, usageTokens: -1}
 }
 
 // delivered is the tokens the client received.
@@ -350,23 +349,33 @@ func (c *continuer) resume() error {
 	ex, t := c.ex, c.t
 	sentAt := ex.sentAt // the stream's time to first token stays the first attempt's
 	defer func() { ex.sentAt = sentAt }()
-	cands := ex.dec.Candidates
-	for ; c.next < len(cands); c.next++ {
-		if cands[c.next] == c.src.be {
-			continue
-		}
-		a := try{ex: ex, be: cands[c.next]}
+	// A fresh pick, by model and load, away from the server that broke
+	// the stream: the first pick's candidates may be minutes old, and
+	// under load it kept only those not saturated.
+	breq := *ex.breq
+	breq.Prompt, breq.Parts, breq.UserText, breq.TokenBlocks = nil, nil, nil, nil
+	breq.FirstUser, breq.FirstTurn, breq.Session = 0, 0, ""
+	breq.PromptTokens += c.delivered()
+	breq.MaxTokens = max(0, breq.MaxTokens-c.delivered())
+	breq.Avoid, breq.Guard = c.src.be.ID, ex.guard
+	dec, err := t.bal.PickWait(c.req.Context(), &breq, nil)
+	if err != nil {
+		return err
+	}
+	ex.dec = dec
+	for i, be := range dec.Candidates {
+		a := try{ex: ex, be: be}
 		a.ctx, a.cancel = context.WithCancelCause(c.req.Context())
-		resp, err := t.attempt(c.req, a, c.next, sendBody{head: body})
+		resp, err := t.attempt(c.req, a, i, sendBody{head: body})
 		if err == nil && resp.StatusCode != http.StatusOK {
 			if resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests {
 				t.bal.Failed(a.be, balancer.FailStatus)
 			}
 			resp.Body.Close()
-			err = fmt.Errorf("status %d", resp.StatusCode)
+			err = fmt.Errorf("%s answered status %d", be.ID, resp.StatusCode)
 		}
 		if err != nil {
-			if !errors.Is(err, context.Canceled) {
+			if c.req.Context().Err() == nil {
 				t.bal.Failed(a.be, balancer.FailConnect)
 			}
 			a.cancel(nil)
@@ -375,15 +384,14 @@ func (c *continuer) resume() error {
 			}
 			continue
 		}
-		ex.attempts = c.next + 1
-		c.next++
+		ex.attempts++
 		c.src = t.attemptBody(a, resp, true)
 		c.cont, c.contID, c.contCreated = true, nil, nil
 		c.contDelivered = c.delivered()
 		c.contEvents = c.contDelivered
 		return nil
 	}
-	return errors.New("no candidate left")
+	return errors.New("no server could take the rest")
 }
 
 // body is the request for the rest of the answer: the client's request

@@ -50,6 +50,9 @@ type exchange struct {
 	// (previous_response_id, or the path's id), the only one it may go
 	// to; nil for any other request.
 	holder *balancer.Backend
+	// breq is what the balancer was asked; its prompt fields are the
+	// canonical buffer's, given back after the pick.
+	breq *balancer.Request
 
 	// pick
 	picked bool // PickWait returned, with a decision or an error

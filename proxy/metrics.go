@@ -78,6 +78,11 @@ func newMetrics(reg prometheus.Registerer, bal *balancer.Balancer) *metrics {
 		Name: "llmlb_stream_continuations_total",
 		Help: "Streams that broke after their first byte, by why (cut, stall, error: an error event) and what came of it (continued on another server, not_continued: it could not be, failed: no server took it).",
 	}, []string{"reason", "result"})
+	for _, reason := range []string{breakCut, breakStall, breakError} {
+		for _, result := range []string{"continued", "not_continued", "failed"} {
+			m.continuations.WithLabelValues(reason, result) // at 0 from the start, so rates see the first break
+		}
+	}
 	m.picks = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "llmlb_picks_total",
 		Help: "Backends chosen first for a request, by backend and reason (prefix-hit, least-load, lora, affinity, ...).",

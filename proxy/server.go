@@ -250,6 +250,7 @@ func (s *Server) route(ex *exchange, r *http.Request) (*balancer.Request, error)
 		return nil, err
 	}
 	ex.target = breq.Model
+	ex.breq = breq
 	if ex.req.PreviousResponseID != "" {
 		if err := s.followResponse(ex, breq); err != nil {
 			return nil, err
@@ -399,6 +400,15 @@ func (s *Server) balancerRequest(r *http.Request, req *Request, t *tenant) (*bal
 	}
 	if bcfg.Session.Header != "" {
 		breq.Session = r.Header.Get(bcfg.Session.Header)
+	}
+	// The tenant shares the admission queue fairly with the others: the
+	// key's name, or without keys the operator's tenant header (which the
+	// client sets, so it only separates clients that do not lie).
+	switch {
+	case t != nil:
+		breq.Tenant = "key:" + t.name
+	case bcfg.Admission.TenantHeader != "":
+		breq.Tenant = r.Header.Get(bcfg.Admission.TenantHeader)
 	}
 	if req.Kind == KindChat && s.bal.UserKeyed() {
 		breq.UserText = prefix.FirstUserText(req.Messages, bcfg.ConsistentHash.PrefixBytes)
