@@ -100,6 +100,9 @@ type Decision struct {
 	Reason Reason
 	// Waited is the time spent in the admission queue.
 	Waited time.Duration
+	// TTFT is the policy's estimate of the first candidate's time to
+	// first token, in seconds; 0 for a policy that makes none.
+	TTFT float64
 }
 
 // PickInfo is one pick in progress, as scorers and pickers see it. Cands are
@@ -306,6 +309,7 @@ func (b *Balancer) order(p *PickInfo, primary int, total []float64, dst []*Backe
 	cands := p.Cands
 	out := append(dst[:0], cands[primary].Backend)
 	dec.Work[0] = b.work(p.Req, &cands[primary])
+	dec.TTFT = cands[primary].TTFT
 	// Each fallback is the best below the one before it in (score, then
 	// earlier index) order, so no candidate is taken twice.
 	prev := -1

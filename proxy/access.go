@@ -46,6 +46,9 @@ func (s *Server) logAccess(ex *exchange, r *http.Request, status int) {
 	if ex.tenant != nil {
 		attrs = append(attrs, slog.String("key", ex.tenant.name)) // the key's name: never the key
 	}
+	if ex.span != nil && ex.span.SpanContext().HasTraceID() {
+		attrs = append(attrs, slog.String("trace_id", ex.span.SpanContext().TraceID().String()))
+	}
 	if m := ex.model(); m != "" {
 		attrs = append(attrs, slog.String("model", m))
 		if ex.target != m && ex.target != "" {

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/llmlb/llmlb/balancer"
+	"github.com/llmlb/llmlb/internal/tracing"
 )
 
 // chatBody returns a chat request whose user message is about tokens tokens
@@ -65,6 +66,17 @@ func BenchmarkProxy(b *testing.B) {
 		Metrics: balancer.Metrics{Queued: balancer.Known(0), Running: balancer.Known(0), KVUsage: balancer.Known(0.1), At: time.Now()}})
 	front := httptest.NewServer(newServer(b, Options{Config: DefaultConfig(), Balancer: bal, Registerer: prometheus.NewRegistry()}).Handler())
 	defer front.Close()
+	// The same front with tracing on: every request sampled, its spans
+	// batched to an OTLP/HTTP collector that takes them and answers.
+	collector := httptest.NewServer(&otlpReceiver{discard: true})
+	defer collector.Close()
+	tp, shutdown, err := tracing.Start(tracing.Config{Endpoint: collector.URL, SampleRatio: 1, Propagate: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer shutdown(context.Background())
+	traced := httptest.NewServer(newServer(b, Options{Config: DefaultConfig(), Balancer: bal, Registerer: prometheus.NewRegistry(), Tracer: tp}).Handler())
+	defer traced.Close()
 	// The baseline: Go's reverse proxy alone, with no parsing, routing or
 	// observing, in front of the same backend.
 	bare := httptest.NewServer(&httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(bu) },
@@ -78,8 +90,10 @@ func BenchmarkProxy(b *testing.B) {
 		body              []byte
 	}{
 		{"completion", front.URL, "/v1/completions", completion},
+		{"completion-traced", traced.URL, "/v1/completions", completion},
 		{"completion-bare-httputil-reverseproxy", bare.URL, "/v1/completions", completion},
 		{"chat-stream-16-events-4k-prompt", front.URL, "/v1/chat/completions", chatBody(4 << 10)},
+		{"chat-stream-16-events-4k-prompt-traced", traced.URL, "/v1/chat/completions", chatBody(4 << 10)},
 		{"chat-stream-16-events-220KB-prompt", front.URL, "/v1/chat/completions", chatBody(220 << 10 / 4)},
 	} {
 		b.Run(tc.name, func(b *testing.B) {

@@ -9,6 +9,8 @@ import (
 	"io"
 	"net/http"
 
+	"go.opentelemetry.io/otel/attribute"
+
 	"github.com/llmlb/llmlb/balancer"
 )
 
@@ -51,7 +53,6 @@ type continuer struct {
 	req *http.Request // the outgoing request, for the continuation's attempts
 	ex  *exchange
 	src *attemptBody // the answering attempt's body
-	buf []byte       // read buffer
 
 	pending []byte // read, not yet a whole event
 	out     []byte // whole events for the client
@@ -78,7 +79,7 @@ type continuer struct {
 }
 
 func newContinuer(t *retryTransport, req *http.Request, ex *exchange, src *attemptBody, left int) *continuer {
-	return &continuer{t: t, req: req, ex: ex, src: src, buf: make([]byte, 16<<10), left: left, usageTokens: -1}
+	return &continuer{t: t, req: req, ex: ex, src: src, left: left, usageTokens: -1}
 }
 
 // delivered is the tokens the client received.
@@ -90,6 +91,9 @@ func (c *continuer) delivered() int {
 }
 
 func (c *continuer) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
 	for len(c.out) == 0 {
 		if c.err != nil {
 			return 0, c.err
@@ -102,8 +106,10 @@ func (c *continuer) Read(p []byte) (int, error) {
 			c.pending = c.pending[:0]
 			break
 		}
-		n, err := c.src.Read(c.buf)
-		c.pending = append(c.pending, c.buf[:n]...)
+		// The caller's buffer is the read buffer, as the observer's is:
+		// a stream holds no buffer of its own while it waits.
+		n, err := c.src.Read(p)
+		c.pending = append(c.pending, p[:n]...)
 		c.split()
 		switch {
 		case c.brk != nil:
@@ -366,7 +372,10 @@ func (c *continuer) resume() error {
 	for i, be := range dec.Candidates {
 		a := try{ex: ex, be: be}
 		a.ctx, a.cancel = context.WithCancelCause(c.req.Context())
-		resp, err := t.attempt(c.req, a, i, sendBody{head: body})
+		resp, err := t.attempt(c.req, &a, i, sendBody{head: body})
+		if a.span != nil {
+			a.span.SetAttributes(attribute.Bool("llmlb.continuation", true))
+		}
 		if err == nil && resp.StatusCode != http.StatusOK {
 			if resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests {
 				t.bal.Failed(a.be, balancer.FailStatus)
@@ -378,6 +387,7 @@ func (c *continuer) resume() error {
 			if c.req.Context().Err() == nil {
 				t.bal.Failed(a.be, balancer.FailConnect)
 			}
+			endAttempt(a.span, 0, err)
 			a.cancel(nil)
 			if c.req.Context().Err() != nil {
 				return err

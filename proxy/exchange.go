@@ -7,6 +7,8 @@ import (
 	"runtime/debug"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/llmlb/llmlb/balancer"
 )
 
@@ -26,6 +28,10 @@ type exchange struct {
 	w      *recorder       // the only writer the handler and ReverseProxy see
 	client context.Context // the client's own context, before our timeout
 	inURL  *url.URL        // the path and query the client asked for
+	// span is the request's span, nil without tracing; traced is the
+	// client's context with it, the parent of the stages' spans.
+	span   trace.Span
+	traced context.Context
 
 	// authorize
 	inference bool    // a route that names a model: counted and listed as such
@@ -110,6 +116,11 @@ func (s *Server) withExchange(next http.Handler) http.Handler {
 		r.Header.Set(HeaderRequestID, id) // forwarded to the backend with the other headers
 		w.Header().Set(HeaderRequestID, id)
 		ex := &exchange{id: id, start: time.Now(), w: &recorder{ResponseWriter: w}, client: r.Context(), inURL: r.URL}
+		ctx := r.Context()
+		if s.tracer != nil && r.URL.Path != "/health" && r.URL.Path != "/ready" {
+			ctx = s.startSpan(ctx, ex, r)
+		}
+		ex.traced = ctx
 		defer func() {
 			p := recover()
 			if p != nil && p != http.ErrAbortHandler {
@@ -124,7 +135,7 @@ func (s *Server) withExchange(next http.Handler) http.Handler {
 				panic(p)
 			}
 		}()
-		next.ServeHTTP(ex.w, r.WithContext(context.WithValue(r.Context(), exchangeKey{}, ex)))
+		next.ServeHTTP(ex.w, r.WithContext(context.WithValue(ctx, exchangeKey{}, ex)))
 		ex.ended = true
 	})
 }

@@ -38,6 +38,9 @@ func (s *Server) finish(ex *exchange, r *http.Request) {
 	if ex.inference {
 		s.account(ex, status)
 	}
+	if ex.span != nil {
+		s.endSpan(ex, status)
+	}
 	if s.accessLog && r.URL.Path != "/health" && r.URL.Path != "/ready" {
 		s.logAccess(ex, r, status)
 	}

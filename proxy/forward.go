@@ -14,6 +14,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/llmlb/llmlb/balancer"
 )
 
@@ -32,6 +34,7 @@ type retryTransport struct {
 	bal           *balancer.Balancer // told of every failure: passive health
 	logger        *slog.Logger
 	metrics       *metrics
+	tracer        trace.Tracer // nil makes no attempt spans
 }
 
 // RoundTrip tries the exchange's candidates in order, one [retryTransport.attempt]
@@ -54,7 +57,7 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		// timers cancel it with their cause, and closing the response
 		// body releases it.
 		a.ctx, a.cancel = context.WithCancelCause(ctx)
-		resp, err := t.attempt(req, a, i, ex.body)
+		resp, err := t.attempt(req, &a, i, ex.body)
 		resp, retry, err := t.verdict(req, a, resp, err, i == len(cands)-1)
 		if !retry {
 			return resp, err
@@ -74,14 +77,18 @@ type try struct {
 	be     *balancer.Backend
 	ctx    context.Context
 	cancel context.CancelCauseFunc
+	span   trace.Span // nil without tracing; ended with the attempt
 }
 
 // attempt sends req to a.be, the exchange's i-th candidate, and returns
 // what came back. On a stream with a first-byte limit, a timer cancels the
 // attempt when no response headers arrive in time.
-func (t *retryTransport) attempt(req *http.Request, a try, i int, body sendBody) (*http.Response, error) {
+func (t *retryTransport) attempt(req *http.Request, a *try, i int, body sendBody) (*http.Response, error) {
 	ex, be := a.ex, a.be
 	out := attemptRequest(a.ctx, req, be, ex.inURL, body)
+	if t.tracer != nil {
+		t.startAttempt(a, out, i)
+	}
 	if i > 0 || ex.guard.Backend() != be { // the pick attached the first
 		ex.guard.Attach(be, ex.dec.Work[i], time.Now())
 	}
@@ -109,6 +116,7 @@ func (t *retryTransport) verdict(req *http.Request, a try, resp *http.Response, 
 	ctx, be := req.Context(), a.be
 	if err != nil {
 		firstByte := errors.Is(context.Cause(a.ctx), errFirstByteTimeout) || errors.Is(err, errFirstByteTimeout)
+		endAttempt(a.span, 0, err)
 		a.cancel(nil)
 		if ctx.Err() != nil {
 			return nil, false, err
@@ -153,6 +161,7 @@ func (t *retryTransport) verdict(req *http.Request, a try, resp *http.Response, 
 		// Drain a little so the connection can be reused, then drop it.
 		_, _ = io.CopyN(io.Discard, resp.Body, 64<<10)
 		resp.Body.Close()
+		endAttempt(a.span, resp.StatusCode, nil)
 		a.cancel(nil)
 		return nil, true, nil
 	}
@@ -180,7 +189,8 @@ func (t *retryTransport) answer(req *http.Request, a try, resp *http.Response, j
 // success once its body has ended (judge): a stream cut after its headers
 // is a failure (issue 17).
 func (t *retryTransport) attemptBody(a try, resp *http.Response, judge bool) *attemptBody {
-	sb := &attemptBody{ReadCloser: resp.Body, ctx: a.ctx, cancel: a.cancel, be: a.be, ex: a.ex, bal: t.bal, judge: judge}
+	sb := &attemptBody{ReadCloser: resp.Body, ctx: a.ctx, cancel: a.cancel, be: a.be, ex: a.ex, bal: t.bal, judge: judge,
+		span: a.span, status: resp.StatusCode}
 	if a.ex.req.Stream && t.idle > 0 {
 		sb.idle = t.idle
 		sb.timer = time.AfterFunc(t.idle, func() { a.cancel(errStreamStalled) })
@@ -302,6 +312,10 @@ type attemptBody struct {
 	judge  bool // the status was not a failure already counted; cleared once judged
 	idle   time.Duration
 	timer  *time.Timer // nil without an idle limit
+	span   trace.Span  // the attempt's, ended on Close; nil without tracing
+	status int
+	first  bool // a byte was read
+	end    error
 }
 
 func (b *attemptBody) Read(p []byte) (int, error) {
@@ -312,8 +326,17 @@ func (b *attemptBody) Read(p []byte) (int, error) {
 	if b.timer != nil {
 		b.timer.Stop()
 	}
+	if n > 0 && !b.first {
+		b.first = true
+		if b.span != nil {
+			b.span.AddEvent("first byte")
+		}
+	}
 	if err == nil {
 		return n, nil
+	}
+	if err != io.EOF && b.end == nil {
+		b.end = err
 	}
 	stalled := errors.Is(context.Cause(b.ctx), errStreamStalled)
 	if stalled && b.ex.streamErr == nil {
@@ -339,6 +362,10 @@ func (b *attemptBody) Read(p []byte) (int, error) {
 func (b *attemptBody) Close() error {
 	if b.timer != nil {
 		b.timer.Stop()
+	}
+	if b.span != nil {
+		endAttempt(b.span, b.status, b.end)
+		b.span = nil
 	}
 	err := b.ReadCloser.Close()
 	b.cancel(nil)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/llmlb/llmlb/balancer"
 	"github.com/llmlb/llmlb/kvevents"
@@ -47,7 +48,9 @@ type Server struct {
 	authMetrics *authMetrics
 
 	accessLog, logPrompts bool
-	tok                   *tokenizer // nil tokenizes nothing
+	tok                   *tokenizer   // nil tokenizes nothing
+	tracer                trace.Tracer // nil makes no spans
+	dropTrace             bool
 }
 
 // Options are what a [Server] is built from. Only the API keys change
@@ -73,6 +76,13 @@ type Options struct {
 	KVEvents *kvevents.Store
 	// Auth holds the API keys clients must present; none: no key asked.
 	Auth AuthConfig
+	// Tracer makes a span per request, its admission wait, its pick and
+	// each upstream attempt, and tells each server its attempt's span as
+	// its parent; nil makes none.
+	Tracer trace.TracerProvider
+	// DropTraceContext removes the client's W3C trace context
+	// (traceparent, tracestate) instead of passing it to the servers.
+	DropTraceContext bool
 }
 
 // New returns a Server forwarding to the backends o.Balancer picks, or an
@@ -83,7 +93,10 @@ func New(o Options) (*Server, error) {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{cfg: cfg, bal: bal, logger: logger, started: time.Now(), picks: newPickLog(), buffers: &sizedPool{},
-		accessLog: o.AccessLog, logPrompts: o.LogPrompts}
+		accessLog: o.AccessLog, logPrompts: o.LogPrompts, dropTrace: o.DropTraceContext}
+	if o.Tracer != nil {
+		s.tracer = o.Tracer.Tracer("github.com/llmlb/llmlb/proxy")
+	}
 	reg := o.Registerer
 	s.metrics = newMetrics(reg, bal)
 	s.authMetrics = newAuthMetrics(reg)
@@ -103,7 +116,7 @@ func New(o Options) (*Server, error) {
 	s.rp = &httputil.ReverseProxy{
 		Rewrite: s.rewrite,
 		Transport: &retryTransport{base: base, maxAttempts: cfg.MaxAttempts, retryStatuses: cfg.RetryStatuses, retryBroken: cfg.RetryBrokenConnections,
-			firstByte: cfg.StreamFirstByteTimeout, idle: cfg.StreamIdleTimeout, continuations: cfg.StreamContinuations, bal: bal, logger: logger, metrics: s.metrics},
+			firstByte: cfg.StreamFirstByteTimeout, idle: cfg.StreamIdleTimeout, continuations: cfg.StreamContinuations, bal: bal, logger: logger, metrics: s.metrics, tracer: s.tracer},
 		// 0: ReverseProxy flushes every write of an event stream or a body
 		// of unknown length at once (its own rule), and a body of known
 		// length once, at its end: with -1 every JSON answer cost a timer
@@ -312,8 +325,12 @@ func (s *Server) pick(ex *exchange, breq *balancer.Request) error {
 		ex.guard.Stream()
 	}
 	breq.Guard = ex.guard
+	start := time.Now()
 	dec, err := s.bal.PickWait(ex.client, breq, make([]*balancer.Backend, 0, 4))
 	ex.dec, ex.picked = dec, true
+	if s.tracer != nil {
+		s.pickSpans(ex, breq, start, err)
+	}
 	s.dropCanonical(ex)
 	if dec.Waited > 0 {
 		s.metrics.queueWait.Observe(dec.Waited.Seconds())
@@ -475,6 +492,10 @@ func (s *Server) rewrite(pr *httputil.ProxyRequest) {
 	if ex.tenant != nil {
 		pr.Out.Header.Del("Authorization") // the client's llmlb key, not the backend's
 		pr.Out.Header.Del(HeaderAPIKey)
+	}
+	if s.dropTrace {
+		pr.Out.Header.Del("Traceparent")
+		pr.Out.Header.Del("Tracestate")
 	}
 	pr.SetURL(ex.dec.Candidates[0].URL)
 	pr.SetXForwarded()

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb/balancer"
+	"github.com/llmlb/llmlb/internal/tracing"
 	"github.com/llmlb/llmlb/prefix"
 	"github.com/llmlb/llmlb/proxy"
 	"github.com/llmlb/llmlb/scrape"
@@ -50,6 +51,8 @@ type Config struct {
 	Engines map[string]scrape.EngineConfig `mapstructure:"engines"`
 	// Backends are the model servers.
 	Backends []scrape.BackendConfig `mapstructure:"backends"`
+	// Tracing exports OpenTelemetry spans and propagates trace context.
+	Tracing tracing.Config `mapstructure:"tracing"`
 }
 
 // AdminConfig is the `admin:` section.
@@ -93,6 +96,7 @@ func DefaultConfig() Config {
 		Scrape:        scrape.DefaultConfig(),
 		Balancer:      balancer.DefaultConfig(),
 		Prefix:        prefix.DefaultConfig(),
+		Tracing:       tracing.DefaultConfig(),
 	}
 }
 
@@ -134,7 +138,7 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("backends: at least one backend is required"))
 	}
 	errs = append(errs, c.TLS.Validate(), c.Auth.Validate(), c.Proxy.Validate(), c.Scrape.Validate(), scrape.ValidateBackends(c.Backends, names),
-		c.Balancer.Validate(), c.Prefix.Validate(), balancer.ValidateModels(c.Models))
+		c.Balancer.Validate(), c.Prefix.Validate(), balancer.ValidateModels(c.Models), c.Tracing.Validate())
 	return errors.Join(errs...)
 }
 

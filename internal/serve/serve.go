@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/llmlb/llmlb/internal/config"
+	"github.com/llmlb/llmlb/internal/tracing"
 	"github.com/llmlb/llmlb/kvevents"
 	"github.com/llmlb/llmlb/proxy"
 	"github.com/llmlb/llmlb/scrape"
@@ -92,8 +93,13 @@ func Start(ctx context.Context, cfg config.Config, src *Source, stderr io.Writer
 	if err != nil {
 		return nil, err
 	}
+	tp, stopTracing, err := tracing.Start(cfg.Tracing)
+	if err != nil {
+		return nil, err
+	}
 	px, err := proxy.New(proxy.Options{Config: cfg.Proxy, Balancer: bal, Registerer: reg, Logger: logger,
-		AccessLog: cfg.Log.Access, LogPrompts: cfg.Log.Prompts, BackendTLS: backendTLS, KVEvents: kv, Auth: cfg.Auth})
+		AccessLog: cfg.Log.Access, LogPrompts: cfg.Log.Prompts, BackendTLS: backendTLS, KVEvents: kv, Auth: cfg.Auth,
+		Tracer: tp, DropTraceContext: !cfg.Tracing.Propagate})
 	if err != nil {
 		return nil, err
 	}
@@ -171,6 +177,11 @@ func Start(ctx context.Context, cfg config.Config, src *Source, stderr io.Writer
 		}
 		stopScrape()
 		wg.Wait()
+		flushCtx, cancelFlush := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := stopTracing(flushCtx); err != nil {
+			logger.Warn("spans not flushed", "err", err)
+		}
+		cancelFlush()
 		logger.Info("stopped")
 		inst.done <- runErr
 	}()
