@@ -92,6 +92,14 @@ type Config struct {
 	// MaxHeaderCount bounds the number of header fields a request may
 	// carry, Host aside; past it the client gets 431. (default 100)
 	MaxHeaderCount int `mapstructure:"max_header_count"`
+	// MaxReadingConnections bounds the client connections the proxy waits
+	// on: those still sending a request (headers, or a body not all in)
+	// and keep-alive connections idle between requests. Past it, the one
+	// silent the longest is closed (see [Shedder]); connections with a
+	// request in flight do not count and are never closed. 0 means a
+	// quarter of the process's file descriptor limit at start, at most
+	// 16384. (default 0)
+	MaxReadingConnections int `mapstructure:"max_reading_connections"`
 
 	// ExtraRoutes are further POST paths forwarded like the inference
 	// routes (balanced by the body's model), for example
@@ -218,6 +226,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxHeaderCount < 8 || c.MaxHeaderCount > 10000 {
 		errs = append(errs, fmt.Errorf("proxy.max_header_count: must be 8..10000, got %d", c.MaxHeaderCount))
+	}
+	if c.MaxReadingConnections < 0 {
+		errs = append(errs, fmt.Errorf("proxy.max_reading_connections: must not be negative, got %d", c.MaxReadingConnections))
 	}
 	if (c.BackendCertFile == "") != (c.BackendKeyFile == "") {
 		errs = append(errs, errors.New("proxy.backend_cert_file: goes with proxy.backend_key_file: set both or neither"))

@@ -11,9 +11,12 @@ import (
 // HTTPServer returns the client listener's server: [Server.Handler] behind
 // the header and body limits, with the header, idle and header-size limits
 // of Config. errorLog receives net/http's own messages (nil: the standard
-// logger).
+// logger). Served on a [Shedder]'s listener, its connections are counted
+// against proxy.max_reading_connections.
 func (s *Server) HTTPServer(errorLog *log.Logger) *http.Server {
 	return &http.Server{
+		ConnContext:       connContext,
+		ConnState:         connState,
 		Handler:           s.Handler(),
 		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
 		IdleTimeout:       s.cfg.IdleTimeout,
@@ -30,6 +33,8 @@ func (s *Server) HTTPServer(errorLog *log.Logger) *http.Server {
 // the client may take to send its body by proxy.body_read_timeout. The
 // read deadline it sets also bounds the server's own read of an unread
 // body after the handler returns; readRequest lifts it once the body is in.
+// On a [Shedder]'s connection, the request stops counting as waiting once
+// its body is in.
 func (s *Server) limits(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if n, size := headerSize(r); n > s.cfg.MaxHeaderCount || size > s.cfg.MaxHeaderBytes {
@@ -44,6 +49,7 @@ func (s *Server) limits(next http.Handler) http.Handler {
 			// recorder); there is no connection to protect then.
 			_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(s.cfg.BodyReadTimeout))
 		}
+		watchRequest(r)
 		next.ServeHTTP(w, r)
 	})
 }

@@ -108,6 +108,9 @@ func Start(ctx context.Context, cfg config.Config, src *Source, stderr io.Writer
 	if err != nil {
 		return nil, fmt.Errorf("listen: %w", err)
 	}
+	// Counted beneath TLS, so that a stalled handshake is a silent reader.
+	shed := proxy.NewShedder(cfg.Proxy, reg, logger)
+	ln = shed.Listener(ln)
 	front := px.HTTPServer(slog.NewLogLogger(logger.Handler(), slog.LevelDebug))
 	if certs != nil {
 		front.TLSConfig = certs.TLSConfig()
@@ -157,7 +160,8 @@ func Start(ctx context.Context, cfg config.Config, src *Source, stderr io.Writer
 		inst.AdminAddr = adminLn.Addr().String()
 		wg.Go(func() { serveErr <- ignoreClosed(admin.Serve(adminLn)) })
 	}
-	logger.Info("serving", "listen", inst.Addr, "scheme", inst.Scheme, "admin", inst.AdminAddr, "backends", len(cfg.Backends))
+	logger.Info("serving", "listen", inst.Addr, "scheme", inst.Scheme, "admin", inst.AdminAddr, "backends", len(cfg.Backends),
+		"max_reading_connections", shed.Max())
 
 	go func() {
 		var runErr error
