@@ -920,3 +920,30 @@ func TestStreamKeepsDoneWhenUsageShareAnEvent(t *testing.T) {
 		t.Errorf("client got %q, want the token chunk, no usage chunk, then data: [DONE]", got)
 	}
 }
+
+// TestExpectContinueNotForwarded: llmlb has read the body (and answered the
+// client's Expect: 100-continue itself) before it forwards, so the backend
+// is not asked for a 100 Continue of its own, which would reach the client
+// as a second one.
+func TestExpectContinueNotForwarded(t *testing.T) {
+	var got atomic.Value
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got.Store(r.Header.Get("Expect"))
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"choices":[]}`)
+	}))
+	defer backend.Close()
+	f := newFront(t, DefaultConfig(), backend.URL)
+	req, _ := http.NewRequest(http.MethodPost, f.URL+"/v1/completions", strings.NewReader(`{"model":"`+testModel+`","prompt":"hi"}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Expect", "100-continue")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	f.waitHandler(t, 1)
+	if resp.StatusCode != http.StatusOK || got.Load() != "" {
+		t.Errorf("status %d, the backend saw Expect %q; want 200 and none", resp.StatusCode, got.Load())
+	}
+}

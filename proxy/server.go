@@ -489,6 +489,9 @@ func (s *Server) rewrite(pr *httputil.ProxyRequest) {
 	// The retry transport aims each attempt at its backend; this first aim
 	// keeps ReverseProxy's own bookkeeping (Host, X-Forwarded-*) right.
 	stripClientHeaders(pr.Out.Header)
+	// The body is read already (and its 100 Continue sent): a backend's
+	// own 100 would reach the client as a second one.
+	pr.Out.Header.Del("Expect")
 	if ex.tenant != nil {
 		pr.Out.Header.Del("Authorization") // the client's llmlb key, not the backend's
 		pr.Out.Header.Del(HeaderAPIKey)
