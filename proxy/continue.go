@@ -334,6 +334,7 @@ func (c *continuer) broke(cause error, reason string) {
 	}
 	m.WithLabelValues(reason, "continued").Inc()
 	c.ex.streamErr = nil
+	c.ex.continuations++
 }
 
 // fail ends the client's stream with an error event and cause.

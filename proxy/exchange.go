@@ -70,8 +70,11 @@ type exchange struct {
 	// body is what each attempt sends; its buffer (body.held) is the
 	// client's body as read, held until the exchange is finished.
 	body     sendBody
-	attempts int       // backends tried so far
-	sentAt   time.Time // when the latest attempt was sent
+	attempts int // backends tried so far
+	// continuations is how many times the stream was continued on
+	// another server after its first byte.
+	continuations int
+	sentAt        time.Time // when the latest attempt was sent
 	// stripUsage: llmlb asked for the stream's usage chunk, the client
 	// did not, so the observer drops it.
 	stripUsage bool

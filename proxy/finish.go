@@ -180,8 +180,9 @@ func (s *Server) observed(ex *exchange, backend, model string, status int, took 
 	}
 	s.metrics.cachedTokens.WithLabelValues(backend, model).Add(float64(u.Cached))
 	// The balancer counts in its own estimate of tokens ([prefix.Tokens]); scale its
-	// predicted share of the prompt to the backend's real prompt tokens.
-	if est := ex.promptTokens; est > 0 && ex.attempts <= len(ex.dec.Work) {
+	// predicted share of the prompt to the backend's real prompt tokens. A
+	// continued stream's usage mixes two servers': it predicts nothing.
+	if est := ex.promptTokens; est > 0 && ex.continuations == 0 && ex.attempts <= len(ex.dec.Work) {
 		w := ex.dec.Work[ex.attempts-1]
 		share := float64(max(0, est-w.UncachedTokens)) / float64(est)
 		s.metrics.predicted.WithLabelValues(backend).Add(share * float64(u.Prompt))

@@ -34,7 +34,8 @@ func (s *Server) startSpan(ctx context.Context, ex *exchange, r *http.Request) c
 // endSpan ends the request span with what the request came to.
 func (s *Server) endSpan(ex *exchange, status int) {
 	sp := ex.span
-	attrs := []attribute.KeyValue{attribute.Int("http.response.status_code", status), attribute.Int("llmlb.attempts", ex.attempts)}
+	attrs := []attribute.KeyValue{attribute.Int("http.response.status_code", status), attribute.Int("llmlb.attempts", ex.attempts),
+		attribute.Int("llmlb.continuations", ex.continuations)}
 	if m := ex.model(); m != "" {
 		attrs = append(attrs, attribute.String("llmlb.model", m), attribute.String("llmlb.target_model", ex.target), attribute.Bool("llmlb.stream", ex.req.Stream))
 	}
