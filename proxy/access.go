@@ -58,6 +58,9 @@ func (s *Server) logAccess(ex *exchange, r *http.Request, status int) {
 	}
 	if ex.backend != "" {
 		attrs = append(attrs, slog.String("backend", ex.backend), slog.String("reason", ex.reason()), slog.Int("attempts", ex.attempts))
+		if ex.continuations > 0 {
+			attrs = append(attrs, slog.Int("continuations", ex.continuations))
+		}
 	}
 	if ex.dec.Waited > 0 {
 		attrs = append(attrs, slog.Float64("queued_s", ex.dec.Waited.Seconds()))
