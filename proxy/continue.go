@@ -68,6 +68,7 @@ type continuer struct {
 	events      int          // events that carried text
 	usageTokens int          // completion_tokens of the latest continuous usage; -1 if none
 	finished    bool         // a finish_reason reached the client
+	done        bool         // so did [DONE]
 	why         string       // why it can no longer be continued, "" if it can
 
 	// The continuation under way, if any.
@@ -191,6 +192,7 @@ func (c *continuer) event(ev []byte) {
 		}
 	}
 	if len(data) == 0 || data[0] != '{' {
+		c.done = c.done || string(data) == "[DONE]"
 		c.out = append(c.out, ev...) // [DONE], comments
 		return
 	}
@@ -302,7 +304,7 @@ func (c *continuer) continuable() string {
 // when it can, and otherwise ends it as a stream that broke, with an error
 // event for the client and cause for ReverseProxy, which cuts the
 // connection. A stream whose finish_reason reached the client lost
-// nothing and ends cleanly.
+// nothing and ends cleanly, with the [DONE] it was owed.
 func (c *continuer) broke(cause error, reason string) {
 	c.pending, c.brk = c.pending[:0], nil
 	if reason == breakError && c.src.judge { // an answer that failed
@@ -315,6 +317,10 @@ func (c *continuer) broke(cause error, reason string) {
 		return
 	}
 	if c.finished {
+		// Every token reached the client; the end of the stream did not.
+		if !c.done {
+			c.out = append(c.out, "data: [DONE]\n\n"...)
+		}
 		c.eof = true
 		return
 	}

@@ -21,6 +21,7 @@ type cutEngine struct {
 	name     string
 	cutAfter int
 	errEvent bool // send an error event and end, instead of cutting
+	cutAtEnd bool // cut after the last token, before usage and [DONE]
 	mu       sync.Mutex
 	bodies   []map[string]any
 }
@@ -65,6 +66,9 @@ func (e *cutEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			finish = "length"
 		}
 		send(piece(i, finish))
+	}
+	if e.cutAtEnd {
+		panic(http.ErrAbortHandler)
 	}
 	if so, _ := body["stream_options"].(map[string]any); so["include_usage"] == true {
 		send(map[string]any{"object": "chunk", "choices": []any{}, "usage": map[string]any{"prompt_tokens": 20, "completion_tokens": max, "total_tokens": 20 + max}})
@@ -202,5 +206,26 @@ func TestBrokenStreamNotContinued(t *testing.T) {
 		if !strings.Contains(string(b), `"code":"stream_broken"`) || strings.Contains(string(b), "[DONE]") {
 			t.Errorf("%s: the client got\n%s\nwant an error event and no [DONE]", c.name, b)
 		}
+	}
+}
+
+// TestStreamCutAfterItsLastToken: a server that dies after the
+// finish_reason lost nothing: the client's stream ends whole, with its
+// [DONE], and nothing is asked again.
+func TestStreamCutAfterItsLastToken(t *testing.T) {
+	a, b := &cutEngine{name: "a", cutAfter: 99, cutAtEnd: true}, &cutEngine{name: "b", cutAfter: 99, cutAtEnd: true}
+	sa, sb := httptest.NewServer(a), httptest.NewServer(b)
+	defer sa.Close()
+	defer sb.Close()
+	f := newFront(t, DefaultConfig(), sa.URL, sb.URL)
+	resp, err := http.Post(f.URL+"/v1/chat/completions", "application/json", strings.NewReader(
+		`{"model":"`+testModel+`","messages":[{"role":"user","content":"Tell me"}],"max_tokens":4,"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	events, clean := readStream(t, resp)
+	f.waitHandler(t, 1)
+	if !clean || len(events) != 5 || len(a.bodies)+len(b.bodies) != 1 {
+		t.Errorf("clean %v, %d events, %d requests to the servers; want a whole stream of 5 events and 1 request", clean, len(events), len(a.bodies)+len(b.bodies))
 	}
 }
