@@ -130,3 +130,32 @@ func TestDataParallelRanksEndToEnd(t *testing.T) {
 		})
 	}
 }
+
+// TestOneEngineServerGetsNoRankHeader: a server whose metrics show one
+// engine is one backend, and llmlb sends it no X-data-parallel-rank.
+func TestOneEngineServerGetsNoRankHeader(t *testing.T) {
+	rs := newRankServer(t, 0, 1)
+	cfg := testConfig([]string{rs.URL})
+	inst := startTest(t, cfg, 1)
+	waitFresh(t, inst.AdminAddr, 1)
+	bs, err := proxy.FetchBackends(http.DefaultClient, "http://"+inst.AdminAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(bs) != 1 || bs[0].ID != rs.URL || bs[0].Rank != nil {
+		t.Fatalf("/debug/backends = %+v, want the one server without a rank", bs)
+	}
+	fire(t, inst.Addr, []string{completion("groupA|hello", 2), completion("groupB|hello", 2)}, 2)
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	for g, ranks := range rs.ranks {
+		for _, r := range ranks {
+			if r != "" {
+				t.Errorf("%s: request carried X-data-parallel-rank %q, want none", g, r)
+			}
+		}
+	}
+	if rs.counts != 2 {
+		t.Errorf("server saw %d generations, want 2", rs.counts)
+	}
+}
