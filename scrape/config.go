@@ -372,6 +372,9 @@ func checkBackendURL(s string) (*url.URL, error) {
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("%q must be an http:// or https:// URL with a host", s)
 	}
+	if u.Fragment != "" {
+		return nil, fmt.Errorf("%q has a fragment (#...), which a server never sees", s)
+	}
 	if p := strings.TrimRight(u.Path, "/"); p == "/v1" || strings.HasSuffix(p, "/v1") {
 		base := *u
 		base.Path, base.RawPath = strings.TrimSuffix(p, "/v1"), ""

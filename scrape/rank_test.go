@@ -1,7 +1,10 @@
 package scrape
 
 import (
+	"context"
+	"net/http/httptest"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -147,4 +150,53 @@ func TestValidateBackendsDataParallel(t *testing.T) {
 			t.Errorf("ValidateBackends error %v, want it to say %q", err, want)
 		}
 	}
+}
+
+// TestRanksDetectedAndResized: a vLLM server of ranks 4-7 is published as
+// four backends once its page is read, and a reload that makes it
+// data_parallel_size 2 from rank 4 leaves ranks 4 and 5 alone.
+func TestRanksDetectedAndResized(t *testing.T) {
+	models := make([]sim.Model, 4)
+	for i := range models {
+		models[i] = sim.NewSteady(sim.SteadyConfig{})
+	}
+	s, err := sim.NewDataParallelServer(sim.ServerConfig{Model: "m", DataParallelStartRank: 4}, models)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(s.Handler())
+	defer srv.Close()
+	bal := testBalancer(t)
+	m, err := NewManager(Setup{Config: dnsConfig(), DefaultEngine: "vllm", Balancer: bal, Backends: []BackendConfig{{URL: srv.URL}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = m.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	rankIDs := func(ranks ...int) []string {
+		var out []string
+		for _, r := range ranks {
+			out = append(out, balancer.RankID(srv.URL, r))
+		}
+		return out
+	}
+	all := func() []string {
+		var out []string
+		for _, be := range bal.Snapshot().Backends {
+			out = append(out, be.ID)
+		}
+		return out
+	}
+	waitFor(t, "ranks 4-7", func() bool { return slices.Equal(all(), rankIDs(4, 5, 6, 7)) })
+	for _, be := range bal.Snapshot().Backends {
+		if !be.Ranked || be.ID != balancer.RankID(srv.URL, be.Rank) || !be.Metrics.Queued.Known {
+			t.Errorf("%s: ranked %v rank %d queued %+v, want its rank and its own reading", be.ID, be.Ranked, be.Rank, be.Metrics.Queued)
+		}
+	}
+	if err := m.Reload([]BackendConfig{{URL: srv.URL, DataParallelSize: 2, DataParallelStartRank: 4}}, engineSet(t, nil), "vllm"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "ranks 4 and 5", func() bool { return slices.Equal(all(), rankIDs(4, 5)) })
 }

@@ -43,6 +43,7 @@ type Target struct {
 	rankMetrics  map[int]balancer.Metrics
 	ledgers      map[string]*balancer.Ledger // by published ID
 	kvSubs       map[string]func()           // KV-event subscriptions by published ID; their stop funcs
+	swept        bool                        // publish has removed what an earlier watcher left
 	engine       *Engine                     // the row the page is read with; nil until detected
 	metricsURL   string                      // engine's page; empty: scraping off
 	spec         balancer.Spec
@@ -179,9 +180,25 @@ func (t *Target) Run(ctx context.Context) {
 }
 
 // publish hands the backend's state to the balancer: one spec, or one
-// per data-parallel rank.
+// per data-parallel rank. The first time, it also removes what an earlier
+// watcher of the same server published and this one does not (a reload
+// that changed data_parallel_size), since no one else would.
 func (t *Target) publish() {
-	t.bal.Update(t.specs()...)
+	specs := t.specs()
+	t.bal.Update(specs...)
+	if t.swept {
+		return
+	}
+	t.swept = true
+	var gone []string
+	for _, be := range t.bal.Snapshot().Backends {
+		if balancer.RankServer(be.ID) == t.spec.ID && !slices.ContainsFunc(specs, func(s balancer.Spec) bool { return s.ID == be.ID }) {
+			gone = append(gone, be.ID)
+		}
+	}
+	if len(gone) > 0 {
+		t.bal.Remove(gone...)
+	}
 }
 
 // followKVEvents subscribes the published backend id to the KV-cache
