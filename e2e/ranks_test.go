@@ -2,8 +2,10 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -11,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/llmlb/llmlb/proxy"
 	"github.com/llmlb/llmlb/scrape"
@@ -157,5 +160,94 @@ func TestOneEngineServerGetsNoRankHeader(t *testing.T) {
 	}
 	if rs.counts != 2 {
 		t.Errorf("server saw %d generations, want 2", rs.counts)
+	}
+}
+
+// rankPublishers starts one KV-event publisher per rank of n, as vLLM's
+// ranks publish: rank r on base port + r, its replay socket on replay
+// base + r. It returns the base endpoints.
+func rankPublishers(t *testing.T, n, blockSize int) (pubs []*sim.KVPublisher, endpoint, replay string) {
+	t.Helper()
+	free := func() int {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		return ln.Addr().(*net.TCPAddr).Port
+	}
+	for range 20 { // a port taken meanwhile: try other bases
+		ep, rp := free(), free()
+		if ep+n > 65535 || rp+n > 65535 || (rp < ep+n && ep < rp+n) {
+			continue
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		pubs = pubs[:0]
+		ok := true
+		for r := range n {
+			p, err := sim.NewKVPublisher(ctx, "127.0.0.1:"+strconv.Itoa(ep+r), "127.0.0.1:"+strconv.Itoa(rp+r), blockSize)
+			if err != nil {
+				ok = false
+				break
+			}
+			pubs = append(pubs, p)
+		}
+		if ok {
+			t.Cleanup(cancel)
+			return pubs, "tcp://127.0.0.1:" + strconv.Itoa(ep), "tcp://127.0.0.1:" + strconv.Itoa(rp)
+		}
+		cancel()
+	}
+	t.Fatal("no free consecutive ports")
+	return nil, "", ""
+}
+
+// TestRankKVEventsFollowedPerRank: a server of four ranks whose engines
+// publish KV events on consecutive ports, as vLLM's do, is followed rank
+// by rank: what each rank caches arrives at that rank's backend.
+func TestRankKVEventsFollowedPerRank(t *testing.T) {
+	ecfg, err := sim.Preset("h100-8b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 4
+	pubs, ep, rp := rankPublishers(t, n, ecfg.BlockSize)
+	ranks := make([]sim.Model, n)
+	for i := range ranks {
+		live := sim.NewLive(ecfg, 100)
+		live.PublishKV(pubs[i])
+		ranks[i] = live
+	}
+	s, err := sim.NewDataParallelServer(sim.ServerConfig{Model: testModel}, ranks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(srv.Close)
+	cfg := testConfig(nil)
+	cfg.Backends = []scrape.BackendConfig{{URL: srv.URL, DataParallelSize: n, KVEvents: ep, KVEventsReplay: rp}}
+	inst := startTest(t, cfg, n)
+
+	for r := range n {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/completions",
+			strings.NewReader(completion(strings.Repeat(fmt.Sprintf("rank %d holds this document; ", r), 100), 2)))
+		req.Header.Set("X-data-parallel-rank", strconv.Itoa(r))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	if !waitFor(time.Minute, func() bool {
+		ss := scrapeAdmin(t, inst.AdminAddr)
+		for r := range n {
+			if got, _ := sum(ss, "llmlb_kv_event_blocks", `backend="`+srv.URL+`#rank=`+strconv.Itoa(r)+`"`); got < 1 {
+				return false
+			}
+		}
+		return true
+	}) {
+		t.Errorf("not every rank's blocks arrived at its backend: %v", scrapeAdmin(t, inst.AdminAddr)["llmlb_kv_event_blocks"])
 	}
 }
