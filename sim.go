@@ -14,7 +14,7 @@ import (
 
 // cmdSim runs emulated model servers until ctx ends.
 func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("sim", "llmlb sim [--engine vllm] [--preset h100-8b] [--listen ADDR] [--model NAME] [--lora a,b] [--max-lora N] [--speed X] [--count N] [--fault KIND[:k=v,...],... [--fault-on 0,2]]", stderr)
+	fs := newFlagSet("sim", "llmlb sim [--engine vllm] [--preset h100-8b] [--listen ADDR] [--model NAME] [--lora a,b] [--max-lora N] [--speed X] [--count N] [--data-parallel-size N [--data-parallel-start-rank R]] [--fault KIND[:k=v,...],... [--fault-on 0,2]]", stderr)
 	engine := fs.String("engine", "vllm", "engine flavour to emulate: vllm, sglang, triton-tensorrt-llm or trtllm-serve")
 	preset := fs.String("preset", "h100-8b", "engine model preset: "+strings.Join(sim.PresetNames(), ", "))
 	listen := fs.String("listen", "127.0.0.1:8001", "address of the first server; --count servers take consecutive ports")
@@ -22,6 +22,8 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	lora := fs.String("lora", "", "comma-separated LoRA adapter names served on top of the model")
 	speed := fs.Float64("speed", 1, "run this many times faster than real time")
 	count := fs.Int("count", 1, "number of servers to start")
+	dpSize := fs.Int("data-parallel-size", 1, "data-parallel ranks each server runs behind its port (vllm only), its metrics labelled engine=\"<rank>\" and X-data-parallel-rank honoured, as vllm serve --data-parallel-size")
+	dpStart := fs.Int("data-parallel-start-rank", 0, "global rank of each server's first rank, as vllm serve --data-parallel-start-rank")
 	maxLoRA := fs.Int("max-lora", 0, "adapters a batch may use at once (0: the preset's)")
 	kinds := strings.ReplaceAll(strings.Trim(fmt.Sprint(sim.FaultKinds()), "[]"), " ", ", ") // a list of one-word names
 	faultSpec := fs.String("fault", "", "faults to show, e.g. die-mid-stream:after=5s,for=10s (kinds: "+kinds+"); switch them at runtime with PUT /sim/faults")
@@ -52,7 +54,10 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return errors.New("sim: --count must be at least 1")
 	}
 	ecfg.CacheOnCompute = sim.CachesOnCompute(*engine)
-	fc := sim.FleetConfig{Server: sim.ServerConfig{Engine: *engine, Model: *model}, Speed: *speed, Listen: *listen, Faults: faults, FaultOn: faultOn}
+	if *dpSize < 1 {
+		return errors.New("sim: --data-parallel-size must be at least 1")
+	}
+	fc := sim.FleetConfig{Server: sim.ServerConfig{Engine: *engine, Model: *model, DataParallelStartRank: *dpStart}, DataParallelSize: *dpSize, Speed: *speed, Listen: *listen, Faults: faults, FaultOn: faultOn}
 	if *lora != "" {
 		fc.Server.Adapters = strings.Split(*lora, ",")
 	}
@@ -65,6 +70,9 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	for i, u := range fleet.URLs {
 		fmt.Fprintf(stdout, "sim: %s (%s, x%g) serving %s at %s", *engine, *preset, *speed, *model, u)
+		if *dpSize > 1 {
+			fmt.Fprintf(stdout, " with data-parallel ranks %d-%d", *dpStart, *dpStart+*dpSize-1)
+		}
 		if slices.Contains(faultOn, i) && len(faults) > 0 {
 			fmt.Fprint(stdout, " with faults "+faults.String())
 		}

@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -98,6 +99,17 @@ type Backend struct {
 	// backend gets requests only when no fresh one can serve.
 	Stale bool
 
+	// Ranked reports that the backend is one data-parallel rank of a
+	// server that runs several engines behind one port (vllm serve
+	// --data-parallel-size): each rank is a backend of its own, with its
+	// own queue, KV cache and prefix index, and every request sent to it
+	// carries X-data-parallel-rank: Rank, the global rank, which is what
+	// vLLM reads (vllm-project/router #210: local ranks misroute). A bool
+	// beside Rank, since rank 0 is a rank and the zero Backend has none.
+	Ranked bool
+	// Rank is the global data-parallel rank; meaningless unless Ranked.
+	Rank int
+
 	// Ledger holds the counters that outlive snapshots. Never nil in a
 	// published snapshot.
 	Ledger *Ledger
@@ -185,3 +197,22 @@ func (b *Backend) Serves(model string) bool {
 
 // ModelsKnown reports whether b's model list is known, configured or learned.
 func (b *Backend) ModelsKnown() bool { return b.Models != nil }
+
+// rankMark separates a server's ID from the rank in a rank's ID.
+const rankMark = "#rank="
+
+// RankID returns the ID of the data-parallel rank of the server whose ID
+// is server: server#rank=<rank>. A URL has no fragment when used as a
+// backend, so the mark cannot clash with a configured URL's ID.
+func RankID(server string, rank int) string {
+	return server + rankMark + strconv.Itoa(rank)
+}
+
+// RankServer returns the ID of the server a rank's ID names, or id itself
+// when it names no rank.
+func RankServer(id string) string {
+	if i := strings.LastIndex(id, rankMark); i >= 0 {
+		return id[:i]
+	}
+	return id
+}

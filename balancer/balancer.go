@@ -123,6 +123,10 @@ type Spec struct {
 	Labels   map[string]string // from config, for operators (see Backend.Labels)
 	Metrics  Metrics           // last good reading; zero At before the first
 	Stale    bool              // Metrics is too old to trust
+	// Ranked and Rank: see Backend.Ranked. A ranked spec with no Name is
+	// named after its server: the server's default name and /r<Rank>.
+	Ranked bool
+	Rank   int
 }
 
 // Snapshot is an immutable view of every backend. Readers may use it from any
@@ -263,10 +267,15 @@ func (b *Balancer) Update(specs ...Spec) {
 			Labels:   s.Labels,
 			Metrics:  s.Metrics,
 			Stale:    s.Stale,
+			Ranked:   s.Ranked,
+			Rank:     s.Rank,
 			Since:    now,
 			Ledger:   l,
 		}
-		if nb.Name == "" {
+		switch {
+		case nb.Name == "" && s.Ranked:
+			nb.Name = b.nameLocked(RankServer(s.ID)) + "/r" + strconv.Itoa(s.Rank)
+		case nb.Name == "":
 			nb.Name = b.nameLocked(s.ID)
 		}
 		if old != nil {

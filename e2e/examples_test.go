@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -465,5 +466,84 @@ func TestDeploymentFiles(t *testing.T) {
 	}
 	if len(used) < 20 {
 		t.Errorf("the dashboard graphs only %d metrics", len(used))
+	}
+}
+
+// TestComposeDataParallelExample: the data-parallel compose file parses;
+// llmlb's published ports are the ones its mounted config listens on; its
+// one backend is the vLLM service at the port it serves on, whose
+// --data-parallel-size is the number of GPUs it reserves and the config's
+// data_parallel_size; the ranks' KV events are followed at the endpoint
+// the server publishes on, its replay ports clear of the event ports.
+func TestComposeDataParallelExample(t *testing.T) {
+	docs := readYAML(t, "../examples/compose-data-parallel.yaml")
+	if len(docs) != 1 {
+		t.Fatalf("%d documents", len(docs))
+	}
+	services, _ := docs[0]["services"].(map[string]any)
+	lb := services["llmlb"]
+	var mount string
+	for _, v := range dig(lb, "volumes").([]any) {
+		if s := v.(string); strings.HasSuffix(s, ":/etc/llmlb/config.yaml:ro") {
+			mount = strings.TrimSuffix(s, ":/etc/llmlb/config.yaml:ro")
+		}
+	}
+	b, err := os.ReadFile(filepath.Join("../examples", mount))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := loadExampleConfig(t, mount, string(b))
+	ports := dig(lb, "ports").([]any)
+	wantPorts := []any{strconv.Itoa(port(t, cfg.Listen)) + ":" + strconv.Itoa(port(t, cfg.Listen)),
+		"127.0.0.1:" + strconv.Itoa(port(t, cfg.Admin.Listen)) + ":" + strconv.Itoa(port(t, cfg.Admin.Listen))}
+	if !slices.Equal(ports, wantPorts) {
+		t.Errorf("llmlb ports %v, want %v", ports, wantPorts)
+	}
+	if len(cfg.Backends) != 1 {
+		t.Fatalf("%d backends, want the one data-parallel server", len(cfg.Backends))
+	}
+	be := cfg.Backends[0]
+	host, p, err := net.SplitHostPort(strings.TrimPrefix(be.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, ok := services[host]
+	if !ok {
+		t.Fatalf("backend %s: no compose service %q", be.URL, host)
+	}
+	cmd := toStrings(dig(svc, "command"))
+	if !slices.Contains(cmd, "--port="+p) {
+		t.Errorf("service %s does not serve on port %s: %v", host, p, cmd)
+	}
+	size := 0
+	var kvConfig string
+	for _, a := range cmd {
+		if v, ok := strings.CutPrefix(a, "--data-parallel-size="); ok {
+			size, _ = strconv.Atoi(v)
+		}
+		if v, ok := strings.CutPrefix(a, "--kv-events-config="); ok {
+			kvConfig = v
+		}
+	}
+	gpus := dig(svc, "deploy", "resources", "reservations", "devices", 0, "device_ids").([]any)
+	if size < 2 || len(gpus) != size || be.DataParallelSize != size {
+		t.Errorf("--data-parallel-size=%d, %d GPUs reserved, data_parallel_size %d: want one rank per GPU, alike", size, len(gpus), be.DataParallelSize)
+	}
+	var kv struct {
+		Endpoint string `json:"endpoint"`
+		Replay   string `json:"replay_endpoint"`
+	}
+	if err := json.Unmarshal([]byte(kvConfig), &kv); err != nil {
+		t.Fatalf("--kv-events-config: %v", err)
+	}
+	portOf := func(ep string) int {
+		n, _ := strconv.Atoi(ep[strings.LastIndexByte(ep, ':')+1:])
+		return n
+	}
+	if portOf(be.KVEvents) != portOf(kv.Endpoint) || portOf(be.KVEventsReplay) != portOf(kv.Replay) {
+		t.Errorf("kv_events %s and %s, server publishes at %s and %s", be.KVEvents, be.KVEventsReplay, kv.Endpoint, kv.Replay)
+	}
+	if e, r := portOf(kv.Endpoint), portOf(kv.Replay); r < e+size && e < r+size {
+		t.Errorf("ranks' event ports %d+ and replay ports %d+ overlap over %d ranks", e, r, size)
 	}
 }

@@ -17,16 +17,19 @@ import (
 
 // BackendStatus is one backend as GET /debug/backends shows it.
 type BackendStatus struct {
-	ID          string             `json:"id"`
-	Name        string             `json:"name"` // what clients see in x-llmlb-backend
-	URL         string             `json:"url"`
-	Engine      string             `json:"engine"`
-	Models      []string           `json:"models"`
-	Adapters    []balancer.Adapter `json:"adapters"`
-	State       balancer.State     `json:"state"`
-	Reason      string             `json:"reason,omitempty"`
-	Warning     string             `json:"warning,omitempty"`
-	Labels      map[string]string  `json:"labels,omitempty"`
+	ID       string             `json:"id"`
+	Name     string             `json:"name"` // what clients see in x-llmlb-backend
+	URL      string             `json:"url"`
+	Engine   string             `json:"engine"`
+	Models   []string           `json:"models"`
+	Adapters []balancer.Adapter `json:"adapters"`
+	State    balancer.State     `json:"state"`
+	Reason   string             `json:"reason,omitempty"`
+	Warning  string             `json:"warning,omitempty"`
+	Labels   map[string]string  `json:"labels,omitempty"`
+	// Rank is the global data-parallel rank of a backend that is one rank
+	// of its server (balancer.Backend.Ranked); absent for the others.
+	Rank        *int               `json:"data_parallel_rank,omitempty"`
 	Ejections   int                `json:"ejections_total"`
 	Ejection    *balancer.Ejection `json:"ejection,omitempty"` // passive health's ejection; absent when in rotation
 	Since       time.Time          `json:"since"`
@@ -43,7 +46,12 @@ func Statuses(snap *balancer.Snapshot) []BackendStatus {
 	out := make([]BackendStatus, 0, len(snap.Backends))
 	for _, be := range snap.Backends {
 		ej := be.Ledger.Ejection()
+		var rank *int
+		if be.Ranked {
+			rank = &be.Rank
+		}
 		out = append(out, BackendStatus{
+			Rank:        rank,
 			ID:          be.ID,
 			Name:        be.Name,
 			URL:         be.URL.String(),

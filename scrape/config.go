@@ -61,6 +61,18 @@ type BackendConfig struct {
 	// MetricsPath overrides the engine's metrics path; "none" turns
 	// scraping off for this backend.
 	MetricsPath string `mapstructure:"metrics_path"`
+	// DataParallelSize is the number of data-parallel ranks the server
+	// serves behind its one port (vllm serve --data-parallel-size, or
+	// --data-parallel-size-local on a node of several): each rank is then
+	// a backend of its own, named <name>/r<rank>, and requests to it carry
+	// X-data-parallel-rank. 0 detects the ranks from the metrics page:
+	// more than one value of vLLM's engine label. (default 0)
+	DataParallelSize int `mapstructure:"data_parallel_size"`
+	// DataParallelStartRank is the global rank of the server's first
+	// rank (vllm serve --data-parallel-start-rank), for a node that is
+	// not the first; vLLM reads the header as the global rank. Only with
+	// data_parallel_size. (default 0)
+	DataParallelStartRank int `mapstructure:"data_parallel_start_rank"`
 	// Labels name the backend for operators, e.g. gpu: h100; they are
 	// shown on the status page and in /debug/backends and change no
 	// routing. Empty means none.
@@ -303,6 +315,14 @@ func ValidateBackends(bs []BackendConfig, engines []string) error {
 				errs = append(errs, fmt.Errorf("%s.models[%d]: must not be empty", field, j))
 			}
 		}
+		switch {
+		case b.DataParallelSize < 0:
+			errs = append(errs, fmt.Errorf("%s.data_parallel_size: must not be negative, got %d", field, b.DataParallelSize))
+		case b.DataParallelStartRank < 0:
+			errs = append(errs, fmt.Errorf("%s.data_parallel_start_rank: must not be negative, got %d", field, b.DataParallelStartRank))
+		case b.DataParallelStartRank > 0 && b.DataParallelSize == 0:
+			errs = append(errs, fmt.Errorf("%s.data_parallel_start_rank: set without data_parallel_size", field))
+		}
 		if b.HealthPath != "" && !strings.HasPrefix(b.HealthPath, "/") {
 			errs = append(errs, fmt.Errorf("%s.health_path: must start with /, got %q", field, b.HealthPath))
 		}
@@ -351,6 +371,9 @@ func checkBackendURL(s string) (*url.URL, error) {
 	}
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("%q must be an http:// or https:// URL with a host", s)
+	}
+	if u.Fragment != "" {
+		return nil, fmt.Errorf("%q has a fragment (#...), which a server never sees", s)
 	}
 	if p := strings.TrimRight(u.Path, "/"); p == "/v1" || strings.HasSuffix(p, "/v1") {
 		base := *u

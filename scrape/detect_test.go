@@ -74,7 +74,6 @@ func autoTarget(t *testing.T, bc BackendConfig, logger *slog.Logger) (*Target, *
 		t.Fatal(err)
 	}
 	tg := m.running[bc.URL].target
-	tg.ledger = bal.Ledger(tg.spec.ID)
 	return tg, bal
 }
 
@@ -194,7 +193,6 @@ func TestDeclaredEngineThatMatchesIsLeftAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	tg := m.running[srv.URL].target
-	tg.ledger = bal.Ledger(srv.URL)
 	tg.round(context.Background())
 	if be := only(t, bal); be.Engine != "mine" || be.Warning != "" || !be.Metrics.Queued.Known {
 		t.Errorf("engine %q, warning %q, queued %v: want mine, none, known", be.Engine, be.Warning, be.Metrics.Queued)

@@ -53,6 +53,9 @@ type Engine struct {
 	NumBlocks      Alternatives
 	NumBlocksLabel string
 	LoRA           Alternatives
+	// RankLabel is the label whose value is a series' data-parallel rank
+	// (vLLM's engine); "" when the engine labels none.
+	RankLabel string
 
 	needed map[string]bool // every metric name a spec names
 }
@@ -234,6 +237,7 @@ func compileEngine(name string, cfg EngineConfig) (*Engine, error) {
 		MetricsPath:    deref(cfg.MetricsPath),
 		BlockSizeLabel: deref(cfg.BlockSizeLabel),
 		NumBlocksLabel: deref(cfg.NumBlocksLabel),
+		RankLabel:      rankLabels[name],
 		needed:         map[string]bool{},
 	}
 	if cfg.MetricsPath == nil {

@@ -30,6 +30,11 @@ type Reading struct {
 	// Used maps each signal found to the spec that matched it, which tells
 	// which alternative was read.
 	Used map[string]string
+	// Ranks holds each data-parallel rank's own metrics, by global rank,
+	// when the page labels its series with ranks (see
+	// [Engine.RankLabel]); nil when it does not. Metrics is then the
+	// whole server's: counts summed, fractions averaged over the ranks.
+	Ranks map[int]balancer.Metrics
 }
 
 // MissingExpected returns the signals of r.Missing that the backend should
@@ -52,22 +57,46 @@ func (r Reading) MissingExpected(servesAdapters bool) []string {
 // summary families are never read as gauges. at is recorded as the reading
 // time.
 func (e *Engine) Extract(page []byte, at time.Time) (Reading, error) {
+	fams, err := e.parse(page)
+	if err != nil {
+		return Reading{}, err
+	}
+	r := e.read(fams, at, nil)
+	e.readRanks(fams, e.pageRanks(fams), &r)
+	return r, nil
+}
+
+// parse filters page to e's families (see [Engine.Extract]) and parses it.
+func (e *Engine) parse(page []byte) (map[string]*dto.MetricFamily, error) {
 	if !hasSample(page) {
-		return Reading{}, ErrNoData
+		return nil, ErrNoData
 	}
 	p := expfmt.NewTextParser(model.LegacyValidation)
 	fams, err := p.TextToMetricFamilies(bytes.NewReader(e.filter(page)))
 	if err != nil {
-		return Reading{}, fmt.Errorf("parse metrics: %w", err)
+		return nil, fmt.Errorf("parse metrics: %w", err)
 	}
+	return fams, nil
+}
+
+// read reads e's signals from parsed families, from the series keep
+// accepts (every series when keep is nil).
+func (e *Engine) read(fams map[string]*dto.MetricFamily, at time.Time, keep func(*dto.Metric) bool) Reading {
 	r := Reading{Metrics: balancer.Metrics{At: at}, Used: map[string]string{}}
+	match := func(s Spec) []*dto.Metric {
+		ms := matching(fams, s)
+		if keep != nil {
+			ms = slices.DeleteFunc(ms, func(m *dto.Metric) bool { return !keep(m) })
+		}
+		return ms
+	}
 	for _, sig := range e.numericSignals() {
 		if len(sig.alts) == 0 {
 			continue
 		}
 		found := false
 		for _, s := range sig.alts {
-			if v, ok := aggregate(matching(fams, s), sig.label, sig.fold); ok {
+			if v, ok := aggregate(match(s), sig.label, sig.fold); ok {
 				*sig.field(&r.Metrics) = v
 				r.Used[sig.name] = s.String()
 				found = true
@@ -80,7 +109,7 @@ func (e *Engine) Extract(page []byte, at time.Time) (Reading, error) {
 	}
 	if len(e.LoRA) > 0 {
 		for _, s := range e.LoRA {
-			if series := matching(fams, s); len(series) > 0 {
+			if series := match(s); len(series) > 0 {
 				r.Metrics.LoRA = newestLoRA(series)
 				r.Used[SignalLoRA] = s.String()
 				break
@@ -91,7 +120,7 @@ func (e *Engine) Extract(page []byte, at time.Time) (Reading, error) {
 		}
 	}
 	slices.Sort(r.Missing)
-	return r, nil
+	return r
 }
 
 // filter keeps the lines of page that belong to families e reads: their

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -87,6 +88,14 @@ func (t *Target) accept(r Reading) {
 	t.lastGood = r.Metrics.At
 	t.spec.Metrics = r.Metrics
 	t.spec.Stale = false
+	t.rankMetrics = r.Ranks
+	switch {
+	case t.fixedRanks != nil:
+	case len(r.Ranks) > 1: // one rank needs no header: the server has one engine
+		t.setRanks(slices.Sorted(maps.Keys(r.Ranks)))
+	default:
+		t.setRanks(nil)
+	}
 	t.reportMissing(r)
 }
 

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 
 	"github.com/llmlb/llmlb/balancer"
 )
@@ -41,29 +42,33 @@ func (t *Target) probeRound(ctx context.Context) {
 // check, then a short streaming completion that must end whole. It runs on
 // the scrape tick, so a backend returns within a scrape interval of its
 // time.
+// Each data-parallel rank is ejected and readmitted on its own, its
+// completion sent to that rank.
 func (t *Target) readmit(ctx context.Context) {
-	if !t.ledger.ReadmitDue(t.now()) {
-		return
+	for _, s := range t.specs() {
+		if !t.ledgerOf(s.ID).ReadmitDue(t.now()) {
+			continue
+		}
+		err := t.probe(ctx)
+		if err == nil {
+			t.failures = 0
+			err = t.probeGeneration(ctx, s)
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			t.logger.Debug("ejected backend not readmitted", "backend", s.ID, "err", err)
+		}
+		t.bal.Probed(s.ID, err == nil)
 	}
-	err := t.probe(ctx)
-	if err == nil {
-		t.failures = 0
-		err = t.probeGeneration(ctx)
-	}
-	if ctx.Err() != nil {
-		return
-	}
-	if err != nil {
-		t.logger.Debug("ejected backend not readmitted", "backend", t.spec.ID, "err", err)
-	}
-	t.bal.Probed(t.spec.ID, err == nil)
 }
 
 // probeGeneration asks the backend for a streaming completion of
 // ReadmitTokens tokens and reads it to its [DONE]: what users get, not
 // what the health route says. A backend whose models are not known yet,
 // or with ReadmitTokens 0, is not asked.
-func (t *Target) probeGeneration(ctx context.Context) error {
+func (t *Target) probeGeneration(ctx context.Context, s balancer.Spec) error {
 	if t.cfg.ReadmitTokens == 0 || len(t.spec.Models) == 0 {
 		return nil
 	}
@@ -77,6 +82,9 @@ func (t *Target) probeGeneration(ctx context.Context) error {
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if s.Ranked {
+		req.Header.Set("X-data-parallel-rank", strconv.Itoa(s.Rank))
+	}
 	resp, err := t.client.Do(req)
 	if err != nil {
 		return err

@@ -145,7 +145,7 @@ func NewManager(s Setup) (*Manager, error) {
 		if g.static != nil {
 			t := newTarget(m.cfg, g.bc.URL, g.static, g, m.deps)
 			m.running[g.bc.URL] = &member{group: g.index, target: t}
-			specs = append(specs, t.spec)
+			specs = append(specs, t.specs()...)
 		}
 	}
 	m.groups = groups
@@ -261,7 +261,7 @@ func (m *Manager) Reload(backends []BackendConfig, engines EngineSet, defaultEng
 			mb := &member{group: g.index, target: t}
 			m.running[id] = mb
 			if after == nil {
-				m.deps.bal.Update(t.spec)
+				m.deps.bal.Update(t.specs()...)
 			}
 			m.startLocked(m.runCtx, mb, after, after != nil)
 		}
@@ -335,7 +335,7 @@ func (m *Manager) startLocked(ctx context.Context, mb *member, after <-chan stru
 			}
 		}
 		if publish {
-			m.deps.bal.Update(mb.target.spec)
+			m.deps.bal.Update(mb.target.specs()...)
 		}
 		mb.target.Run(tctx)
 	}()
@@ -403,12 +403,23 @@ func (m *Manager) drainLocked(ctx context.Context, id string, mb *member) {
 		if dctx.Err() != nil {
 			return // it came back before the drain began
 		}
-		spec := mb.target.spec // the watcher, its only writer, has stopped
-		spec.State, spec.Reason = balancer.StateDraining, "left discovery"
-		m.deps.bal.Update(spec)
-		ledger := mb.target.ledger
-		m.deps.logger.Info("backend draining", "backend", id, "in_flight", ledger.InFlight())
-		for ledger.InFlight() > 0 {
+		specs := mb.target.specs() // the watcher, their only writer, has stopped
+		ids := make([]string, len(specs))
+		ledgers := make([]*balancer.Ledger, len(specs))
+		for i := range specs {
+			specs[i].State, specs[i].Reason = balancer.StateDraining, "left discovery"
+			ids[i], ledgers[i] = specs[i].ID, m.deps.bal.Ledger(specs[i].ID)
+		}
+		m.deps.bal.Update(specs...)
+		inFlight := func() int64 {
+			var n int64
+			for _, l := range ledgers {
+				n += l.InFlight()
+			}
+			return n
+		}
+		m.deps.logger.Info("backend draining", "backend", id, "in_flight", inFlight())
+		for inFlight() > 0 {
 			select {
 			case <-dctx.Done():
 				return
@@ -419,7 +430,7 @@ func (m *Manager) drainLocked(ctx context.Context, id string, mb *member) {
 		defer m.mu.Unlock()
 		if m.running[id] == mb && dctx.Err() == nil {
 			delete(m.running, id)
-			m.deps.bal.Remove(id)
+			m.deps.bal.Remove(ids...)
 			m.deps.logger.Info("backend removed", "backend", id)
 		}
 	}()

@@ -38,10 +38,15 @@ type Target struct {
 	kvEndpoint  string          // where the backend publishes them; "" none
 	kvReplay    string
 
-	engine       *Engine // the row the page is read with; nil until detected
-	metricsURL   string  // engine's page; empty: scraping off
+	fixedRanks   []int // the configured data-parallel ranks; nil: detect them
+	ranks        []int // the ranks published, sorted; nil: the server is one backend
+	rankMetrics  map[int]balancer.Metrics
+	ledgers      map[string]*balancer.Ledger // by published ID
+	kvSubs       map[string]func()           // KV-event subscriptions by published ID; their stop funcs
+	swept        bool                        // publish has removed what an earlier watcher left
+	engine       *Engine                     // the row the page is read with; nil until detected
+	metricsURL   string                      // engine's page; empty: scraping off
 	spec         balancer.Spec
-	ledger       *balancer.Ledger
 	failures     int       // consecutive failed health probes
 	modelsAt     time.Time // last successful /v1/models
 	modelsFailed bool      // the last /v1/models failed (for logging transitions)
@@ -74,6 +79,9 @@ func newTarget(cfg Config, id string, u *url.URL, g *group, d deps) *Target {
 		configured:  len(bc.Models) > 0,
 		now:         d.now,
 		kv:          d.kv,
+		fixedRanks:  rankRange(bc.DataParallelStartRank, bc.DataParallelSize),
+		ledgers:     map[string]*balancer.Ledger{},
+		kvSubs:      map[string]func(){},
 		spec: balancer.Spec{
 			ID:     id,
 			Name:   bc.Name,
@@ -86,6 +94,7 @@ func newTarget(cfg Config, id string, u *url.URL, g *group, d deps) *Target {
 	if t.metricsPath == "none" {
 		t.metricsPath = ""
 	}
+	t.ranks = t.fixedRanks
 	if d.kv != nil {
 		ev, rp := cfg.KVEvents, cfg.KVEventsReplay
 		if bc.KVEvents != "" {
@@ -138,17 +147,14 @@ func (t *Target) jitter() time.Duration {
 // scrape interval until ctx ends.
 func (t *Target) Run(ctx context.Context) {
 	defer t.clearMismatch() // a reload restarts a changed backend under the same ID
-	t.ledger = t.bal.Ledger(t.spec.ID)
-	if t.kv != nil && t.kvEndpoint != "" {
-		stop := t.followKVEvents(ctx)
-		defer stop()
-	}
+	defer t.stopKVEvents()
 	t.probeRound(ctx)
 	t.scrape(ctx)
 	if ctx.Err() != nil {
 		return
 	}
 	t.publish()
+	t.syncKVEvents(ctx)
 	health := time.NewTimer(t.offset(t.cfg.HealthInterval))
 	defer health.Stop()
 	scrape := time.NewTimer(t.jitter())
@@ -169,47 +175,66 @@ func (t *Target) Run(ctx context.Context) {
 			return
 		}
 		t.publish()
+		t.syncKVEvents(ctx)
 	}
 }
 
-// publish hands the backend's state to the balancer.
+// publish hands the backend's state to the balancer: one spec, or one
+// per data-parallel rank. The first time, it also removes what an earlier
+// watcher of the same server published and this one does not (a reload
+// that changed data_parallel_size), since no one else would.
 func (t *Target) publish() {
-	t.bal.Update(t.spec)
+	specs := t.specs()
+	t.bal.Update(specs...)
+	if t.swept {
+		return
+	}
+	t.swept = true
+	var gone []string
+	for _, be := range t.bal.Snapshot().Backends {
+		if balancer.RankServer(be.ID) == t.spec.ID && !slices.ContainsFunc(specs, func(s balancer.Spec) bool { return s.ID == be.ID }) {
+			gone = append(gone, be.ID)
+		}
+	}
+	if len(gone) > 0 {
+		t.bal.Remove(gone...)
+	}
 }
 
-// followKVEvents subscribes to the backend's KV-cache events for as long as
-// ctx lasts; the returned func waits for the subscription to end and
+// followKVEvents subscribes the published backend id to the KV-cache
+// events published at endpoint (replay its replay socket) for as long as
+// ctx lasts; the returned func ends the subscription, waits for it and
 // forgets what it learned, since a backend watched again (a reload, a
 // rediscovery) starts from nothing.
-func (t *Target) followKVEvents(ctx context.Context) (stop func()) {
+func (t *Target) followKVEvents(ctx context.Context, id, endpoint, replay string) (stop func()) {
 	sub := &kvevents.Subscriber{
-		ID:       t.spec.ID,
-		Endpoint: t.kvEndpoint,
-		Replay:   t.kvReplay,
+		ID:       id,
+		Endpoint: endpoint,
+		Replay:   replay,
 		Topic:    t.cfg.KVEventsTopic,
 		Store:    t.kv,
-		Log:      t.logger.With("backend", t.spec.ID),
+		Log:      t.logger.With("backend", id),
 		OnBatch: func(int64, int) {
-			t.metrics.kvBatches.WithLabelValues(t.spec.ID).Inc()
-			t.metrics.kvBlocks.WithLabelValues(t.spec.ID).Set(float64(t.kv.Stats(t.spec.ID).Blocks))
+			t.metrics.kvBatches.WithLabelValues(id).Inc()
+			t.metrics.kvBlocks.WithLabelValues(id).Set(float64(t.kv.Stats(id).Blocks))
 		},
-		OnReset: func(reason string) { t.metrics.kvResets.WithLabelValues(t.spec.ID, reason).Inc() },
+		OnReset: func(reason string) { t.metrics.kvResets.WithLabelValues(id, reason).Inc() },
 	}
 	// Said once, since a subscription that never connects is silent: no
 	// batches (llmlb_kv_event_batches_total) is how it shows.
-	t.logger.Info("kv events: subscribing", "backend", t.spec.ID, "endpoint", sub.Endpoint, "replay", sub.Replay)
+	t.logger.Info("kv events: subscribing", "backend", id, "endpoint", sub.Endpoint, "replay", sub.Replay)
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		if err := sub.Run(ctx); err != nil && ctx.Err() == nil {
-			t.logger.Warn("kv events: subscription ended", "backend", t.spec.ID, "err", err)
+			t.logger.Warn("kv events: subscription ended", "backend", id, "err", err)
 		}
 	}()
 	return func() {
 		cancel()
 		<-done
-		t.kv.Forget(t.spec.ID)
-		t.metrics.kvBlocks.DeleteLabelValues(t.spec.ID)
+		t.kv.Forget(id)
+		t.metrics.kvBlocks.DeleteLabelValues(id)
 	}
 }

@@ -29,7 +29,6 @@ func testTarget(t *testing.T, cfg Config, bc BackendConfig, logger *slog.Logger)
 		t.Fatal(err)
 	}
 	tg := m.running[bc.URL].target
-	tg.ledger = bal.Ledger(tg.spec.ID)
 	return tg, bal
 }
 

@@ -17,6 +17,11 @@ type FleetConfig struct {
 	// Engines holds each server's engine model; the fleet has one server
 	// per entry.
 	Engines []EngineConfig
+	// DataParallelSize is the number of data-parallel ranks each server
+	// runs behind its port, each an engine of Engines' entry, from rank
+	// Server.DataParallelStartRank (see [NewDataParallelServer]).
+	// (default 1)
+	DataParallelSize int
 	// Speed runs the engines this many times faster than real time.
 	// (default 1)
 	Speed float64
@@ -33,7 +38,7 @@ type FleetConfig struct {
 // [StartFleet] and not changed after; Close stops every server.
 type Fleet struct {
 	URLs    []string // each server's base URL, http://host:port
-	Engines []*Live  // each server's engine, for its live statistics
+	Engines []*Live  // each server's engine (its first rank's), for its live statistics
 
 	servers []*http.Server
 	wg      sync.WaitGroup
@@ -60,7 +65,11 @@ func StartFleet(cfg FleetConfig) (*Fleet, error) {
 	f := &Fleet{}
 	for i, ecfg := range cfg.Engines {
 		live := NewLive(ecfg, speed)
-		s, err := NewServer(cfg.Server, live)
+		ranks := []Model{live}
+		for range cfg.DataParallelSize - 1 {
+			ranks = append(ranks, NewLive(ecfg, speed))
+		}
+		s, err := NewDataParallelServer(cfg.Server, ranks)
 		if err != nil {
 			f.Close()
 			return nil, err

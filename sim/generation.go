@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/cespare/xxhash/v2"
@@ -43,6 +44,46 @@ type generation struct {
 	prompt    []byte // the prompt text as the engine tokenizes it
 	continues string // the text the answer goes on from, or "" (see firstWord)
 	maxTokens int    // tokens to generate, at least 1
+	rank      string // the X-data-parallel-rank header, or ""
+}
+
+// rankHeader pins a request to a data-parallel rank; vLLM reads it as
+// the global rank, and ignores a value that is not an integer
+// (_get_data_parallel_rank in vllm/entrypoints/openai/engine/serving.py
+// at 619e4b31).
+const rankHeader = "X-data-parallel-rank"
+
+// pickRank returns the index in s.ranks of the engine a request runs on:
+// the rank its header names, else the one with the fewest requests
+// waiting and running, ties taken in turn. A rank the server does not
+// have is refused with 400, as vLLM's input processor refuses it
+// (vllm/v1/engine/input_processor.py at a1799180: "data_parallel_rank
+// %d is out of range [0, %d)."); the emulated server's range starts at
+// its own first rank.
+func (s *Server) pickRank(header string) (int, *refusal) {
+	start := s.cfg.DataParallelStartRank
+	if len(s.ranks) == 1 {
+		start = 0
+	}
+	if r, err := strconv.Atoi(header); header != "" && err == nil {
+		if r < start || r >= start+len(s.ranks) {
+			return 0, badRequest("", fmt.Sprintf("data_parallel_rank %d is out of range [%d, %d).", r, start, start+len(s.ranks)))
+		}
+		return r - start, nil
+	}
+	if len(s.ranks) == 1 {
+		return 0, nil
+	}
+	turn := int(s.spread.Add(1))
+	best, bestLoad := 0, -1
+	for k := range s.ranks {
+		i := (turn + k) % len(s.ranks)
+		st := s.ranks[i].Stats()
+		if load := st.Waiting + st.Running; bestLoad < 0 || load < bestLoad {
+			best, bestLoad = i, load
+		}
+	}
+	return best, nil
 }
 
 // refusal is a request the server turns down, in no API's wire format
@@ -82,6 +123,7 @@ func promptTokens(text []byte) int {
 // admitted is a generation the server took on.
 type admitted struct {
 	seq    int64 // the server's request number
+	engine int   // the index in Server.ranks of the engine that runs it
 	first  int   // the vocabulary index of the answer's first word
 	prompt int   // prompt tokens
 	job    Job
@@ -96,8 +138,12 @@ func (s *Server) admit(g generation) (admitted, *refusal) {
 			"This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion).",
 			s.cfg.MaxModelLen, prompt+g.maxTokens, prompt, g.maxTokens))
 	}
+	engine, rf := s.pickRank(g.rank)
+	if rf != nil {
+		return admitted{}, rf
+	}
 	seq := s.seq.Add(1)
-	return admitted{seq: seq, first: firstWord(g.continues, seq), prompt: prompt, job: Job{PromptTokens: prompt, MaxTokens: g.maxTokens,
+	return admitted{seq: seq, engine: engine, first: firstWord(g.continues, seq), prompt: prompt, job: Job{PromptTokens: prompt, MaxTokens: g.maxTokens,
 		Adapter: g.adapter, Prompt: g.prompt, Seed: xxhash.Sum64String(g.model)}}, nil
 }
 
@@ -107,7 +153,7 @@ func (s *Server) admit(g generation) (admitted, *refusal) {
 // [Model.Run]'s, errDie among them.
 func (s *Server) run(ctx context.Context, a admitted, token func(text string) error) (cached int, err error) {
 	n := 0
-	return s.model.Run(ctx, a.job, s.faultyEmit(ctx, func() error {
+	return s.ranks[a.engine].Run(ctx, a.job, s.faultyEmit(ctx, func() error {
 		t := word(a.first, n)
 		n++
 		return token(t)

@@ -238,7 +238,7 @@ func (s *Server) createMessage(w http.ResponseWriter, r *http.Request) {
 		writeAnthropic(w, badRequest("messages", err.Error()))
 		return
 	}
-	a, rf := s.admit(generation{model: req.Model, adapter: adapter, prompt: renderChat(turns), maxTokens: *req.MaxTokens})
+	a, rf := s.admit(generation{model: req.Model, adapter: adapter, prompt: renderChat(turns), maxTokens: *req.MaxTokens, rank: r.Header.Get(rankHeader)})
 	if rf != nil {
 		writeAnthropic(w, rf)
 		return

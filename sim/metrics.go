@@ -35,10 +35,7 @@ func RenderMetrics(engine, model string, lora bool, st Stats, now time.Time) str
 	}
 	histogram := func(name, labels string, count int64) {
 		family(name, "histogram", "Histogram of time to first token in seconds.")
-		fmt.Fprintf(&b, "%s_bucket{%s,le=\"0.1\"} %s\n", name, labels, formatFloat(float64(count)))
-		fmt.Fprintf(&b, "%s_bucket{%s,le=\"+Inf\"} %s\n", name, labels, formatFloat(float64(count)))
-		fmt.Fprintf(&b, "%s_count{%s} %s\n", name, labels, formatFloat(float64(count)))
-		fmt.Fprintf(&b, "%s_sum{%s} %s\n", name, labels, formatFloat(float64(count)*0.05))
+		histogramSamples(&b, name, labels, count)
 	}
 	switch engine {
 	case "sglang":
@@ -78,19 +75,60 @@ func RenderMetrics(engine, model string, lora bool, st Stats, now time.Time) str
 		one("trtllm_prompt_tokens_total", "counter", "Cumulative number of prompt (input) tokens processed.", l, float64(st.PromptTokens))
 		histogram("trtllm_time_to_first_token_seconds", l, st.GenerationTokens)
 	default: // vllm
-		l := fmt.Sprintf("engine=\"0\",model_name=%q", model)
-		one("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", l, float64(st.Running))
-		one("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", l, float64(st.Waiting))
-		one("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", l, st.KVUsage)
-		one("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", l, float64(st.PromptTokens))
-		one("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", l, float64(st.GenerationTokens))
-		histogram("vllm:time_to_first_token_seconds", l, st.GenerationTokens)
-		one("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig", fmt.Sprintf("block_size=\"%d\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",engine=\"0\",gpu_memory_utilization=\"0.9\",num_gpu_blocks=\"%d\"", st.BlockSize, st.NumBlocks), 1)
-		if lora {
-			family("vllm:lora_requests_info", "gauge", "Running stats on lora requests.")
-			sample("vllm:lora_requests_info", fmt.Sprintf("max_lora=\"%d\",running_lora_adapters=%q,waiting_lora_adapters=%q",
-				st.MaxLoRA, strings.Join(st.RunningAdapters, ","), strings.Join(st.WaitingAdapters, ",")), float64(now.UnixNano())/1e9)
-		}
+		writeVLLMPage(&b, model, lora, 0, []Stats{st}, now)
 	}
 	return b.String()
+}
+
+// RenderRankMetrics writes the vLLM page of a server of data-parallel
+// ranks: each family once, with one series per rank labelled
+// engine="<global rank>" (sts[i] is rank start+i), as vLLM's
+// PrometheusStatLogger labels them (vllm/v1/metrics/loggers.py at
+// a6f0308c).
+func RenderRankMetrics(model string, lora bool, start int, sts []Stats, now time.Time) string {
+	var b strings.Builder
+	writeVLLMPage(&b, model, lora, start, sts, now)
+	return b.String()
+}
+
+// writeVLLMPage writes a vLLM page, one series per rank.
+func writeVLLMPage(b *strings.Builder, model string, lora bool, start int, sts []Stats, now time.Time) {
+	family := func(name, typ, help string) {
+		fmt.Fprintf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, typ)
+	}
+	labels := func(i int) string { return fmt.Sprintf("engine=\"%d\",model_name=%q", start+i, model) }
+	gauge := func(name, typ, help string, v func(Stats) float64) {
+		family(name, typ, help)
+		for i, st := range sts {
+			fmt.Fprintf(b, "%s{%s} %s\n", name, labels(i), formatFloat(v(st)))
+		}
+	}
+	gauge("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", func(st Stats) float64 { return float64(st.Running) })
+	gauge("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", func(st Stats) float64 { return float64(st.Waiting) })
+	gauge("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", func(st Stats) float64 { return st.KVUsage })
+	gauge("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", func(st Stats) float64 { return float64(st.PromptTokens) })
+	gauge("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", func(st Stats) float64 { return float64(st.GenerationTokens) })
+	family("vllm:time_to_first_token_seconds", "histogram", "Histogram of time to first token in seconds.")
+	for i, st := range sts {
+		histogramSamples(b, "vllm:time_to_first_token_seconds", labels(i), st.GenerationTokens)
+	}
+	family("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig")
+	for i, st := range sts {
+		fmt.Fprintf(b, "vllm:cache_config_info{block_size=\"%d\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",engine=\"%d\",gpu_memory_utilization=\"0.9\",num_gpu_blocks=\"%d\"} 1.0\n",
+			st.BlockSize, start+i, st.NumBlocks)
+	}
+	if lora {
+		st := sts[0]
+		family("vllm:lora_requests_info", "gauge", "Running stats on lora requests.")
+		fmt.Fprintf(b, "vllm:lora_requests_info{max_lora=\"%d\",running_lora_adapters=%q,waiting_lora_adapters=%q} %s\n",
+			st.MaxLoRA, strings.Join(st.RunningAdapters, ","), strings.Join(st.WaitingAdapters, ","), formatFloat(float64(now.UnixNano())/1e9))
+	}
+}
+
+// histogramSamples writes a histogram's lines for one label set.
+func histogramSamples(b *strings.Builder, name, labels string, count int64) {
+	fmt.Fprintf(b, "%s_bucket{%s,le=\"0.1\"} %s\n", name, labels, formatFloat(float64(count)))
+	fmt.Fprintf(b, "%s_bucket{%s,le=\"+Inf\"} %s\n", name, labels, formatFloat(float64(count)))
+	fmt.Fprintf(b, "%s_count{%s} %s\n", name, labels, formatFloat(float64(count)))
+	fmt.Fprintf(b, "%s_sum{%s} %s\n", name, labels, formatFloat(float64(count)*0.05))
 }

@@ -140,7 +140,7 @@ func (s *Server) createResponse(w http.ResponseWriter, r *http.Request) {
 	if s.generationFault(w, r, writeVLLM) {
 		return
 	}
-	rec, a, rf := s.admitResponse(req, store)
+	rec, a, rf := s.admitResponse(req, store, r.Header.Get(rankHeader))
 	if rf != nil {
 		writeVLLM(w, rf)
 		return
@@ -188,7 +188,7 @@ func (s *Server) readResponsesRequest(r *http.Request) (*responsesRequest, bool,
 // admitResponse renders req's prompt, its instructions as a system turn,
 // the conversation of previous_response_id and its input, and admits it,
 // returning the response to be and the generation to run.
-func (s *Server) admitResponse(req *responsesRequest, store bool) (*storedResponse, admitted, *refusal) {
+func (s *Server) admitResponse(req *responsesRequest, store bool, rank string) (*storedResponse, admitted, *refusal) {
 	adapter, rf := s.lookupModel(req.Model)
 	if rf != nil {
 		return nil, admitted{}, rf
@@ -221,7 +221,7 @@ func (s *Server) admitResponse(req *responsesRequest, store bool) (*storedRespon
 	if maxTokens < 1 {
 		return nil, admitted{}, badRequest("max_output_tokens", "max_output_tokens must be at least 1, got "+strconv.Itoa(maxTokens)+".")
 	}
-	a, rf := s.admit(generation{model: req.Model, adapter: adapter, prompt: renderChat(turns), maxTokens: maxTokens})
+	a, rf := s.admit(generation{model: req.Model, adapter: adapter, prompt: renderChat(turns), maxTokens: maxTokens, rank: rank})
 	if rf != nil {
 		return nil, admitted{}, rf
 	}

@@ -30,13 +30,19 @@ type ServerConfig struct {
 	// VLLM_ENABLE_RESPONSES_API_STORE=1: store=true is then ignored and
 	// background refused. (default 10000)
 	MaxStoredResponses int
+	// DataParallelStartRank is the global rank of the server's first
+	// data-parallel rank (vllm serve --data-parallel-start-rank); a
+	// server of one rank ignores it. See [NewDataParallelServer].
+	// (default 0)
+	DataParallelStartRank int
 }
 
 // Server is an emulated model server. Its handler may be called
 // concurrently.
 type Server struct {
 	cfg     ServerConfig
-	model   Model
+	ranks   []Model // one engine per data-parallel rank, from DataParallelStartRank
+	spread  atomic.Uint64
 	created int64
 	seq     atomic.Int64 // request ids
 	// responses is the Responses API store; nil when the server keeps
@@ -50,9 +56,31 @@ type Server struct {
 
 // NewServer returns an emulated server that runs requests on m.
 func NewServer(cfg ServerConfig, m Model) (*Server, error) {
+	return NewDataParallelServer(cfg, []Model{m})
+}
+
+// NewDataParallelServer returns an emulated server that runs several
+// engines behind one port, as vllm serve --data-parallel-size
+// len(ranks) does: ranks[i] is global rank DataParallelStartRank+i, with
+// its own queue and KV cache, and its metrics are labelled
+// engine="<global rank>". A request with X-data-parallel-rank runs on
+// that rank; one without is spread by the server itself, to the rank with
+// the fewest requests (vLLM's DP coordinator balances on its engines'
+// queues), ties in turn. Only the vllm flavour serves more than one rank.
+func NewDataParallelServer(cfg ServerConfig, ranks []Model) (*Server, error) {
 	if err := checkEngine(cfg.Engine); err != nil {
 		return nil, err
 	}
+	if len(ranks) == 0 {
+		return nil, fmt.Errorf("sim: a server needs at least one engine")
+	}
+	if len(ranks) > 1 && cfg.Engine != "" && cfg.Engine != "vllm" {
+		return nil, fmt.Errorf("sim: data-parallel ranks are emulated for vllm only, not %s", cfg.Engine)
+	}
+	if cfg.DataParallelStartRank < 0 {
+		return nil, fmt.Errorf("sim: data-parallel start rank must not be negative, got %d", cfg.DataParallelStartRank)
+	}
+	m := ranks[0]
 	if cfg.Model == "" {
 		return nil, fmt.Errorf("sim: a model name is required")
 	}
@@ -67,7 +95,7 @@ func NewServer(cfg ServerConfig, m Model) (*Server, error) {
 		// hold; the emulation shrinks it instead.
 		cfg.MaxModelLen = min(cfg.MaxModelLen, c.Capacity())
 	}
-	s := &Server{cfg: cfg, model: m, created: time.Now().Unix(), faultsChanged: make(chan struct{})}
+	s := &Server{cfg: cfg, ranks: ranks, created: time.Now().Unix(), faultsChanged: make(chan struct{})}
 	switch {
 	case cfg.MaxStoredResponses == 0:
 		s.responses = newResponseStore(defaultMaxStoredResponses)
@@ -326,7 +354,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		vllmError(w, http.StatusBadRequest, "BadRequestError", "max_tokens", "max_tokens must be at least 1, got "+strconv.Itoa(maxTokens)+".")
 		return
 	}
-	a, rf := s.admit(generation{model: g.Model, adapter: adapter, prompt: text, continues: continues, maxTokens: maxTokens})
+	a, rf := s.admit(generation{model: g.Model, adapter: adapter, prompt: text, continues: continues, maxTokens: maxTokens, rank: r.Header.Get(rankHeader)})
 	if rf != nil {
 		writeVLLM(w, rf)
 		return
@@ -430,7 +458,14 @@ func (s *Server) models(w http.ResponseWriter, r *http.Request) {
 // metrics serves the engine's Prometheus page for the model's state.
 func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	page := func() string {
-		return RenderMetrics(s.cfg.Engine, s.cfg.Model, len(s.cfg.Adapters) > 0, s.model.Stats(), time.Now())
+		if len(s.ranks) > 1 {
+			sts := make([]Stats, len(s.ranks))
+			for i, m := range s.ranks {
+				sts[i] = m.Stats()
+			}
+			return RenderRankMetrics(s.cfg.Model, len(s.cfg.Adapters) > 0, s.cfg.DataParallelStartRank, sts, time.Now())
+		}
+		return RenderMetrics(s.cfg.Engine, s.cfg.Model, len(s.cfg.Adapters) > 0, s.ranks[0].Stats(), time.Now())
 	}
 	if s.metricsFault(w, r, page) {
 		return
@@ -442,7 +477,7 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 // iterationStats answers trtllm-serve's JSON /metrics: a list of iteration
 // statistics, the newest last.
 func (s *Server) iterationStats(w http.ResponseWriter, r *http.Request) {
-	st := s.model.Stats()
+	st := s.ranks[0].Stats() // trtllm-serve: one rank
 	used := int(st.KVUsage * float64(st.NumBlocks))
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode([]map[string]any{{
