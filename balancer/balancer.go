@@ -123,6 +123,10 @@ type Spec struct {
 	Labels   map[string]string // from config, for operators (see Backend.Labels)
 	Metrics  Metrics           // last good reading; zero At before the first
 	Stale    bool              // Metrics is too old to trust
+	Role     Role              // prefill, decode or both (see Backend.Role)
+	// BootstrapPort is the SGLang prefill server's bootstrap port
+	// (Backend.BootstrapPort); 0 for none.
+	BootstrapPort int
 }
 
 // Snapshot is an immutable view of every backend. Readers may use it from any
@@ -251,20 +255,22 @@ func (b *Balancer) Update(specs ...Spec) {
 		old := b.current[s.ID]
 		l := b.ledgerLocked(s.ID)
 		nb := &Backend{
-			ID:       s.ID,
-			Name:     s.Name,
-			URL:      s.URL,
-			Engine:   s.Engine,
-			Models:   s.Models,
-			Adapters: s.Adapters,
-			State:    s.State,
-			Reason:   s.Reason,
-			Warning:  s.Warning,
-			Labels:   s.Labels,
-			Metrics:  s.Metrics,
-			Stale:    s.Stale,
-			Since:    now,
-			Ledger:   l,
+			ID:            s.ID,
+			Name:          s.Name,
+			URL:           s.URL,
+			Engine:        s.Engine,
+			Models:        s.Models,
+			Adapters:      s.Adapters,
+			State:         s.State,
+			Reason:        s.Reason,
+			Warning:       s.Warning,
+			Labels:        s.Labels,
+			Metrics:       s.Metrics,
+			Stale:         s.Stale,
+			Role:          s.Role,
+			Since:         now,
+			BootstrapPort: s.BootstrapPort,
+			Ledger:        l,
 		}
 		if nb.Name == "" {
 			nb.Name = b.nameLocked(s.ID)

@@ -45,6 +45,12 @@ type Request struct {
 	// to: the one storing the response it continues. The pick's other
 	// stages still apply (a saturated holder makes the request wait).
 	Holder string
+	// Role is the part of a disaggregated prefill/decode fleet the pick
+	// is for: [RolePrefill] picks among the backends that prefill, any
+	// other (the zero value) among those that decode, which answer
+	// requests that take no prefill leg too. In a fleet of [RoleBoth]
+	// backends it changes nothing.
+	Role Role
 	// Priority orders the admission queue; negative is sheddable.
 	Priority int
 	// Tenant identifies the client for fairness in the admission queue

@@ -27,6 +27,7 @@ type BackendStatus struct {
 	Reason      string             `json:"reason,omitempty"`
 	Warning     string             `json:"warning,omitempty"`
 	Labels      map[string]string  `json:"labels,omitempty"`
+	Role        balancer.Role      `json:"role"` // prefill, decode or both
 	Ejections   int                `json:"ejections_total"`
 	Ejection    *balancer.Ejection `json:"ejection,omitempty"` // passive health's ejection; absent when in rotation
 	Since       time.Time          `json:"since"`
@@ -54,6 +55,7 @@ func Statuses(snap *balancer.Snapshot) []BackendStatus {
 			Reason:      be.Reason,
 			Warning:     be.Warning,
 			Labels:      be.Labels,
+			Role:        be.Role,
 			Ejections:   ej.Total,
 			Ejection:    ejectionOrNil(ej),
 			Since:       be.Since,

@@ -1,0 +1,61 @@
+package balancer
+
+import "testing"
+
+// TestPickHonoursRoles: a prefill pick goes to a backend that prefills, any
+// other pick to one that decodes, whatever the load says.
+func TestPickHonoursRoles(t *testing.T) {
+	b := newBal(t, DefaultConfig().Policy)
+	p, d, both := ready("p", 0, 0, 0), ready("d", 9, 2, 0.3), ready("x", 12, 2, 0.3)
+	p.Role, d.Role = RolePrefill, RoleDecode
+	b.Update(p, d, both)
+	if !b.Snapshot().Disaggregated("m") {
+		t.Fatal("Disaggregated(m) = false with declared roles, want true")
+	}
+	for _, tc := range []struct {
+		name string
+		role Role
+		want []string
+	}{
+		{"decode", RoleDecode, []string{"d", "x"}},
+		{"whole request", RoleBoth, []string{"d", "x"}},
+		{"prefill", RolePrefill, []string{"p", "x"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for range 4 {
+				dec, err := b.Pick(&Request{Model: "m", Role: tc.role, PromptTokens: 100}, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, be := range dec.Candidates {
+					if be.ID != tc.want[0] && be.ID != tc.want[1] {
+						t.Errorf("Pick(role %s) candidate %s, want one of %v", tc.role, be.ID, tc.want)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestFleetWithoutRolesIsNotDisaggregated: backends of role both never
+// make a request take a prefill leg.
+func TestFleetWithoutRolesIsNotDisaggregated(t *testing.T) {
+	b := newBal(t, DefaultConfig().Policy)
+	b.Update(ready("a", 0, 0, 0), ready("b", 0, 0, 0))
+	if b.Snapshot().Disaggregated("m") {
+		t.Error("Disaggregated(m) = true for a fleet of role both, want false")
+	}
+}
+
+func TestParseRole(t *testing.T) {
+	for _, tc := range []struct {
+		in      string
+		want    Role
+		wantErr bool
+	}{{"", RoleBoth, false}, {"both", RoleBoth, false}, {"prefill", RolePrefill, false}, {"decode", RoleDecode, false}, {"Prefill", RoleBoth, true}} {
+		got, err := ParseRole(tc.in)
+		if got != tc.want || (err != nil) != tc.wantErr {
+			t.Errorf("ParseRole(%q) = %v, %v; want %v, error %v", tc.in, got, err, tc.want, tc.wantErr)
+		}
+	}
+}
