@@ -109,6 +109,9 @@ type Decision struct {
 	// TTFT is the policy's estimate of the first candidate's time to
 	// first token, in seconds; 0 for a policy that makes none.
 	TTFT float64
+	// Uncached is the prompt tokens the first candidate is believed not
+	// to hold in its prefix cache: what a prefill leg would spare it.
+	Uncached int
 }
 
 // PickInfo is one pick in progress, as scorers and pickers see it. Cands are
@@ -245,6 +248,7 @@ func (b *Balancer) choose(s *scratch, p *PickInfo, dst []*Backend, ex *Explanati
 	}
 	dec := b.order(p, primary, total, dst)
 	dec.Reason = reason
+	dec.Uncached = p.Cands[primary].UncachedTokens
 	if ex != nil {
 		for i := range p.Cands {
 			ex.add(&p.Cands[i], total[i], "")

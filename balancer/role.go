@@ -35,6 +35,13 @@ func (r Role) String() string {
 // MarshalText writes r as its name.
 func (r Role) MarshalText() ([]byte, error) { return []byte(r.String()), nil }
 
+// UnmarshalText reads a name MarshalText wrote.
+func (r *Role) UnmarshalText(b []byte) error {
+	v, err := ParseRole(string(b))
+	*r = v
+	return err
+}
+
 // ParseRole reads a role's name; "" is [RoleBoth].
 func ParseRole(s string) (Role, error) {
 	if s == "" {

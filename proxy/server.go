@@ -207,6 +207,10 @@ func (s *Server) serveModel(k Kind) http.HandlerFunc {
 			s.fail(ex, err)
 			return
 		}
+		if ex.pd != nil {
+			s.forwardPD(ex, r)
+			return
+		}
 		s.forward(ex, r)
 	}
 }
@@ -331,7 +335,7 @@ func (s *Server) pick(ex *exchange, breq *balancer.Request) error {
 	if s.tracer != nil {
 		s.pickSpans(ex, breq, start, err)
 	}
-	s.dropCanonical(ex)
+	defer s.dropCanonical(ex)
 	if dec.Waited > 0 {
 		s.metrics.queueWait.Observe(dec.Waited.Seconds())
 	}
@@ -345,6 +349,7 @@ func (s *Server) pick(ex *exchange, breq *balancer.Request) error {
 		return err
 	}
 	s.metrics.picks.WithLabelValues(dec.Candidates[0].ID, string(dec.Reason)).Inc()
+	s.planPD(ex, breq) // before the canonical prompt is given back: the prefill pick matches it
 	return nil
 }
 
@@ -520,6 +525,9 @@ func (s *Server) modifyResponse(resp *http.Response) error {
 	resp.Body = &firstByteBody{ReadCloser: resp.Body, onFirst: func() {
 		d := ex.guard.FirstByte(time.Now())
 		s.metrics.ttfb.WithLabelValues(be.ID).Observe(d.Seconds())
+		if ex.pd != nil {
+			s.metrics.pdLegTTFB.WithLabelValues(legDecode).Observe(d.Seconds())
+		}
 	}}
 	if resp.StatusCode == http.StatusOK && ex.req.Kind.generates() {
 		sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
@@ -559,6 +567,10 @@ func (s *Server) responseEdit(ex *exchange, be *balancer.Backend) func(dst, seg 
 
 func (s *Server) errorHandler(w http.ResponseWriter, r *http.Request, err error) {
 	ex := exchangeFrom(r.Context())
+	var pdErr *HTTPError
+	if errors.As(context.Cause(r.Context()), &pdErr) { // an SGLang prefill leg failed: its decode leg was aborted
+		err = pdErr
+	}
 	he := s.errorFor(ex.client, err)
 	if he.Status != StatusClientClosed { // nobody to answer otherwise; not an error of ours
 		if be := ex.guard.Backend(); be != nil && s.cfg.BackendHeaders {

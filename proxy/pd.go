@@ -1,0 +1,293 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/llmlb/llmlb/balancer"
+)
+
+// HeaderPrefillBackend names the server that prefilled a disaggregated
+// request (x-llmlb-backend names the one that decoded it); absent when the
+// request took no prefill leg.
+const HeaderPrefillBackend = "X-Llmlb-Prefill-Backend"
+
+// The decisions of llmlb_pd_requests_total and the legs of
+// llmlb_pd_leg_ttfb_seconds.
+const (
+	pdSplit    = "pd"
+	pdLocal    = "local"
+	legPrefill = "prefill"
+	legDecode  = "decode"
+)
+
+// maxPrefillAnswer bounds the prefill leg's JSON answer read for its
+// kv_transfer_params: one token and the connector's block ids.
+const maxPrefillAnswer = 8 << 20
+
+// errLegDone cancels an SGLang prefill leg still open once its decode leg
+// has ended: the KV cache was handed over, or is no longer wanted.
+var errLegDone = errors.New("decode leg ended")
+
+// pdPlan is a disaggregated request's prefill leg: the prefill pick and
+// the guard that accounts the leg on its backend.
+type pdPlan struct {
+	dec    balancer.Decision // prefill candidates, best first
+	guard  *balancer.Guard   // attached to the prefill backend tried; released when the leg ends
+	sglang bool              // SGLang's bootstrap protocol; vLLM's two legs otherwise
+}
+
+// planPD decides whether the picked request takes a prefill leg, and if so
+// picks its prefill server into ex.pd. Only completions and chats on a
+// fleet with declared roles qualify, and only when the decode server
+// picked lacks at least balancer.pd.min_uncached_tokens of the prompt:
+// vLLM router's P/D bypass chooses the decode worker first and skips the
+// prefill stage when its uncached tokens are few, where a KV transfer
+// would cost more than prefilling in place. A request with no prefill
+// server to take it, or whose prefill pick is its decode server (role
+// both), is answered in one leg.
+func (s *Server) planPD(ex *exchange, breq *balancer.Request) {
+	k := ex.req.Kind
+	if k != KindCompletion && k != KindChat || ex.holder != nil || !s.bal.Snapshot().Disaggregated(breq.Model) {
+		return
+	}
+	decode := ex.dec.Candidates[0]
+	if ex.dec.Uncached < s.bal.Config().PD.MinUncachedTokens {
+		s.metrics.pdRequests.WithLabelValues(pdLocal).Inc()
+		return
+	}
+	pb := *breq
+	pb.Role, pb.Session, pb.MaxTokens = balancer.RolePrefill, "", 1
+	pb.Guard = s.bal.NewGuard()
+	dec, err := s.bal.Pick(&pb, nil)
+	if err != nil || dec.Candidates[0] == decode {
+		pb.Guard.Release()
+		s.metrics.pdRequests.WithLabelValues(pdLocal).Inc()
+		return
+	}
+	s.metrics.pdRequests.WithLabelValues(pdSplit).Inc()
+	ex.pd = &pdPlan{dec: dec, guard: pb.Guard, sglang: decode.Engine == "sglang" && dec.Candidates[0].Engine == "sglang"}
+}
+
+// forwardPD runs a disaggregated request: its prefill leg, by the
+// engine's protocol, then its decode leg through [Server.forward], so
+// that streaming, usage, retries and metrics are those of any request.
+// The prefill leg's guard is released on every path.
+func (s *Server) forwardPD(ex *exchange, r *http.Request) {
+	pd := ex.pd
+	defer pd.guard.Release()
+	if s.cfg.BackendHeaders {
+		ex.w.Header().Set(HeaderPrefillBackend, pd.dec.Candidates[0].Name)
+	}
+	body := ex.req.Body
+	if ex.target != ex.req.Model {
+		b, err := setModel(body, ex.target)
+		if err != nil {
+			s.fail(ex, badRequest("model", "The request body could not be rewritten for model %s: %v.", quote(ex.target), err))
+			return
+		}
+		body = b
+	}
+	if pd.sglang {
+		s.forwardBootstrap(ex, r, body)
+		return
+	}
+	kv, err := s.prefillVLLM(ex, r, body)
+	pd.guard.Release()
+	if err != nil {
+		s.fail(ex, err)
+		return
+	}
+	if kv != nil {
+		b, _, err := setField(ex.req.Body, "kv_transfer_params", kv)
+		if err != nil {
+			s.fail(ex, badRequest("", "The request body could not be rewritten for the decode leg: %v.", err))
+			return
+		}
+		ex.req.Body = b
+	}
+	s.forward(ex, r)
+}
+
+// vllmPrefillParams are the kv_transfer_params of vLLM's prefill leg: the
+// server is to keep the KV cache for a remote decoder (do_remote_decode),
+// as vLLM's NixlConnector test proxy sends them
+// (vllm-project/vllm tests/v1/kv_connector/nixl_integration/toy_proxy_server.py
+// at 030ea52e).
+var vllmPrefillParams = []byte(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
+
+// vllmPrefillBody is body made into vLLM's prefill leg: the prefill
+// kv_transfer_params, stream false, max_tokens 1 (max_completion_tokens 1
+// when the request has it), and none of stream_options, min_tokens and
+// min_completion_tokens, which the prefill server does not take.
+func vllmPrefillBody(body []byte) ([]byte, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(body, &m); err != nil {
+		return nil, err
+	}
+	m["kv_transfer_params"] = vllmPrefillParams
+	m["stream"] = json.RawMessage("false")
+	m["max_tokens"] = json.RawMessage("1")
+	if _, ok := m["max_completion_tokens"]; ok {
+		m["max_completion_tokens"] = json.RawMessage("1")
+	}
+	delete(m, "stream_options")
+	delete(m, "min_tokens")
+	delete(m, "min_completion_tokens")
+	return json.Marshal(m)
+}
+
+// prefillVLLM runs vLLM's prefill leg on the prefill candidates in turn,
+// up to proxy.max_attempts, and returns the kv_transfer_params of the
+// first that answers 200 (nil if its answer has none: the decoder then
+// prefills itself, as vLLM's test proxy lets it). Every candidate failing
+// is a 502: nothing has reached the client, and no decode leg was sent.
+func (s *Server) prefillVLLM(ex *exchange, r *http.Request, body []byte) (json.RawMessage, error) {
+	pd := ex.pd
+	pbody, err := vllmPrefillBody(body)
+	if err != nil {
+		return nil, badRequest("", "The request body could not be rewritten for the prefill leg: %v.", err)
+	}
+	cands := pd.dec.Candidates[:min(len(pd.dec.Candidates), s.cfg.MaxAttempts)]
+	var lastErr error
+	for i, be := range cands {
+		if i > 0 {
+			pd.guard.Attach(be, pd.dec.Work[i], time.Now())
+		}
+		var answer struct {
+			KV json.RawMessage `json:"kv_transfer_params"`
+		}
+		b, err := s.prefillLeg(r.Context(), ex, r, be, pbody)
+		if err == nil {
+			if err = json.Unmarshal(b, &answer); err != nil {
+				err = fmt.Errorf("prefill answer of %s: %w", be.ID, err)
+			}
+		}
+		if err == nil {
+			if isNull(answer.KV) {
+				return nil, nil
+			}
+			return answer.KV, nil
+		}
+		if r.Context().Err() != nil {
+			return nil, err
+		}
+		lastErr = err
+		s.metrics.retries.WithLabelValues(be.ID).Inc()
+	}
+	return nil, prefillFailed(lastErr)
+}
+
+// prefillFailed is the client's answer to a prefill leg that failed.
+func prefillFailed(err error) *HTTPError {
+	return &HTTPError{Status: http.StatusBadGateway, Type: "server_error", Code: "prefill_failed",
+		Msg: "The prefill server failed the request; try again.", Err: err}
+}
+
+// prefillLeg sends body to be as the prefill leg of the client's request
+// r, with r's headers as any attempt sends them (X-Request-Id among
+// them), and returns the answer's body, bounded. A failure, a connection
+// or a status other than 200, is told to passive health.
+func (s *Server) prefillLeg(ctx context.Context, ex *exchange, r *http.Request, be *balancer.Backend, body []byte) ([]byte, error) {
+	out, err := http.NewRequestWithContext(ctx, http.MethodPost, be.URL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+	out.Header = r.Header.Clone()
+	stripClientHeaders(out.Header)
+	out.Header.Del("Expect")
+	out.Header.Del("Content-Length")
+	out.Header.Del("Accept-Encoding") // the answer is read here, not passed on
+	if ex.tenant != nil {
+		out.Header.Del("Authorization")
+		out.Header.Del(HeaderAPIKey)
+	}
+	out.Header.Set("Content-Type", "application/json")
+	out = attemptRequest(ctx, out, be, ex.inURL, sendBody{head: body})
+	sent := time.Now()
+	resp, err := s.base.RoundTrip(out)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.bal.Failed(be, balancer.FailConnect)
+		}
+		return nil, fmt.Errorf("prefill leg to %s: %w", be.ID, err)
+	}
+	defer resp.Body.Close()
+	s.metrics.pdLegTTFB.WithLabelValues(legPrefill).Observe(time.Since(sent).Seconds())
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxPrefillAnswer))
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("prefill leg to %s: status %d: %.200s", be.ID, resp.StatusCode, b)
+	}
+	if err != nil && ctx.Err() == nil {
+		s.bal.Failed(be, balancer.FailConnect)
+	}
+	return b, err
+}
+
+// bootstrapBody is body with SGLang's bootstrap fields: the prefill
+// server's host and bootstrap port, and the room both servers meet in, as
+// SGLang's mini load balancer adds them to both legs
+// (sgl-project/sglang python/sglang/srt/disaggregation/mini_lb.py at
+// 001c2ae0).
+func bootstrapBody(body []byte, prefill *balancer.Backend, room uint64) ([]byte, error) {
+	host := prefill.URL.Hostname()
+	if ip := net.ParseIP(host); ip != nil && ip.To4() == nil {
+		host = "[" + host + "]"
+	}
+	hv, _ := json.Marshal(host)
+	fields := []struct {
+		key string
+		val []byte
+	}{{"bootstrap_host", hv}, {"bootstrap_port", []byte(strconv.Itoa(prefill.BootstrapPort))}, {"bootstrap_room", strconv.AppendUint(nil, room, 10)}}
+	var err error
+	for _, f := range fields {
+		if body, _, err = setField(body, f.key, f.val); err != nil {
+			return nil, err
+		}
+	}
+	return body, nil
+}
+
+// forwardBootstrap runs SGLang's protocol: both legs carry the bootstrap
+// fields and go at once, the decode leg through [Server.forward]. A
+// prefill leg that fails cancels the decode leg's context with the
+// client's error as its cause ([Server.errorHandler] answers it), since
+// the decode server would wait for KV cache that never comes (the failure
+// AIBrix fixed in #2289 and #2746). The decode leg is not retried on
+// another server: the room names this pair. The prefill leg is ended and
+// waited for before the request finishes.
+func (s *Server) forwardBootstrap(ex *exchange, r *http.Request, body []byte) {
+	pd := ex.pd
+	prefill := pd.dec.Candidates[0]
+	room := rand.Uint64() >> 1 // SGLang's rooms are 0..2^63-1
+	pbody, err := bootstrapBody(body, prefill, room)
+	if err == nil {
+		ex.req.Body, err = bootstrapBody(ex.req.Body, prefill, room)
+	}
+	if err != nil {
+		s.fail(ex, badRequest("", "The request body could not be rewritten for disaggregation: %v.", err))
+		return
+	}
+	ctx, cancel := context.WithCancelCause(r.Context())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer pd.guard.Release()
+		_, err := s.prefillLeg(ctx, ex, r, prefill, pbody)
+		if err != nil && !errors.Is(context.Cause(ctx), errLegDone) && r.Context().Err() == nil {
+			cancel(prefillFailed(err))
+		}
+	}()
+	ex.dec.Candidates = ex.dec.Candidates[:1]
+	s.forward(ex, r.WithContext(ctx))
+	cancel(errLegDone)
+	<-done
+}
