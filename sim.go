@@ -14,8 +14,9 @@ import (
 
 // cmdSim runs emulated model servers until ctx ends.
 func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("sim", "llmlb sim [--engine vllm] [--preset h100-8b] [--listen ADDR] [--model NAME] [--lora a,b] [--max-lora N] [--speed X] [--count N] [--fault KIND[:k=v,...],... [--fault-on 0,2]]", stderr)
+	fs := newFlagSet("sim", "llmlb sim [--engine vllm] [--role both] [--preset h100-8b] [--listen ADDR] [--model NAME] [--lora a,b] [--max-lora N] [--speed X] [--count N] [--fault KIND[:k=v,...],... [--fault-on 0,2]]", stderr)
 	engine := fs.String("engine", "vllm", "engine flavour to emulate: vllm, sglang, triton-tensorrt-llm or trtllm-serve")
+	role := fs.String("role", "both", "disaggregated prefill/decode role: prefill, decode or both (SGLang servers of one process share bootstrap rooms)")
 	preset := fs.String("preset", "h100-8b", "engine model preset: "+strings.Join(sim.PresetNames(), ", "))
 	listen := fs.String("listen", "127.0.0.1:8001", "address of the first server; --count servers take consecutive ports")
 	model := fs.String("model", "llama-3.1-8b", "base model name served")
@@ -52,7 +53,7 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return errors.New("sim: --count must be at least 1")
 	}
 	ecfg.CacheOnCompute = sim.CachesOnCompute(*engine)
-	fc := sim.FleetConfig{Server: sim.ServerConfig{Engine: *engine, Model: *model}, Speed: *speed, Listen: *listen, Faults: faults, FaultOn: faultOn}
+	fc := sim.FleetConfig{Server: sim.ServerConfig{Engine: *engine, Model: *model, PD: sim.PDConfig{Role: *role, Rooms: sim.NewRooms()}}, Speed: *speed, Listen: *listen, Faults: faults, FaultOn: faultOn}
 	if *lora != "" {
 		fc.Server.Adapters = strings.Split(*lora, ",")
 	}

@@ -43,6 +43,40 @@ type pdPlan struct {
 	dec    balancer.Decision // prefill candidates, best first
 	guard  *balancer.Guard   // attached to the prefill backend tried; released when the leg ends
 	sglang bool              // SGLang's bootstrap protocol; vLLM's two legs otherwise
+
+	// SGLang only, set before the legs start: legDone is closed when
+	// the prefill leg has ended, and legErr, written before, is the
+	// client's answer if it failed; abort ends the prefill leg.
+	legDone chan struct{}
+	legErr  *HTTPError
+	abort   context.CancelCauseFunc
+}
+
+// pdFailureGrace is how long a failed SGLang decode leg waits for its
+// prefill leg's answer before ending it: a decode server fails a room
+// whose prefill failed, often just before the prefill server's own error
+// answer arrives, and that answer is the one the client should see.
+const pdFailureGrace = time.Second
+
+// decodeFailed is called when the decode leg answers other than 200: the
+// SGLang prefill leg is no longer wanted, and if it failed, its failure
+// is the request's, returned as the error; nil otherwise.
+func (pd *pdPlan) decodeFailed() error {
+	if !pd.sglang {
+		return nil
+	}
+	t := time.NewTimer(pdFailureGrace)
+	select {
+	case <-pd.legDone:
+	case <-t.C:
+	}
+	t.Stop()
+	pd.abort(errLegDone)
+	<-pd.legDone
+	if pd.legErr != nil {
+		return pd.legErr
+	}
+	return nil
 }
 
 // planPD decides whether the picked request takes a prefill leg, and if so
@@ -224,12 +258,23 @@ func (s *Server) prefillLeg(ctx context.Context, ex *exchange, r *http.Request, 
 	s.metrics.pdLegTTFB.WithLabelValues(legPrefill).Observe(time.Since(sent).Seconds())
 	b, err := io.ReadAll(io.LimitReader(resp.Body, maxPrefillAnswer))
 	if err == nil && resp.StatusCode != http.StatusOK {
-		err = fmt.Errorf("prefill leg to %s: status %d: %.200s", be.ID, resp.StatusCode, b)
+		err = &legStatusError{backend: be.ID, status: resp.StatusCode, body: b}
 	}
 	if err != nil && ctx.Err() == nil {
 		s.bal.Failed(be, balancer.FailConnect)
 	}
 	return b, err
+}
+
+// legStatusError is a prefill leg answered with a status other than 200.
+type legStatusError struct {
+	backend string
+	status  int
+	body    []byte
+}
+
+func (e *legStatusError) Error() string {
+	return fmt.Sprintf("prefill leg to %s: status %d: %.200s", e.backend, e.status, e.body)
 }
 
 // bootstrapBody is body with SGLang's bootstrap fields: the prefill
@@ -277,17 +322,21 @@ func (s *Server) forwardBootstrap(ex *exchange, r *http.Request, body []byte) {
 		return
 	}
 	ctx, cancel := context.WithCancelCause(r.Context())
-	done := make(chan struct{})
+	pd.legDone, pd.abort = make(chan struct{}), cancel
 	go func() {
-		defer close(done)
+		defer close(pd.legDone)
 		defer pd.guard.Release()
 		_, err := s.prefillLeg(ctx, ex, r, prefill, pbody)
-		if err != nil && !errors.Is(context.Cause(ctx), errLegDone) && r.Context().Err() == nil {
-			cancel(prefillFailed(err))
+		// A prefill server's error answer fails the request even when
+		// the decode leg, failed by its room, ended first.
+		var se *legStatusError
+		if err != nil && (errors.As(err, &se) || !errors.Is(context.Cause(ctx), errLegDone)) && r.Context().Err() == nil {
+			pd.legErr = prefillFailed(err)
+			cancel(pd.legErr)
 		}
 	}()
 	ex.dec.Candidates = ex.dec.Candidates[:1]
 	s.forward(ex, r.WithContext(ctx))
 	cancel(errLegDone)
-	<-done
+	<-pd.legDone
 }

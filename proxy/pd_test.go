@@ -34,6 +34,9 @@ type pdEngines struct {
 	mu    sync.Mutex
 	legs  []pdLeg
 	rooms map[float64]chan struct{} // SGLang: closed when the room's prefill is done
+	// arrived is closed when the room's decode leg has arrived: an SGLang
+	// prefill server waits for its decode peer's handshake.
+	arrived map[float64]chan struct{}
 	// failPrefill makes prefill servers answer 500.
 	failPrefill bool
 	// aborted receives an SGLang decode leg whose request was cancelled
@@ -41,16 +44,20 @@ type pdEngines struct {
 	aborted chan struct{}
 }
 
-func (e *pdEngines) room(r float64) chan struct{} {
+func (e *pdEngines) room(r float64) chan struct{} { return e.channel(&e.rooms, r) }
+
+func (e *pdEngines) decodeArrived(r float64) chan struct{} { return e.channel(&e.arrived, r) }
+
+func (e *pdEngines) channel(m *map[float64]chan struct{}, r float64) chan struct{} {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.rooms == nil {
-		e.rooms = map[float64]chan struct{}{}
+	if *m == nil {
+		*m = map[float64]chan struct{}{}
 	}
-	c, ok := e.rooms[r]
+	c, ok := (*m)[r]
 	if !ok {
 		c = make(chan struct{})
-		e.rooms[r] = c
+		(*m)[r] = c
 	}
 	return c
 }
@@ -69,6 +76,17 @@ func (e *pdEngines) server(t *testing.T, role string, sglang bool) *httptest.Ser
 		e.legs = append(e.legs, pdLeg{server: srv.URL, requestID: r.Header.Get("X-Request-Id"), body: body})
 		fail := e.failPrefill
 		e.mu.Unlock()
+		if room, ok := body["bootstrap_room"].(float64); ok && sglang {
+			if role == "decode" {
+				close(e.decodeArrived(room))
+			} else {
+				select {
+				case <-e.decodeArrived(room):
+				case <-r.Context().Done():
+					return
+				}
+			}
+		}
 		switch {
 		case role == "prefill" && fail:
 			http.Error(w, `{"error":{"message":"prefill failed"}}`, http.StatusInternalServerError)

@@ -511,6 +511,11 @@ func (s *Server) rewrite(pr *httputil.ProxyRequest) {
 
 func (s *Server) modifyResponse(resp *http.Response) error {
 	ex := exchangeFrom(resp.Request.Context())
+	if ex.pd != nil && resp.StatusCode != http.StatusOK {
+		if err := ex.pd.decodeFailed(); err != nil {
+			return err
+		}
+	}
 	be := ex.guard.Backend()
 	stripBackendHeaders(resp.Header, ex.tenant != nil)
 	if s.cfg.BackendHeaders {

@@ -30,6 +30,9 @@ type ServerConfig struct {
 	// VLLM_ENABLE_RESPONSES_API_STORE=1: store=true is then ignored and
 	// background refused. (default 10000)
 	MaxStoredResponses int
+	// PD makes the server one side of a disaggregated prefill/decode
+	// pair (pd.go); zero is an aggregated server.
+	PD PDConfig
 }
 
 // Server is an emulated model server. Its handler may be called
@@ -56,6 +59,10 @@ func NewServer(cfg ServerConfig, m Model) (*Server, error) {
 	if cfg.Model == "" {
 		return nil, fmt.Errorf("sim: a model name is required")
 	}
+	if err := checkRole(cfg.PD.Role); err != nil {
+		return nil, err
+	}
+	cfg.PD.setDefaults()
 	if cfg.Engine == "" {
 		cfg.Engine = "vllm"
 	}
@@ -83,8 +90,8 @@ func NewServer(cfg ServerConfig, m Model) (*Server, error) {
 // (responses.go, messages.go), priced alike.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, false) })
-	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, true) })
+	mux.HandleFunc("POST /v1/completions", s.disaggregated(func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, false) }))
+	mux.HandleFunc("POST /v1/chat/completions", s.disaggregated(func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, true) }))
 	mux.HandleFunc("POST /v1/responses", s.createResponse)
 	mux.HandleFunc("GET /v1/responses/{id}", s.getResponse)
 	mux.HandleFunc("DELETE /v1/responses/{id}", s.deleteResponse)
