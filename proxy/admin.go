@@ -120,8 +120,9 @@ func (s *Server) AdminHandler(g prometheus.Gatherer) http.Handler {
 // request (chat when it has "messages"; ?kind=completions or ?kind=chat
 // forces one), and the answer is how the balancer would route it, every
 // backend's score breakdown included, each backend by its URL (id) and by
-// the name x-llmlb-backend gives it. Nothing is sent to any backend and
-// no routing state changes.
+// the name x-llmlb-backend gives it; on a fleet with roles, "pd" is the
+// disaggregation decision and the prefill pick. Nothing is sent to any
+// backend and no routing state changes.
 func (s *Server) serveRoute(w http.ResponseWriter, r *http.Request) {
 	var buf bytes.Buffer
 	if _, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)); err != nil {
@@ -152,11 +153,16 @@ func (s *Server) serveRoute(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.tokenize(r.Context(), &exchange{req: req}, breq)
-	writeJSON(w, http.StatusOK, map[string]any{
+	ex := s.bal.Explain(breq)
+	out := map[string]any{
 		"requested_model": req.Model,
 		"target_model":    breq.Model,
-		"explanation":     s.bal.Explain(breq),
-	})
+		"explanation":     ex,
+	}
+	if pd := s.explainPD(breq, ex); pd != nil { // a fleet with roles: the prefill leg's decision
+		out["pd"] = pd
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
 func ejectionOrNil(e balancer.Ejection) *balancer.Ejection {

@@ -340,3 +340,39 @@ func (s *Server) forwardBootstrap(ex *exchange, r *http.Request, body []byte) {
 	cancel(errLegDone)
 	<-pd.legDone
 }
+
+// pdRoute is /debug/route's account of the P/D decision, as [Server.planPD]
+// would make it.
+type pdRoute struct {
+	// Decision is pd (a prefill leg on Prefill's first choice, then the
+	// decode leg) or local (the decode server alone).
+	Decision          string                `json:"decision"`
+	UncachedTokens    int                   `json:"uncached_tokens"` // on the decode server chosen
+	MinUncachedTokens int                   `json:"min_uncached_tokens"`
+	Prefill           *balancer.Explanation `json:"prefill,omitempty"` // the prefill pick; absent when local for too few tokens
+}
+
+// explainPD is the P/D decision for breq, whose decode pick is decode;
+// nil on a fleet without roles.
+func (s *Server) explainPD(breq *balancer.Request, decode balancer.Explanation) *pdRoute {
+	if len(decode.Chosen) == 0 || !s.bal.Snapshot().Disaggregated(breq.Model) {
+		return nil
+	}
+	rt := &pdRoute{Decision: pdLocal, MinUncachedTokens: s.bal.Config().PD.MinUncachedTokens}
+	for _, bd := range decode.Backends {
+		if bd.ID == decode.Chosen[0] && bd.Candidate != nil {
+			rt.UncachedTokens = bd.UncachedTokens
+		}
+	}
+	if rt.UncachedTokens < rt.MinUncachedTokens {
+		return rt
+	}
+	pb := *breq
+	pb.Role, pb.Session, pb.MaxTokens = balancer.RolePrefill, "", 1
+	ex := s.bal.Explain(&pb)
+	rt.Prefill = &ex
+	if len(ex.Chosen) > 0 && ex.Chosen[0] != decode.Chosen[0] {
+		rt.Decision = pdSplit
+	}
+	return rt
+}

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/llmlb/llmlb/balancer"
 )
 
@@ -319,5 +321,68 @@ func TestSGLangFailedPrefillAbortsDecode(t *testing.T) {
 	case <-e.aborted:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the decode leg was not aborted")
+	}
+}
+
+// TestVLLMPrefillBody: the prefill leg's body is the client's with vLLM's
+// prefill kv_transfer_params, stream false, max_tokens 1 and
+// max_completion_tokens 1 only when present, without stream_options,
+// min_tokens and min_completion_tokens; other fields are kept.
+func TestVLLMPrefillBody(t *testing.T) {
+	for _, tc := range []struct {
+		name, in string
+		want     map[string]any
+	}{
+		{"chat", `{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_tokens":64,"min_tokens":4,"messages":[]}`,
+			map[string]any{"model": "m", "stream": false, "max_tokens": float64(1), "messages": []any{}}},
+		{"max_completion_tokens", `{"model":"m","max_completion_tokens":64,"min_completion_tokens":2,"temperature":0.5}`,
+			map[string]any{"model": "m", "stream": false, "max_tokens": float64(1), "max_completion_tokens": float64(1), "temperature": 0.5}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := vllmPrefillBody([]byte(tc.in))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got map[string]any
+			if err := json.Unmarshal(b, &got); err != nil {
+				t.Fatal(err)
+			}
+			kv, _ := got["kv_transfer_params"].(map[string]any)
+			if kv["do_remote_decode"] != true || kv["do_remote_prefill"] != false || len(kv) != 6 {
+				t.Errorf("kv_transfer_params = %v", kv)
+			}
+			delete(got, "kv_transfer_params")
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Errorf("vllmPrefillBody(%s) = %v, want %v", tc.in, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestRouteExplainsPD: /debug/route shows the P/D decision on a fleet
+// with roles: pd with the prefill pick for a long prompt, local for a
+// short one.
+func TestRouteExplainsPD(t *testing.T) {
+	f, prefill, _ := pdFront(t, &pdEngines{}, false)
+	s := newServer(t, Options{Config: DefaultConfig(), Balancer: f.bal, Registerer: prometheus.NewRegistry()})
+	for _, tc := range []struct {
+		name, body, want string
+	}{{"long", pdChatBody(100, false), pdSplit}, {"short", pdChatBody(2, false), pdLocal}} {
+		rec := httptest.NewRecorder()
+		s.AdminHandler(prometheus.NewRegistry()).ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/debug/route", strings.NewReader(tc.body)))
+		var got struct {
+			PD *struct {
+				Decision string `json:"decision"`
+				Prefill  *struct {
+					Chosen []string `json:"chosen"`
+				} `json:"prefill"`
+			} `json:"pd"`
+		}
+		if err := json.Unmarshal(rec.Body.Bytes(), &got); err != nil || got.PD == nil {
+			t.Fatalf("%s: /debug/route %d %s", tc.name, rec.Code, rec.Body)
+		}
+		if got.PD.Decision != tc.want || tc.want == pdSplit && (got.PD.Prefill == nil || !contains(prefill, got.PD.Prefill.Chosen[0])) {
+			t.Errorf("%s: pd = %+v, want decision %s with a prefill server", tc.name, got.PD, tc.want)
+		}
 	}
 }
