@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -219,5 +220,44 @@ func TestPDSGLangBootstrap(t *testing.T) {
 	i := slices.IndexFunc(legs.legs, func(l pdRecord) bool { return strings.HasPrefix(l.server, "decode") })
 	if i >= 0 && legs.legs[i].answer["choices"] != nil { // aborted, or failed by its room
 		t.Errorf("the decode leg answered %v after its prefill failed", legs.legs[i].answer)
+	}
+}
+
+// TestComposePDExample: the disaggregated compose example starts vLLM
+// with NixlConnector on two GPUs, and its llmlb config declares those
+// servers, at the ports they serve on, as prefill and decode.
+func TestComposePDExample(t *testing.T) {
+	docs := readYAML(t, "../examples/compose-pd.yaml")
+	if len(docs) != 1 {
+		t.Fatalf("%d documents", len(docs))
+	}
+	services, _ := docs[0]["services"].(map[string]any)
+	ports := map[string]string{}
+	for _, name := range []string{"vllm-prefill", "vllm-decode"} {
+		svc, _ := services[name].(map[string]any)
+		cmd := fmt.Sprint(svc["command"])
+		if !strings.Contains(cmd, `--kv-transfer-config={"kv_connector":"NixlConnector","kv_role":"kv_both"}`) {
+			t.Errorf("%s: command %s lacks the NixlConnector kv-transfer-config", name, cmd)
+		}
+		i := strings.Index(cmd, "--port=")
+		if i < 0 {
+			t.Fatalf("%s: no --port in %s", name, cmd)
+		}
+		ports[name] = strings.Fields(cmd[i+len("--port="):])[0]
+	}
+	b, err := os.ReadFile("../examples/compose/llmlb-pd.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := loadExampleConfig(t, "llmlb-pd.yaml", string(b))
+	want := map[string]string{"prefill": "http://127.0.0.1:" + ports["vllm-prefill"], "decode": "http://127.0.0.1:" + ports["vllm-decode"]}
+	for _, be := range cfg.Backends {
+		if want[be.Role] != be.URL {
+			t.Errorf("backend %s has role %q, want the %v", be.URL, be.Role, want)
+		}
+		delete(want, be.Role)
+	}
+	if len(want) != 0 {
+		t.Errorf("no backend for %v", want)
 	}
 }
