@@ -59,3 +59,36 @@ func TestParseRole(t *testing.T) {
 		}
 	}
 }
+
+// TestPrefillPickPrefersTheDecodeHost: among prefill servers that tie, the
+// one on the decode server's host is chosen; a busier one there is not.
+func TestPrefillPickPrefersTheDecodeHost(t *testing.T) {
+	for _, policy := range []string{DefaultConfig().Policy, "round-robin"} {
+		t.Run(policy, func(t *testing.T) {
+			b := newBal(t, policy)
+			a, c := ready("10.0.0.1:8100", 0, 0, 0), ready("10.0.0.2:8100", 0, 0, 0)
+			a.Role, c.Role = RolePrefill, RolePrefill
+			b.Update(a, c)
+			for range 4 {
+				dec, err := b.Pick(&Request{Model: "m", Role: RolePrefill, NearHost: "10.0.0.2", PromptTokens: 1000}, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := dec.Candidates[0].ID; got != "10.0.0.2:8100" {
+					t.Errorf("Pick(near 10.0.0.2) = %s, want 10.0.0.2:8100", got)
+				}
+			}
+		})
+	}
+	b := newBal(t, DefaultConfig().Policy)
+	a, c := ready("10.0.0.1:8100", 0, 0, 0), ready("10.0.0.2:8100", 12, 4, 0.5)
+	a.Role, c.Role = RolePrefill, RolePrefill
+	b.Update(a, c)
+	dec, err := b.Pick(&Request{Model: "m", Role: RolePrefill, NearHost: "10.0.0.2", PromptTokens: 1000}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := dec.Candidates[0].ID; got != "10.0.0.1:8100" {
+		t.Errorf("Pick(near a busy 10.0.0.2) = %s, want the idle 10.0.0.1:8100", got)
+	}
+}

@@ -80,7 +80,8 @@ func (pd *pdPlan) decodeFailed() error {
 }
 
 // planPD decides whether the picked request takes a prefill leg, and if so
-// picks its prefill server into ex.pd. Only completions and chats on a
+// picks its prefill server into ex.pd, preferring among ties one on the
+// decode server's host. Only completions and chats on a
 // fleet with declared roles qualify, and only when the decode server
 // picked lacks at least balancer.pd.min_uncached_tokens of the prompt:
 // vLLM router's P/D bypass chooses the decode worker first and skips the
@@ -100,6 +101,7 @@ func (s *Server) planPD(ex *exchange, breq *balancer.Request) {
 	}
 	pb := *breq
 	pb.Role, pb.Session, pb.MaxTokens = balancer.RolePrefill, "", 1
+	pb.NearHost = decode.URL.Hostname()
 	pb.Guard = s.bal.NewGuard()
 	dec, err := s.bal.Pick(&pb, nil)
 	if err != nil || dec.Candidates[0] == decode {
@@ -359,16 +361,16 @@ func (s *Server) explainPD(breq *balancer.Request, decode balancer.Explanation) 
 		return nil
 	}
 	rt := &pdRoute{Decision: pdLocal, MinUncachedTokens: s.bal.Config().PD.MinUncachedTokens}
+	pb := *breq
+	pb.Role, pb.Session, pb.MaxTokens = balancer.RolePrefill, "", 1
 	for _, bd := range decode.Backends {
 		if bd.ID == decode.Chosen[0] && bd.Candidate != nil {
-			rt.UncachedTokens = bd.UncachedTokens
+			rt.UncachedTokens, pb.NearHost = bd.UncachedTokens, bd.Backend.URL.Hostname()
 		}
 	}
 	if rt.UncachedTokens < rt.MinUncachedTokens {
 		return rt
 	}
-	pb := *breq
-	pb.Role, pb.Session, pb.MaxTokens = balancer.RolePrefill, "", 1
 	ex := s.bal.Explain(&pb)
 	rt.Prefill = &ex
 	if len(ex.Chosen) > 0 && ex.Chosen[0] != decode.Chosen[0] {
