@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,7 +13,12 @@ import (
 	"strconv"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/llmlb/llmlb/balancer"
+	"github.com/llmlb/llmlb/internal/tracing"
 )
 
 // HeaderPrefillBackend names the server that prefilled a disaggregated
@@ -216,6 +222,9 @@ func (s *Server) prefillVLLM(ex *exchange, r *http.Request, body []byte) (json.R
 		if r.Context().Err() != nil {
 			return nil, err
 		}
+		if he := refused(err); he != nil {
+			return nil, he
+		}
 		lastErr = err
 		s.metrics.retries.WithLabelValues(be.ID).Inc()
 	}
@@ -247,10 +256,24 @@ func (s *Server) prefillLeg(ctx context.Context, ex *exchange, r *http.Request, 
 		out.Header.Del(HeaderAPIKey)
 	}
 	out.Header.Set("Content-Type", "application/json")
+	if s.dropTrace {
+		out.Header.Del("Traceparent")
+		out.Header.Del("Tracestate")
+	}
 	out = attemptRequest(ctx, out, be, ex.inURL, sendBody{head: body})
+	var span trace.Span
+	if s.tracer != nil {
+		var sctx context.Context
+		sctx, span = s.tracer.Start(ctx, "llmlb.prefill_leg", trace.WithSpanKind(trace.SpanKindClient),
+			trace.WithAttributes(attribute.String("llmlb.backend", be.Name), attribute.String("server.address", out.URL.Host)))
+		if !s.dropTrace {
+			tracing.Propagator.Inject(sctx, propagation.HeaderCarrier(out.Header))
+		}
+	}
 	sent := time.Now()
 	resp, err := s.base.RoundTrip(out)
 	if err != nil {
+		endAttempt(span, 0, err)
 		if ctx.Err() == nil {
 			s.bal.Failed(be, balancer.FailConnect)
 		}
@@ -259,13 +282,40 @@ func (s *Server) prefillLeg(ctx context.Context, ex *exchange, r *http.Request, 
 	defer resp.Body.Close()
 	s.metrics.pdLegTTFB.WithLabelValues(legPrefill).Observe(time.Since(sent).Seconds())
 	b, err := io.ReadAll(io.LimitReader(resp.Body, maxPrefillAnswer))
+	endAttempt(span, resp.StatusCode, err)
 	if err == nil && resp.StatusCode != http.StatusOK {
 		err = &legStatusError{backend: be.ID, status: resp.StatusCode, body: b}
 	}
-	if err != nil && ctx.Err() == nil {
+	switch {
+	case err == nil || ctx.Err() != nil:
+	case resp.StatusCode == http.StatusTooManyRequests:
+		s.bal.Failed(be, balancer.FailOverloaded)
+	case resp.StatusCode >= 500:
+		s.bal.Failed(be, balancer.FailStatus)
+	case resp.StatusCode == http.StatusOK: // the answer broke off
 		s.bal.Failed(be, balancer.FailConnect)
 	}
 	return b, err
+}
+
+// refused is the client's answer to a prefill leg the server refused
+// with a 4xx other than 429: the request's own fault (a prompt past the
+// context length, a bad parameter), which another server would refuse
+// too; nil for any other error.
+func refused(err error) *HTTPError {
+	var se *legStatusError
+	if !errors.As(err, &se) || se.status < 400 || se.status >= 500 || se.status == http.StatusTooManyRequests {
+		return nil
+	}
+	var body struct {
+		Message string `json:"message"`
+		Error   struct {
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	_ = json.Unmarshal(se.body, &body)
+	msg := cmp.Or(body.Error.Message, body.Message, http.StatusText(se.status))
+	return &HTTPError{Status: se.status, Type: "invalid_request_error", Msg: "The prefill server refused the request: " + msg, Err: err}
 }
 
 // legStatusError is a prefill leg answered with a status other than 200.

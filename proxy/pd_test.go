@@ -15,8 +15,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 
 	"github.com/llmlb/llmlb/balancer"
+	"github.com/llmlb/llmlb/internal/tracing"
 )
 
 // pdLeg is one leg a P/D engine received.
@@ -39,8 +41,10 @@ type pdEngines struct {
 	// arrived is closed when the room's decode leg has arrived: an SGLang
 	// prefill server waits for its decode peer's handshake.
 	arrived map[float64]chan struct{}
-	// failPrefill makes prefill servers answer 500.
-	failPrefill bool
+	// failPrefill makes prefill servers answer 500, or refuseStatus
+	// when it is set.
+	failPrefill  bool
+	refuseStatus int
 	// aborted receives an SGLang decode leg whose request was cancelled
 	// while it waited for its prefill.
 	aborted chan struct{}
@@ -90,6 +94,8 @@ func (e *pdEngines) server(t *testing.T, role string, sglang bool) *httptest.Ser
 			}
 		}
 		switch {
+		case role == "prefill" && fail && e.refuseStatus != 0:
+			http.Error(w, `{"error":{"message":"This model's maximum context length is 8 tokens."}}`, e.refuseStatus)
 		case role == "prefill" && fail:
 			http.Error(w, `{"error":{"message":"prefill failed"}}`, http.StatusInternalServerError)
 		case role == "prefill" && sglang:
@@ -264,6 +270,27 @@ func TestVLLMPrefillFailureFailsCleanly(t *testing.T) {
 	f.checkLedgerZero(t)
 }
 
+// TestVLLMPrefillRefusalIsTheClients: a prefill server's 400 (the
+// request's own fault) is answered as a 400 with its message, and not
+// tried on the other prefill server.
+func TestVLLMPrefillRefusalIsTheClients(t *testing.T) {
+	e := &pdEngines{failPrefill: true, refuseStatus: http.StatusBadRequest}
+	f, _, _ := pdFront(t, e, false)
+	resp := post(context.Background(), t, f.URL+"/v1/chat/completions", pdChatBody(100, false))
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	f.waitHandler(t, 1)
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), "maximum context length") {
+		t.Errorf("status %d, body %s; want 400 with the server's message", resp.StatusCode, b)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.legs) != 1 {
+		t.Errorf("legs = %d, want 1", len(e.legs))
+	}
+	f.checkLedgerZero(t)
+}
+
 // TestSGLangBootstrap: with SGLang servers both legs carry the same
 // bootstrap_host (the prefill server's), bootstrap_port and
 // bootstrap_room, and the decode leg's stream reaches the client.
@@ -383,6 +410,43 @@ func TestRouteExplainsPD(t *testing.T) {
 		}
 		if got.PD.Decision != tc.want || tc.want == pdSplit && (got.PD.Prefill == nil || !contains(prefill, got.PD.Prefill.Chosen[0])) {
 			t.Errorf("%s: pd = %+v, want decision %s with a prefill server", tc.name, got.PD, tc.want)
+		}
+	}
+}
+
+// TestPDLegsAreTraced: with a tracer, a disaggregated request's prefill
+// leg has a span of its own beside the decode leg's attempt, both
+// children of the request's span.
+func TestPDLegsAreTraced(t *testing.T) {
+	e := &pdEngines{}
+	f, _, _ := pdFront(t, e, false)
+	rcv := &otlpReceiver{}
+	collector := httptest.NewServer(rcv)
+	defer collector.Close()
+	tp, shutdown, err := tracing.Start(tracing.Config{Endpoint: collector.URL, SampleRatio: 1, Propagate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newServer(t, Options{Config: DefaultConfig(), Balancer: f.bal, Registerer: prometheus.NewRegistry(), Tracer: tp}).Handler()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(pdChatBody(100, false))))
+	if rec.Code != http.StatusOK {
+		t.Fatalf("status %d: %s", rec.Code, rec.Body)
+	}
+	if err := shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	byName := map[string]*tracepb.Span{}
+	for _, sp := range rcv.spans {
+		byName[sp.Name] = sp
+	}
+	req, leg, att := byName["llmlb.request"], byName["llmlb.prefill_leg"], byName["llmlb.attempt"]
+	if req == nil || leg == nil || att == nil {
+		t.Fatalf("spans %v; want llmlb.request, llmlb.prefill_leg and llmlb.attempt", byName)
+	}
+	for _, sp := range []*tracepb.Span{leg, att} {
+		if string(sp.ParentSpanId) != string(req.SpanId) {
+			t.Errorf("%s's parent is %x, want the request span %x", sp.Name, sp.ParentSpanId, req.SpanId)
 		}
 	}
 }
