@@ -49,6 +49,10 @@ type pdPlan struct {
 	dec    balancer.Decision // prefill candidates, best first
 	guard  *balancer.Guard   // attached to the prefill backend tried; released when the leg ends
 	sglang bool              // SGLang's bootstrap protocol; vLLM's two legs otherwise
+	// decodeFields are added to the decode leg's body as it is sent
+	// ([pdPlan.apply]), and only there: the client's request, which a
+	// stream's continuation resends, stays without them.
+	decodeFields []pdField
 
 	// SGLang only, set before the legs start: legDone is closed when
 	// the prefill leg has ended, and legErr, written before, is the
@@ -63,6 +67,38 @@ type pdPlan struct {
 // whose prefill failed, often just before the prefill server's own error
 // answer arrives, and that answer is the one the client should see.
 const pdFailureGrace = time.Second
+
+// pdField is one top-level field a leg's body gets.
+type pdField struct {
+	key string
+	val []byte
+}
+
+// apply adds the decode leg's fields to body, the bytes each attempt of
+// the decode leg sends.
+func (pd *pdPlan) apply(body *sendBody) error {
+	if len(pd.decodeFields) == 0 {
+		return nil
+	}
+	b := append(append(make([]byte, 0, body.size()), body.head...), body.tail...)
+	b, err := setFields(b, pd.decodeFields)
+	if err != nil {
+		return err
+	}
+	body.head, body.tail = b, nil
+	return nil
+}
+
+// setFields is setField for each of fields in turn.
+func setFields(body []byte, fields []pdField) ([]byte, error) {
+	var err error
+	for _, f := range fields {
+		if body, _, err = setField(body, f.key, f.val); err != nil {
+			return nil, err
+		}
+	}
+	return body, nil
+}
 
 // decodeFailed is called when the decode leg answers other than 200: the
 // SGLang prefill leg is no longer wanted, and if it failed, its failure
@@ -87,23 +123,28 @@ func (pd *pdPlan) decodeFailed() error {
 
 // planPD decides whether the picked request takes a prefill leg, and if so
 // picks its prefill server into ex.pd, preferring among ties one on the
-// decode server's host. Only completions and chats on a
-// fleet with declared roles qualify, and only when the decode server
-// picked lacks at least balancer.pd.min_uncached_tokens of the prompt:
-// vLLM router's P/D bypass chooses the decode worker first and skips the
-// prefill stage when its uncached tokens are few, where a KV transfer
-// would cost more than prefilling in place. A request with no prefill
-// server to take it, or whose prefill pick is its decode server (role
-// both), is answered in one leg.
-func (s *Server) planPD(ex *exchange, breq *balancer.Request) {
+// decode server's host. Only completions and chats on a fleet with
+// declared roles qualify, and only when the decode server picked lacks
+// at least balancer.pd.min_uncached_tokens of the prompt: vLLM router's
+// P/D bypass chooses the decode worker first and skips the prefill stage
+// when its uncached tokens are few, where a KV transfer would cost more
+// than prefilling in place. A request with no prefill server to take it,
+// or whose prefill pick is its decode server (role both), is answered in
+// one leg; except on an SGLang server of role decode, which refuses a
+// request without a bootstrap room ("Disaggregated request received
+// without bootstrap room id", sgl-project/sglang as quoted in
+// volcano-sh/kthena #865): there every request takes a prefill leg, and
+// one no prefill server can take fails.
+func (s *Server) planPD(ex *exchange, breq *balancer.Request) error {
 	k := ex.req.Kind
 	if k != KindCompletion && k != KindChat || ex.holder != nil || !s.bal.Snapshot().Disaggregated(breq.Model) {
-		return
+		return nil
 	}
 	decode := ex.dec.Candidates[0]
-	if ex.dec.Uncached < s.bal.Config().PD.MinUncachedTokens {
+	must := decode.Engine == "sglang" && decode.Role == balancer.RoleDecode
+	if !must && ex.dec.Uncached < s.bal.Config().PD.MinUncachedTokens {
 		s.metrics.pdRequests.WithLabelValues(pdLocal).Inc()
-		return
+		return nil
 	}
 	pb := *breq
 	pb.Role, pb.Session, pb.MaxTokens = balancer.RolePrefill, "", 1
@@ -112,11 +153,15 @@ func (s *Server) planPD(ex *exchange, breq *balancer.Request) {
 	dec, err := s.bal.Pick(&pb, nil)
 	if err != nil || dec.Candidates[0] == decode {
 		pb.Guard.Release()
+		if must {
+			return fmt.Errorf("prefill leg for decode server %s: %w", decode.ID, cmp.Or(err, balancer.ErrNoBackend))
+		}
 		s.metrics.pdRequests.WithLabelValues(pdLocal).Inc()
-		return
+		return nil
 	}
 	s.metrics.pdRequests.WithLabelValues(pdSplit).Inc()
 	ex.pd = &pdPlan{dec: dec, guard: pb.Guard, sglang: decode.Engine == "sglang" && dec.Candidates[0].Engine == "sglang"}
+	return nil
 }
 
 // forwardPD runs a disaggregated request: its prefill leg, by the
@@ -149,12 +194,7 @@ func (s *Server) forwardPD(ex *exchange, r *http.Request) {
 		return
 	}
 	if kv != nil {
-		b, _, err := setField(ex.req.Body, "kv_transfer_params", kv)
-		if err != nil {
-			s.fail(ex, badRequest("", "The request body could not be rewritten for the decode leg: %v.", err))
-			return
-		}
-		ex.req.Body = b
+		pd.decodeFields = []pdField{{"kv_transfer_params", kv}}
 	}
 	s.forward(ex, r)
 }
@@ -329,28 +369,18 @@ func (e *legStatusError) Error() string {
 	return fmt.Sprintf("prefill leg to %s: status %d: %.200s", e.backend, e.status, e.body)
 }
 
-// bootstrapBody is body with SGLang's bootstrap fields: the prefill
-// server's host and bootstrap port, and the room both servers meet in, as
-// SGLang's mini load balancer adds them to both legs
+// bootstrapFields are SGLang's bootstrap fields: the prefill server's
+// host and bootstrap port, and the room both servers meet in, as SGLang's
+// mini load balancer adds them to both legs
 // (sgl-project/sglang python/sglang/srt/disaggregation/mini_lb.py at
 // 001c2ae0).
-func bootstrapBody(body []byte, prefill *balancer.Backend, room uint64) ([]byte, error) {
+func bootstrapFields(prefill *balancer.Backend, room uint64) []pdField {
 	host := prefill.URL.Hostname()
 	if ip := net.ParseIP(host); ip != nil && ip.To4() == nil {
 		host = "[" + host + "]"
 	}
 	hv, _ := json.Marshal(host)
-	fields := []struct {
-		key string
-		val []byte
-	}{{"bootstrap_host", hv}, {"bootstrap_port", []byte(strconv.Itoa(prefill.BootstrapPort))}, {"bootstrap_room", strconv.AppendUint(nil, room, 10)}}
-	var err error
-	for _, f := range fields {
-		if body, _, err = setField(body, f.key, f.val); err != nil {
-			return nil, err
-		}
-	}
-	return body, nil
+	return []pdField{{"bootstrap_host", hv}, {"bootstrap_port", []byte(strconv.Itoa(prefill.BootstrapPort))}, {"bootstrap_room", strconv.AppendUint(nil, room, 10)}}
 }
 
 // forwardBootstrap runs SGLang's protocol: both legs carry the bootstrap
@@ -360,15 +390,15 @@ func bootstrapBody(body []byte, prefill *balancer.Backend, room uint64) ([]byte,
 // the decode server would wait for KV cache that never comes (the failure
 // AIBrix fixed in #2289 and #2746). The decode leg is not retried on
 // another server: the room names this pair. The prefill leg is ended and
-// waited for before the request finishes.
+// waited for before the request finishes. A stream that breaks cannot
+// be continued: its continuation carries no bootstrap room, which an
+// SGLang decode server refuses.
 func (s *Server) forwardBootstrap(ex *exchange, r *http.Request, body []byte) {
 	pd := ex.pd
 	prefill := pd.dec.Candidates[0]
 	room := rand.Uint64() >> 1 // SGLang's rooms are 0..2^63-1
-	pbody, err := bootstrapBody(body, prefill, room)
-	if err == nil {
-		ex.req.Body, err = bootstrapBody(ex.req.Body, prefill, room)
-	}
+	pd.decodeFields = bootstrapFields(prefill, room)
+	pbody, err := setFields(body, pd.decodeFields)
 	if err != nil {
 		s.fail(ex, badRequest("", "The request body could not be rewritten for disaggregation: %v.", err))
 		return
@@ -413,12 +443,14 @@ func (s *Server) explainPD(breq *balancer.Request, decode balancer.Explanation) 
 	rt := &pdRoute{Decision: pdLocal, MinUncachedTokens: s.bal.Config().PD.MinUncachedTokens}
 	pb := *breq
 	pb.Role, pb.Session, pb.MaxTokens = balancer.RolePrefill, "", 1
+	must := false // an SGLang decode server: every request splits (planPD)
 	for _, bd := range decode.Backends {
 		if bd.ID == decode.Chosen[0] && bd.Candidate != nil {
 			rt.UncachedTokens, pb.NearHost = bd.UncachedTokens, bd.Backend.URL.Hostname()
+			must = bd.Backend.Engine == "sglang" && bd.Backend.Role == balancer.RoleDecode
 		}
 	}
-	if rt.UncachedTokens < rt.MinUncachedTokens {
+	if !must && rt.UncachedTokens < rt.MinUncachedTokens {
 		return rt
 	}
 	ex := s.bal.Explain(&pb)

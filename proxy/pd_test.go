@@ -333,6 +333,22 @@ func TestSGLangBootstrap(t *testing.T) {
 	f.checkLedgerZero(t)
 }
 
+// TestSGLangShortPromptStillSplits: an SGLang decode server refuses a
+// request without a bootstrap room, so even a short prompt takes a
+// prefill leg there.
+func TestSGLangShortPromptStillSplits(t *testing.T) {
+	e := &pdEngines{}
+	f, _, _ := pdFront(t, e, true)
+	resp := post(context.Background(), t, f.URL+"/v1/chat/completions", pdChatBody(2, false))
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	f.waitHandler(t, 1)
+	if resp.StatusCode != http.StatusOK || resp.Header.Get(HeaderPrefillBackend) == "" {
+		t.Errorf("status %d, prefill backend %q; want 200 with a prefill leg", resp.StatusCode, resp.Header.Get(HeaderPrefillBackend))
+	}
+	f.checkLedgerZero(t)
+}
+
 // TestSGLangFailedPrefillAbortsDecode: a prefill leg that fails fails the
 // request (502) and aborts the decode leg waiting for its KV cache.
 func TestSGLangFailedPrefillAbortsDecode(t *testing.T) {

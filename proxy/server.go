@@ -349,8 +349,7 @@ func (s *Server) pick(ex *exchange, breq *balancer.Request) error {
 		return err
 	}
 	s.metrics.picks.WithLabelValues(dec.Candidates[0].ID, string(dec.Reason)).Inc()
-	s.planPD(ex, breq) // before the canonical prompt is given back: the prefill pick matches it
-	return nil
+	return s.planPD(ex, breq) // before the canonical prompt is given back: the prefill pick matches it
 }
 
 // forward sends the request to the picked backends through ReverseProxy,
@@ -369,6 +368,12 @@ func (s *Server) forward(ex *exchange, r *http.Request) {
 	if s.cfg.RequestUsage && req.Stream && !req.IncludeUsage && (req.Kind == KindCompletion || req.Kind == KindChat) {
 		if body, err := withUsage(req.Body, req.StreamOptions); err == nil {
 			ex.body.head, ex.body.tail, ex.stripUsage = body.head, body.tail, true
+		}
+	}
+	if ex.pd != nil {
+		if err := ex.pd.apply(&ex.body); err != nil {
+			s.fail(ex, badRequest("", "The request body could not be rewritten for the decode leg: %v.", err))
+			return
 		}
 	}
 	ex.forwarded = true

@@ -145,7 +145,8 @@ func transferred(ctx context.Context) bool { return ctx.Value(transferredKey{}) 
 // waits out the KV transfer, then runs without the prefill. SGLang: a
 // prefill leg opens its room when it ends; a decode leg waits for it,
 // and fails when the prefill did, its request was aborted, or
-// RoomTimeout passed.
+// RoomTimeout passed; a request without a room is refused, as SGLang's
+// disaggregated servers refuse it.
 func (s *Server) disaggregated(next http.HandlerFunc) http.HandlerFunc {
 	cfg := s.cfg.PD
 	if cfg.Role == "" || cfg.Role == "both" && cfg.Rooms == nil {
@@ -161,6 +162,11 @@ func (s *Server) disaggregated(next http.HandlerFunc) http.HandlerFunc {
 		var f pdFields
 		_ = json.Unmarshal(body, &f) // generate reports a bad body
 		switch {
+		case f.BootstrapRoom == nil && s.cfg.Engine == "sglang" && cfg.Role != "both":
+			// SGLang's servers in a disaggregation mode take no request
+			// without a room (the message as volcano-sh/kthena #865
+			// quotes it).
+			vllmError(w, http.StatusBadRequest, "BadRequestError", "", "Invalid request: Disaggregated request received without bootstrap room id.")
 		case f.BootstrapRoom != nil && cfg.Rooms != nil && cfg.Role != "decode":
 			rec := &prefillAnswer{header: http.Header{}, status: http.StatusOK}
 			next(rec, r)
