@@ -73,8 +73,10 @@ type PDConfig struct {
 	// server lacks in its prefix cache for a request to take a prefill
 	// leg; shorter or mostly cached prompts are prefilled by the decode
 	// server itself, where a KV transfer would cost more than it saves.
-	// It follows vLLM router's pd_uncached_token_threshold (256). 0
-	// splits every request. (default 256)
+	// This is llm-d's nonCachedTokens rule (prefix_based_pd_decider.go
+	// in llm-d-inference-scheduler at 278a3e44, where 0 also splits
+	// every request), with vLLM router's pd_uncached_token_threshold,
+	// 256, as the default. (default 256)
 	MinUncachedTokens int `mapstructure:"min_uncached_tokens"`
 }
 
