@@ -129,8 +129,8 @@ func (pd *pdPlan) decodeFailed() error {
 // P/D bypass chooses the decode worker first and skips the prefill stage
 // when its uncached tokens are few, where a KV transfer would cost more
 // than prefilling in place. A request with no prefill server to take it,
-// or whose prefill pick is its decode server (role both), is answered in
-// one leg; except on an SGLang server of role decode, which refuses a
+// whose prefill pick is its decode server (role both) or runs another
+// engine, is answered in one leg; except on an SGLang server of role decode, which refuses a
 // request without a bootstrap room ("Disaggregated request received
 // without bootstrap room id", sgl-project/sglang as quoted in
 // volcano-sh/kthena #865): there every request takes a prefill leg, and
@@ -151,6 +151,9 @@ func (s *Server) planPD(ex *exchange, breq *balancer.Request) error {
 	pb.NearHost = decode.URL.Hostname()
 	pb.Guard = s.bal.NewGuard()
 	dec, err := s.bal.Pick(&pb, nil)
+	if err == nil && !samePair(&dec, decode) {
+		err = fmt.Errorf("prefill server %s runs %s, decode server %s %s", dec.Candidates[0].ID, dec.Candidates[0].Engine, decode.ID, decode.Engine)
+	}
 	if err != nil || dec.Candidates[0] == decode {
 		pb.Guard.Release()
 		if must {
@@ -164,6 +167,23 @@ func (s *Server) planPD(ex *exchange, breq *balancer.Request) error {
 	return nil
 }
 
+// samePair keeps, of a prefill pick's candidates, those that can pair
+// with decode: the same engine (the protocol is the engine's), and not
+// decode itself, and reports whether the first is still the pick's
+// primary, the one its guard is attached to.
+func samePair(dec *balancer.Decision, decode *balancer.Backend) bool {
+	primary := dec.Candidates[0]
+	n := 0
+	for i, be := range dec.Candidates {
+		if be.Engine == decode.Engine && be != decode {
+			dec.Candidates[n], dec.Work[n] = be, dec.Work[i]
+			n++
+		}
+	}
+	dec.Candidates = dec.Candidates[:n]
+	return n > 0 && dec.Candidates[0] == primary
+}
+
 // forwardPD runs a disaggregated request: its prefill leg, by the
 // engine's protocol, then its decode leg through [Server.forward], so
 // that streaming, usage, retries and metrics are those of any request.
@@ -171,9 +191,6 @@ func (s *Server) planPD(ex *exchange, breq *balancer.Request) error {
 func (s *Server) forwardPD(ex *exchange, r *http.Request) {
 	pd := ex.pd
 	defer pd.guard.Release()
-	if s.cfg.BackendHeaders {
-		ex.w.Header().Set(HeaderPrefillBackend, pd.dec.Candidates[0].Name)
-	}
 	body := ex.req.Body
 	if ex.target != ex.req.Model {
 		b, err := setModel(body, ex.target)
@@ -184,10 +201,14 @@ func (s *Server) forwardPD(ex *exchange, r *http.Request) {
 		body = b
 	}
 	if pd.sglang {
+		s.setPrefillHeader(ex, pd.dec.Candidates[0])
 		s.forwardBootstrap(ex, r, body)
 		return
 	}
 	kv, err := s.prefillVLLM(ex, r, body)
+	if err == nil {
+		s.setPrefillHeader(ex, pd.guard.Backend()) // the one that answered
+	}
 	pd.guard.Release()
 	if err != nil {
 		s.fail(ex, err)
@@ -197,6 +218,14 @@ func (s *Server) forwardPD(ex *exchange, r *http.Request) {
 		pd.decodeFields = []pdField{{"kv_transfer_params", kv}}
 	}
 	s.forward(ex, r)
+}
+
+// setPrefillHeader names the prefill server to the client, as
+// x-llmlb-backend names the decode server.
+func (s *Server) setPrefillHeader(ex *exchange, be *balancer.Backend) {
+	if s.cfg.BackendHeaders && be != nil {
+		ex.w.Header().Set(HeaderPrefillBackend, be.Name)
+	}
 }
 
 // vllmPrefillParams are the kv_transfer_params of vLLM's prefill leg: the
