@@ -466,3 +466,36 @@ func TestPDLegsAreTraced(t *testing.T) {
 		}
 	}
 }
+
+// TestVLLMPrefillRetriesOnAnotherServer: a prefill server that refuses
+// connections is passed over for the next prefill candidate before the
+// decode leg starts; the answer names the prefill server that answered.
+func TestVLLMPrefillRetriesOnAnotherServer(t *testing.T) {
+	e := &pdEngines{}
+	f, prefill, _ := pdFront(t, e, false)
+	dead, _ := url.Parse(deadURL(t))
+	f.bal.Update(balancer.Spec{ID: prefill[0], URL: dead, Engine: "vllm", Models: []string{testModel}, State: balancer.StateReady, Role: balancer.RolePrefill})
+	live := f.name(t, prefill[1])
+	for i := range 4 {
+		resp := post(context.Background(), t, f.URL+"/v1/chat/completions", pdChatBody(100+i, false))
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		f.waitHandler(t, 1)
+		if resp.StatusCode != http.StatusOK || resp.Header.Get(HeaderPrefillBackend) != live {
+			t.Errorf("request %d: status %d, prefill backend %q; want 200 from %s", i, resp.StatusCode, resp.Header.Get(HeaderPrefillBackend), live)
+		}
+	}
+	for _, be := range f.bal.Snapshot().Backends {
+		if be.ID == prefill[0] && be.Ledger.Failures() == 0 {
+			t.Error("the refusing prefill server was never tried")
+		}
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, l := range e.legs {
+		if kv, _ := l.body["kv_transfer_params"].(map[string]any); !contains(prefill, l.server) && kv["remote_engine_id"] != prefill[1] {
+			t.Errorf("decode leg %s: kv_transfer_params %v, want those of %s", l.requestID, kv, prefill[1])
+		}
+	}
+	f.checkLedgerZero(t)
+}
