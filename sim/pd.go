@@ -273,3 +273,30 @@ func (a *prefillAnswer) send(w http.ResponseWriter) {
 	w.WriteHeader(a.status)
 	_, _ = w.Write(a.body.Bytes())
 }
+
+// receive enters the blocks a KV transfer brought into the prefix cache,
+// as free blocks holding content, so that the request they came for hits
+// them and prefills only its last token, as a vLLM decode server fills
+// the blocks NixlConnector pulled. Blocks already cached are kept; it
+// stops when the free blocks are used up, evicting older content as any
+// allocation does but never the transfer's own.
+func (e *Engine) receive(hashes []uint64) {
+	if e.cfg.NoPrefixCaching {
+		return
+	}
+	room := e.nfree // each block received goes back on the free list: count them out
+	for _, h := range hashes {
+		if _, ok := e.cache[h]; ok {
+			continue
+		}
+		if room == 0 {
+			return
+		}
+		room--
+		b := e.allocate()
+		e.ref[b] = 0
+		e.hash[b], e.hasHash[b] = h, true
+		e.cache[h] = b
+		e.pushTail(b)
+	}
+}
