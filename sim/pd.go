@@ -207,8 +207,17 @@ func (s *Server) transfer(w http.ResponseWriter, r *http.Request, body []byte) b
 	cfg := s.cfg.PD
 	tokens := promptTokens(body) // the body bounds the prompt; close enough for a cost
 	d := cfg.TransferSetup + time.Duration(float64(tokens*cfg.KVBytesPerToken)/cfg.TransferBandwidth*float64(time.Second))
+	if m, ok := s.model.(interface{ timeScale() float64 }); ok && m.timeScale() > 0 {
+		d = time.Duration(float64(d) / m.timeScale()) // the model's --speed applies to the transfer too
+	}
 	return sleepCtx(r.Context(), d) == nil
 }
+
+// timeScale is how many times faster than real time the model runs.
+func (l *Live) timeScale() float64 { return l.speed }
+
+// timeScale is how many times faster than real time the model runs.
+func (m *Steady) timeScale() float64 { return m.cfg.Speed }
 
 // kvParams are the kv_transfer_params a vLLM prefill server returns for
 // its decoder: where the blocks are and which, do_remote_prefill set.
