@@ -45,6 +45,9 @@ type pdEngines struct {
 	// when it is set.
 	failPrefill  bool
 	refuseStatus int
+	// prefillHeld, when set, receives each prefill leg's arrival, and
+	// the leg then waits until its request is cancelled.
+	prefillHeld chan struct{}
 	// aborted receives an SGLang decode leg whose request was cancelled
 	// while it waited for its prefill.
 	aborted chan struct{}
@@ -92,6 +95,12 @@ func (e *pdEngines) server(t *testing.T, role string, sglang bool) *httptest.Ser
 					return
 				}
 			}
+		}
+		if role == "prefill" && e.prefillHeld != nil {
+			e.prefillHeld <- struct{}{}
+			<-r.Context().Done()
+			e.prefillHeld <- struct{}{}
+			return
 		}
 		switch {
 		case role == "prefill" && fail && e.refuseStatus != 0:
@@ -287,6 +296,37 @@ func TestVLLMPrefillRefusalIsTheClients(t *testing.T) {
 	defer e.mu.Unlock()
 	if len(e.legs) != 1 {
 		t.Errorf("legs = %d, want 1", len(e.legs))
+	}
+	f.checkLedgerZero(t)
+}
+
+// TestClientGoneDuringPrefillCancelsIt: a client that leaves while the
+// prefill leg runs cancels it; no decode leg is sent, and the ledger
+// returns to zero.
+func TestClientGoneDuringPrefillCancelsIt(t *testing.T) {
+	e := &pdEngines{prefillHeld: make(chan struct{}, 2)}
+	f, _, _ := pdFront(t, e, false)
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		<-e.prefillHeld // the prefill leg arrived
+		cancel()
+	}()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, f.URL+"/v1/chat/completions", strings.NewReader(pdChatBody(100, true)))
+	req.Header.Set("Content-Type", "application/json")
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		resp.Body.Close()
+		t.Fatalf("the request answered %d after its client left", resp.StatusCode)
+	}
+	select {
+	case <-e.prefillHeld: // the prefill leg saw its cancellation
+	case <-time.After(10 * time.Second):
+		t.Fatal("the prefill leg was not cancelled")
+	}
+	f.waitHandler(t, 1)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.legs) != 1 {
+		t.Errorf("legs = %d, want the prefill leg alone", len(e.legs))
 	}
 	f.checkLedgerZero(t)
 }

@@ -179,7 +179,7 @@ func (s *Server) disaggregated(next http.HandlerFunc) http.HandlerFunc {
 				}
 				return
 			}
-			if !s.transfer(w, r, body) {
+			if !s.transfer(r, body) {
 				return
 			}
 			next(w, r.WithContext(context.WithValue(r.Context(), transferredKey{}, true)))
@@ -191,7 +191,7 @@ func (s *Server) disaggregated(next http.HandlerFunc) http.HandlerFunc {
 			}
 			rec.send(w)
 		case f.KV != nil && f.KV.DoRemotePrefill && cfg.Role != "prefill":
-			if !s.transfer(w, r, body) {
+			if !s.transfer(r, body) {
 				return
 			}
 			next(w, r.WithContext(context.WithValue(r.Context(), transferredKey{}, true)))
@@ -203,7 +203,7 @@ func (s *Server) disaggregated(next http.HandlerFunc) http.HandlerFunc {
 
 // transfer waits out the KV transfer of the request's prompt: the setup,
 // then its bytes over the bandwidth. It reports false if the client left.
-func (s *Server) transfer(w http.ResponseWriter, r *http.Request, body []byte) bool {
+func (s *Server) transfer(r *http.Request, body []byte) bool {
 	cfg := s.cfg.PD
 	tokens := promptTokens(body) // the body bounds the prompt; close enough for a cost
 	d := cfg.TransferSetup + time.Duration(float64(tokens*cfg.KVBytesPerToken)/cfg.TransferBandwidth*float64(time.Second))
