@@ -53,6 +53,9 @@ type pdPlan struct {
 	// ([pdPlan.apply]), and only there: the client's request, which a
 	// stream's continuation resends, stays without them.
 	decodeFields []pdField
+	// prefill is the ID of the prefill server that answered or, for
+	// SGLang, was sent the leg; "" before.
+	prefill string
 
 	// SGLang only, set before the legs start: legDone is closed when
 	// the prefill leg has ended, and legErr, written before, is the
@@ -220,10 +223,15 @@ func (s *Server) forwardPD(ex *exchange, r *http.Request) {
 	s.forward(ex, r)
 }
 
-// setPrefillHeader names the prefill server to the client, as
-// x-llmlb-backend names the decode server.
+// setPrefillHeader records be as the request's prefill server, for the
+// access log, and names it to the client, as x-llmlb-backend names the
+// decode server.
 func (s *Server) setPrefillHeader(ex *exchange, be *balancer.Backend) {
-	if s.cfg.BackendHeaders && be != nil {
+	if be == nil {
+		return
+	}
+	ex.pd.prefill = be.ID
+	if s.cfg.BackendHeaders {
 		ex.w.Header().Set(HeaderPrefillBackend, be.Name)
 	}
 }
