@@ -444,7 +444,7 @@ func TestVLLMPrefillBody(t *testing.T) {
 
 // TestRouteExplainsPD: /debug/route shows the P/D decision on a fleet
 // with roles: pd with the prefill pick for a long prompt, local for a
-// short one.
+// short one; the status page and /debug/backends show the roles.
 func TestRouteExplainsPD(t *testing.T) {
 	f, prefill, _ := pdFront(t, &pdEngines{}, false)
 	s := newServer(t, Options{Config: DefaultConfig(), Balancer: f.bal, Registerer: prometheus.NewRegistry()})
@@ -467,6 +467,18 @@ func TestRouteExplainsPD(t *testing.T) {
 		if got.PD.Decision != tc.want || tc.want == pdSplit && (got.PD.Prefill == nil || !contains(prefill, got.PD.Prefill.Chosen[0])) {
 			t.Errorf("%s: pd = %+v, want decision %s with a prefill server", tc.name, got.PD, tc.want)
 		}
+	}
+	page := httptest.NewRecorder()
+	s.AdminHandler(prometheus.NewRegistry()).ServeHTTP(page, httptest.NewRequest(http.MethodGet, "/", nil))
+	if n := strings.Count(page.Body.String(), `<span class="sub">prefill</span>`); n != 2 {
+		t.Errorf("the status page shows role prefill %d times, want 2", n)
+	}
+	var roles []string
+	for _, b := range Statuses(f.bal.Snapshot()) {
+		roles = append(roles, b.Role.String())
+	}
+	if j, _ := json.Marshal(Statuses(f.bal.Snapshot())); !strings.Contains(string(j), `"role":"decode"`) {
+		t.Errorf("/debug/backends roles %v, JSON lacks role decode", roles)
 	}
 }
 
