@@ -1,6 +1,9 @@
 package balancer
 
-import "testing"
+import (
+	"testing"
+	"time"
+)
 
 // TestPickHonoursRoles: a prefill pick goes to a backend that prefills, any
 // other pick to one that decodes, whatever the load says.
@@ -90,5 +93,32 @@ func TestPrefillPickPrefersTheDecodeHost(t *testing.T) {
 	}
 	if got := dec.Candidates[0].ID; got != "10.0.0.1:8100" {
 		t.Errorf("Pick(near a busy 10.0.0.2) = %s, want the idle 10.0.0.1:8100", got)
+	}
+}
+
+// TestReworkedDecodeLegTeachesNothing: a guard reworked for a decode leg
+// counts no prompt tokens pending and no second request, and its first
+// byte, which waited on another server's prefill, teaches no estimate.
+func TestReworkedDecodeLegTeachesNothing(t *testing.T) {
+	b := newBal(t, DefaultConfig().Policy)
+	b.Update(ready("d", 0, 0, 0))
+	be := b.Snapshot().Backends[0]
+	g := b.NewGuard()
+	now := time.Now()
+	g.Attach(be, Work{UncachedTokens: 4000, DecodeTokens: 16, PrefillSeconds: 0.4}, now)
+	g.Rework(Work{DecodeTokens: 16, Remote: true}, now.Add(time.Second))
+	if _, tok := be.Ledger.Pending(); tok != 0 {
+		t.Errorf("pending tokens after Rework = %d, want 0", tok)
+	}
+	if n := be.Ledger.Total(); n != 1 {
+		t.Errorf("requests after Rework = %d, want 1", n)
+	}
+	g.FirstByte(now.Add(3 * time.Second))
+	g.Release()
+	if s := be.Ledger.est.load().Samples; s != 0 {
+		t.Errorf("estimate samples after a remote first byte = %d, want 0", s)
+	}
+	if n := be.Ledger.InFlight(); n != 0 {
+		t.Errorf("in flight after Release = %d, want 0", n)
 	}
 }

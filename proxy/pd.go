@@ -220,7 +220,21 @@ func (s *Server) forwardPD(ex *exchange, r *http.Request) {
 	if kv != nil {
 		pd.decodeFields = []pdField{{"kv_transfer_params", kv}}
 	}
+	decodeWork(ex)
 	s.forward(ex, r)
+}
+
+// decodeWork makes the decode leg's work that of a request prefilled
+// elsewhere, for each decode candidate: no prompt tokens to prefill, and
+// a first byte (which waits on the prefill leg and the KV transfer) that
+// teaches no estimate. The guard's clock restarts: the decode leg is sent
+// now.
+func decodeWork(ex *exchange) {
+	for i := range ex.dec.Work {
+		w := &ex.dec.Work[i]
+		w.UncachedTokens, w.PrefillSeconds, w.AheadTokens, w.QueuedAhead, w.Remote = 0, 0, 0, 0, true
+	}
+	ex.guard.Rework(ex.dec.Work[0], time.Now())
 }
 
 // setPrefillHeader records be as the request's prefill server, for the
@@ -455,6 +469,7 @@ func (s *Server) forwardBootstrap(ex *exchange, r *http.Request, body []byte) {
 		}
 	}()
 	ex.dec.Candidates = ex.dec.Candidates[:1]
+	decodeWork(ex)
 	s.forward(ex, r.WithContext(ctx))
 	cancel(errLegDone)
 	<-pd.legDone
