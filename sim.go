@@ -14,8 +14,9 @@ import (
 
 // cmdSim runs emulated model servers until ctx ends.
 func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("sim", "llmlb sim [--engine vllm] [--preset h100-8b] [--listen ADDR] [--model NAME] [--lora a,b] [--max-lora N] [--speed X] [--count N] [--data-parallel-size N [--data-parallel-start-rank R]] [--fault KIND[:k=v,...],... [--fault-on 0,2]]", stderr)
+	fs := newFlagSet("sim", "llmlb sim [--engine vllm] [--role both] [--preset h100-8b] [--listen ADDR] [--model NAME] [--lora a,b] [--max-lora N] [--speed X] [--count N] [--data-parallel-size N [--data-parallel-start-rank R]] [--fault KIND[:k=v,...],... [--fault-on 0,2]]", stderr)
 	engine := fs.String("engine", "vllm", "engine flavour to emulate: vllm, sglang, triton-tensorrt-llm or trtllm-serve")
+	role := fs.String("role", "both", "disaggregated prefill/decode role: prefill, decode or both (SGLang servers of one process share bootstrap rooms)")
 	preset := fs.String("preset", "h100-8b", "engine model preset: "+strings.Join(sim.PresetNames(), ", "))
 	listen := fs.String("listen", "127.0.0.1:8001", "address of the first server; --count servers take consecutive ports")
 	model := fs.String("model", "llama-3.1-8b", "base model name served")
@@ -57,7 +58,8 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if *dpSize < 1 {
 		return errors.New("sim: --data-parallel-size must be at least 1")
 	}
-	fc := sim.FleetConfig{Server: sim.ServerConfig{Engine: *engine, Model: *model, DataParallelStartRank: *dpStart}, DataParallelSize: *dpSize, Speed: *speed, Listen: *listen, Faults: faults, FaultOn: faultOn}
+	fc := sim.FleetConfig{Server: sim.ServerConfig{Engine: *engine, Model: *model, DataParallelStartRank: *dpStart, PD: sim.PDConfig{Role: *role, Rooms: sim.NewRooms()}},
+		DataParallelSize: *dpSize, Speed: *speed, Listen: *listen, Faults: faults, FaultOn: faultOn}
 	if *lora != "" {
 		fc.Server.Adapters = strings.Split(*lora, ",")
 	}

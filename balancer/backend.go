@@ -109,6 +109,13 @@ type Backend struct {
 	Ranked bool
 	// Rank is the global data-parallel rank; meaningless unless Ranked.
 	Rank int
+	// Role is the backend's part in a disaggregated prefill/decode fleet;
+	// zero is [RoleBoth].
+	Role Role
+	// BootstrapPort is, for an SGLang prefill server, the port its
+	// decode peers fetch KV cache through (--disaggregation-bootstrap-port),
+	// which llmlb names in both legs of a P/D request; 0 for none.
+	BootstrapPort int
 
 	// Ledger holds the counters that outlive snapshots. Never nil in a
 	// published snapshot.

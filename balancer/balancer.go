@@ -127,6 +127,10 @@ type Spec struct {
 	// named after its server: the server's default name and /r<Rank>.
 	Ranked bool
 	Rank   int
+	Role   Role // prefill, decode or both (see Backend.Role)
+	// BootstrapPort is the SGLang prefill server's bootstrap port
+	// (Backend.BootstrapPort); 0 for none.
+	BootstrapPort int
 }
 
 // Snapshot is an immutable view of every backend. Readers may use it from any
@@ -255,22 +259,24 @@ func (b *Balancer) Update(specs ...Spec) {
 		old := b.current[s.ID]
 		l := b.ledgerLocked(s.ID)
 		nb := &Backend{
-			ID:       s.ID,
-			Name:     s.Name,
-			URL:      s.URL,
-			Engine:   s.Engine,
-			Models:   s.Models,
-			Adapters: s.Adapters,
-			State:    s.State,
-			Reason:   s.Reason,
-			Warning:  s.Warning,
-			Labels:   s.Labels,
-			Metrics:  s.Metrics,
-			Stale:    s.Stale,
-			Ranked:   s.Ranked,
-			Rank:     s.Rank,
-			Since:    now,
-			Ledger:   l,
+			ID:            s.ID,
+			Name:          s.Name,
+			URL:           s.URL,
+			Engine:        s.Engine,
+			Models:        s.Models,
+			Adapters:      s.Adapters,
+			State:         s.State,
+			Reason:        s.Reason,
+			Warning:       s.Warning,
+			Labels:        s.Labels,
+			Metrics:       s.Metrics,
+			Stale:         s.Stale,
+			Ranked:        s.Ranked,
+			Rank:          s.Rank,
+			Role:          s.Role,
+			Since:         now,
+			BootstrapPort: s.BootstrapPort,
+			Ledger:        l,
 		}
 		switch {
 		case nb.Name == "" && s.Ranked:

@@ -118,6 +118,10 @@ func (b *Balancer) filter(s *scratch, p *PickInfo, ex *Explanation) (tier string
 			ex.skip(be, "does not serve the model")
 			continue
 		}
+		if !be.Role.takes(req.Role) {
+			ex.skip(be, "role "+be.Role.String())
+			continue
+		}
 		if req.Avoid != "" && be.ID == req.Avoid {
 			ex.skip(be, "broke the request's stream")
 			continue

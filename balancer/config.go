@@ -36,6 +36,9 @@ type Config struct {
 	// Passive is passive health: ejection on failed requests and TTFT
 	// outliers (passive.go).
 	Passive PassiveConfig `mapstructure:"passive"`
+	// PD is disaggregated prefill/decode: when a request takes a prefill
+	// leg on a prefill server before its decode (role.go).
+	PD PDConfig `mapstructure:"pd"`
 }
 
 // TTFTConfig tunes the ttft policy. Learned values replace the first two
@@ -277,6 +280,7 @@ func DefaultConfig() Config {
 		ConsistentHash: ConsistentHashConfig{PrefixBytes: 100, LoadFactor: 1.25, VirtualNodes: 256},
 		SGLang:         SGLangConfig{CacheThreshold: 0.3, BalanceAbsThreshold: 64, BalanceRelThreshold: 1.5, MaxTreeBytes: 1 << 26},
 		Passive:        DefaultPassiveConfig(),
+		PD:             PDConfig{MinUncachedTokens: 256},
 	}
 }
 
@@ -290,6 +294,9 @@ func (c Config) Validate() error {
 		bad("policy", "unknown policy %q (known: %s)", c.Policy, strings.Join(PolicyNames(), ", "))
 	}
 	c.Passive.validate(bad)
+	if c.PD.MinUncachedTokens < 0 {
+		bad("pd.min_uncached_tokens", "must not be negative, got %d", c.PD.MinUncachedTokens)
+	}
 	t := c.TTFT
 	if t.PrefillRate <= 0 {
 		bad("ttft.prefill_rate", "must be positive, got %g", t.PrefillRate)

@@ -31,6 +31,11 @@ type Work struct {
 	// says nothing of the backend's prefill, so it does not teach the
 	// learned estimate.
 	SlotWait bool
+	// Remote is set for the decode leg of a disaggregated request, whose
+	// prompt a prefill server took: its first byte waits on another
+	// server's prefill and a KV transfer, so it teaches neither the
+	// learned estimate nor outlier detection.
+	Remote bool
 }
 
 // Guard accounts one request in the in-flight ledger. The proxy makes one
@@ -79,6 +84,25 @@ func (g *Guard) Attach(be *Backend, w Work, now time.Time) {
 	g.backend, g.work, g.attached, g.first = be, w, now, false
 }
 
+// Rework replaces the work of the request on the guard's backend with w,
+// the same adapter's, and restarts its clock at now, without counting
+// another request: a disaggregated request's decode leg, picked as a
+// whole request, prefills nothing there. It does nothing once the first
+// byte came, or with no backend attached. The drain time the first work
+// extended stays extended.
+func (g *Guard) Rework(w Work, now time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.backend == nil || g.first {
+		return
+	}
+	w.Adapter = g.work.Adapter
+	l := g.backend.Ledger
+	l.pendingTokens.Add(int64(w.UncachedTokens - g.work.UncachedTokens))
+	l.openTokens.Add(int64(w.UncachedTokens + w.DecodeTokens - g.work.UncachedTokens - g.work.DecodeTokens))
+	g.work, g.attached = w, now
+}
+
 // Stream marks the request as a stream, whose first byte is its first
 // token: only those times feed outlier detection (a whole non-streaming
 // answer's time depends on its length, not on the backend alone).
@@ -113,11 +137,11 @@ func (g *Guard) FirstByte(now time.Time) time.Duration {
 	l.pending.Add(-1)
 	l.pendingTokens.Add(-int64(g.work.UncachedTokens))
 	l.addAdapter(g.work.Adapter, 0, 1)
-	if g.cfg != nil && !g.work.SlotWait {
+	if g.cfg != nil && !g.work.SlotWait && !g.work.Remote {
 		l.est.observe(g.work.AheadTokens+float64(g.work.UncachedTokens), g.work.QueuedAhead, d.Seconds(),
 			1/g.cfg.PrefillRate, g.cfg.BaseLatency.Seconds())
 	}
-	if g.bal != nil && g.stream {
+	if g.bal != nil && g.stream && !g.work.Remote {
 		g.bal.firstByte(g.backend, g.work.UncachedTokens, d)
 	}
 	if g.onRelease != nil {

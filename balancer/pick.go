@@ -45,6 +45,17 @@ type Request struct {
 	// to: the one storing the response it continues. The pick's other
 	// stages still apply (a saturated holder makes the request wait).
 	Holder string
+	// Role is the part of a disaggregated prefill/decode fleet the pick
+	// is for: [RolePrefill] picks among the backends that prefill, any
+	// other (the zero value) among those that decode, which answer
+	// requests that take no prefill leg too. In a fleet of [RoleBoth]
+	// backends it changes nothing.
+	Role Role
+	// NearHost, when set, is the host of the backend serving the
+	// request's other leg (the decode server, for a prefill pick): a
+	// candidate there that ties the picker's choice is preferred, since
+	// KV cache moves faster within a host (NVLink, CUDA IPC) than across.
+	NearHost string
 	// Priority orders the admission queue; negative is sheddable.
 	Priority int
 	// Tenant identifies the client for fairness in the admission queue
@@ -103,6 +114,9 @@ type Decision struct {
 	// TTFT is the policy's estimate of the first candidate's time to
 	// first token, in seconds; 0 for a policy that makes none.
 	TTFT float64
+	// Uncached is the prompt tokens the first candidate is believed not
+	// to hold in its prefix cache: what a prefill leg would spare it.
+	Uncached int
 }
 
 // PickInfo is one pick in progress, as scorers and pickers see it. Cands are
@@ -236,9 +250,11 @@ func (b *Balancer) choose(s *scratch, p *PickInfo, dst []*Backend, ex *Explanati
 	if primary < 0 {
 		primary, why = b.pol.picker.Choose(p, total)
 		reason = cmp.Or(reason, why)
+		primary = b.near(p, primary, total)
 	}
 	dec := b.order(p, primary, total, dst)
 	dec.Reason = reason
+	dec.Uncached = p.Cands[primary].UncachedTokens
 	if ex != nil {
 		for i := range p.Cands {
 			ex.add(&p.Cands[i], total[i], "")
@@ -250,6 +266,25 @@ func (b *Balancer) choose(s *scratch, p *PickInfo, dst []*Backend, ex *Explanati
 		}
 	}
 	return dec, primary, nil
+}
+
+// near returns, for a pick with a NearHost whose primary is elsewhere, a
+// candidate on that host whose total is within TTFT.TieTolerance of the
+// primary's (the first such in snapshot order); primary otherwise. A
+// tie is all locality may decide: it never takes a request to a slower
+// backend than the picker's choice by more than the tolerance.
+func (b *Balancer) near(p *PickInfo, primary int, total []float64) int {
+	host := p.Req.NearHost
+	if host == "" || p.Cands[primary].Backend.URL.Hostname() == host {
+		return primary
+	}
+	floor := total[primary] / (1 + b.cfg.TTFT.TieTolerance)
+	for i := range p.Cands {
+		if p.Cands[i].Backend.URL.Hostname() == host && total[i] >= floor {
+			return i
+		}
+	}
+	return primary
 }
 
 // affinity returns the candidate the request's session stays on, unless

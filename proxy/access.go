@@ -62,6 +62,9 @@ func (s *Server) logAccess(ex *exchange, r *http.Request, status int) {
 			attrs = append(attrs, slog.Int("continuations", ex.continuations))
 		}
 	}
+	if ex.pd != nil && ex.pd.prefill != "" {
+		attrs = append(attrs, slog.String("prefill_backend", ex.pd.prefill))
+	}
 	if ex.dec.Waited > 0 {
 		attrs = append(attrs, slog.Float64("queued_s", ex.dec.Waited.Seconds()))
 	}

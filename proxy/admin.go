@@ -27,6 +27,7 @@ type BackendStatus struct {
 	Reason   string             `json:"reason,omitempty"`
 	Warning  string             `json:"warning,omitempty"`
 	Labels   map[string]string  `json:"labels,omitempty"`
+	Role     balancer.Role      `json:"role"` // prefill, decode or both
 	// Rank is the global data-parallel rank of a backend that is one rank
 	// of its server (balancer.Backend.Ranked); absent for the others.
 	Rank        *int               `json:"data_parallel_rank,omitempty"`
@@ -62,6 +63,7 @@ func Statuses(snap *balancer.Snapshot) []BackendStatus {
 			Reason:      be.Reason,
 			Warning:     be.Warning,
 			Labels:      be.Labels,
+			Role:        be.Role,
 			Ejections:   ej.Total,
 			Ejection:    ejectionOrNil(ej),
 			Since:       be.Since,
@@ -126,8 +128,9 @@ func (s *Server) AdminHandler(g prometheus.Gatherer) http.Handler {
 // request (chat when it has "messages"; ?kind=completions or ?kind=chat
 // forces one), and the answer is how the balancer would route it, every
 // backend's score breakdown included, each backend by its URL (id) and by
-// the name x-llmlb-backend gives it. Nothing is sent to any backend and
-// no routing state changes.
+// the name x-llmlb-backend gives it; on a fleet with roles, "pd" is the
+// disaggregation decision and the prefill pick. Nothing is sent to any
+// backend and no routing state changes.
 func (s *Server) serveRoute(w http.ResponseWriter, r *http.Request) {
 	var buf bytes.Buffer
 	if _, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)); err != nil {
@@ -158,11 +161,16 @@ func (s *Server) serveRoute(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.tokenize(r.Context(), &exchange{req: req}, breq)
-	writeJSON(w, http.StatusOK, map[string]any{
+	ex := s.bal.Explain(breq)
+	out := map[string]any{
 		"requested_model": req.Model,
 		"target_model":    breq.Model,
-		"explanation":     s.bal.Explain(breq),
-	})
+		"explanation":     ex,
+	}
+	if pd := s.explainPD(breq, ex); pd != nil { // a fleet with roles: the prefill leg's decision
+		out["pd"] = pd
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
 func ejectionOrNil(e balancer.Ejection) *balancer.Ejection {

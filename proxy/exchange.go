@@ -65,6 +65,10 @@ type exchange struct {
 	guard  *balancer.Guard
 	dec    balancer.Decision
 
+	// pd is the request's prefill leg, nil for a request answered in one
+	// leg (pd.go).
+	pd *pdPlan
+
 	// forward
 	forwarded bool // handed to ReverseProxy
 	// body is what each attempt sends; its buffer (body.held) is the

@@ -25,6 +25,8 @@ type metrics struct {
 	picks                                        *prometheus.CounterVec // backend, reason
 	tokenize                                     *prometheus.CounterVec // result
 	queueWait                                    prometheus.Histogram
+	pdRequests                                   *prometheus.CounterVec   // decision
+	pdLegTTFB                                    *prometheus.HistogramVec // leg
 }
 
 // tokenBuckets span a single decode step on a small model (a few ms) to a
@@ -105,6 +107,22 @@ func newMetrics(reg prometheus.Registerer, bal *balancer.Balancer) *metrics {
 		return c
 	}
 	m.promptTokens, m.completionTokens, m.cachedTokens = tokens("prompt"), tokens("completion"), tokens("cached_prompt")
+	m.pdRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "llmlb_pd_requests_total",
+		Help: "Requests on a fleet with prefill servers (backends[].role), by decision: pd (a prefill leg, then the decode leg) or local (the decode server alone: few uncached tokens, or no prefill server to take it).",
+	}, []string{"decision"})
+	m.pdLegTTFB = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "llmlb_pd_leg_ttfb_seconds",
+		Help:    "Disaggregated requests: time from sending a leg to the first byte of its answer, by leg (prefill, decode).",
+		Buckets: latencyBuckets,
+	}, []string{"leg"})
+	for _, d := range []string{pdSplit, pdLocal} {
+		m.pdRequests.WithLabelValues(d) // at 0 from the start
+	}
+	for _, l := range []string{legPrefill, legDecode} {
+		m.pdLegTTFB.WithLabelValues(l)
+	}
+	reg.MustRegister(m.pdRequests, m.pdLegTTFB)
 	reg.MustRegister(m.requests, m.ttfb, m.ttft, m.itl, m.duration, m.predicted, m.reported, m.retries, m.continuations, m.picks, m.tokenize, m.queueWait, &inFlightCollector{bal: bal})
 	return m
 }

@@ -207,6 +207,10 @@ func (s *Server) serveModel(k Kind) http.HandlerFunc {
 			s.fail(ex, err)
 			return
 		}
+		if ex.pd != nil {
+			s.forwardPD(ex, r)
+			return
+		}
 		s.forward(ex, r)
 	}
 }
@@ -331,7 +335,7 @@ func (s *Server) pick(ex *exchange, breq *balancer.Request) error {
 	if s.tracer != nil {
 		s.pickSpans(ex, breq, start, err)
 	}
-	s.dropCanonical(ex)
+	defer s.dropCanonical(ex)
 	if dec.Waited > 0 {
 		s.metrics.queueWait.Observe(dec.Waited.Seconds())
 	}
@@ -345,7 +349,7 @@ func (s *Server) pick(ex *exchange, breq *balancer.Request) error {
 		return err
 	}
 	s.metrics.picks.WithLabelValues(dec.Candidates[0].ID, string(dec.Reason)).Inc()
-	return nil
+	return s.planPD(ex, breq) // before the canonical prompt is given back: the prefill pick matches it
 }
 
 // forward sends the request to the picked backends through ReverseProxy,
@@ -364,6 +368,12 @@ func (s *Server) forward(ex *exchange, r *http.Request) {
 	if s.cfg.RequestUsage && req.Stream && !req.IncludeUsage && (req.Kind == KindCompletion || req.Kind == KindChat) {
 		if body, err := withUsage(req.Body, req.StreamOptions); err == nil {
 			ex.body.head, ex.body.tail, ex.stripUsage = body.head, body.tail, true
+		}
+	}
+	if ex.pd != nil {
+		if err := ex.pd.apply(&ex.body); err != nil {
+			s.fail(ex, badRequest("", "The request body could not be rewritten for the decode leg: %v.", err))
+			return
 		}
 	}
 	ex.forwarded = true
@@ -506,6 +516,11 @@ func (s *Server) rewrite(pr *httputil.ProxyRequest) {
 
 func (s *Server) modifyResponse(resp *http.Response) error {
 	ex := exchangeFrom(resp.Request.Context())
+	if ex.pd != nil && resp.StatusCode != http.StatusOK {
+		if err := ex.pd.decodeFailed(); err != nil {
+			return err
+		}
+	}
 	be := ex.guard.Backend()
 	stripBackendHeaders(resp.Header, ex.tenant != nil)
 	if s.cfg.BackendHeaders {
@@ -520,6 +535,9 @@ func (s *Server) modifyResponse(resp *http.Response) error {
 	resp.Body = &firstByteBody{ReadCloser: resp.Body, onFirst: func() {
 		d := ex.guard.FirstByte(time.Now())
 		s.metrics.ttfb.WithLabelValues(be.ID).Observe(d.Seconds())
+		if ex.pd != nil {
+			s.metrics.pdLegTTFB.WithLabelValues(legDecode).Observe(d.Seconds())
+		}
 	}}
 	if resp.StatusCode == http.StatusOK && ex.req.Kind.generates() {
 		sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
@@ -559,6 +577,10 @@ func (s *Server) responseEdit(ex *exchange, be *balancer.Backend) func(dst, seg 
 
 func (s *Server) errorHandler(w http.ResponseWriter, r *http.Request, err error) {
 	ex := exchangeFrom(r.Context())
+	var pdErr *HTTPError
+	if errors.As(context.Cause(r.Context()), &pdErr) { // an SGLang prefill leg failed: its decode leg was aborted
+		err = pdErr
+	}
 	he := s.errorFor(ex.client, err)
 	if he.Status != StatusClientClosed { // nobody to answer otherwise; not an error of ours
 		if be := ex.guard.Backend(); be != nil && s.cfg.BackendHeaders {

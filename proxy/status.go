@@ -93,6 +93,7 @@ type reasonCount struct {
 // statusRow is one backend's line on the status page.
 type statusRow struct {
 	ID, Engine, Labels, State, Reason, Warning string
+	Role                                       string // prefill or decode; "" for both
 	Queued, Running, KV                        string
 	InFlight, Requests, Failures               int64
 	Ejections                                  int
@@ -124,7 +125,7 @@ dl{display:grid;grid-template-columns:max-content auto;gap:.1em 1em;color:#555;m
 <table id="backends">
 <tr><th class="l">backend</th><th class="l">engine</th><th class="l">health</th><th>queued</th><th>running</th><th>KV use</th><th>in flight</th><th>requests</th><th>failures</th><th>ejections</th><th>TTFT</th><th>prefix hits</th><th class="l">models</th><th class="l">LoRA</th></tr>
 {{range .Rows}}<tr class="backend{{if or .Reason .Warning}} detail{{end}}">
-<td class="l wrap">{{.ID}}</td><td class="l">{{.Engine}}{{if .Labels}} <span class="sub">{{.Labels}}</span>{{end}}{{if .Warning}} <span class="warn" title="{{.Warning}}">&#9888;</span>{{end}}</td>
+<td class="l wrap">{{.ID}}</td><td class="l">{{.Engine}}{{if .Role}} <span class="sub">{{.Role}}</span>{{end}}{{if .Labels}} <span class="sub">{{.Labels}}</span>{{end}}{{if .Warning}} <span class="warn" title="{{.Warning}}">&#9888;</span>{{end}}</td>
 <td class="l"><span class="{{.State}}">{{.State}}</span></td>
 <td>{{.Queued}}</td><td>{{.Running}}</td><td>{{.KV}}{{if .Stale}} <span class="stale" title="metrics stale">stale</span>{{end}}</td>
 <td>{{.InFlight}}</td><td>{{.Requests}}</td><td>{{.Failures}}</td><td>{{.Ejections}}</td><td>{{.TTFT}}</td><td>{{.HitRate}}</td>
@@ -183,6 +184,9 @@ func (s *Server) serveStatus(w http.ResponseWriter, r *http.Request) {
 		row := statusRow{ID: be.ID, Engine: be.Engine, Labels: labelText(be.Labels), State: be.State.String(), Reason: be.Reason, Warning: be.Warning,
 			Stale: be.Stale, InFlight: be.Ledger.InFlight(), Requests: be.Ledger.Total(), Failures: be.Ledger.Failures(), Ejections: ej.Total,
 			Queued: "-", Running: "-", KV: "-", TTFT: "-", HitRate: "-", LoRA: "-"}
+		if be.Role != balancer.RoleBoth {
+			row.Role = be.Role.String()
+		}
 		if ej.Ejected {
 			row.State, row.Reason = "ejected", ej.Reason // out of rotation whatever its health check says
 		}

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/llmlb/llmlb/balancer"
 )
 
 // BackendConfig is one entry of `backends:` in config.yaml: one static
@@ -77,7 +79,20 @@ type BackendConfig struct {
 	// shown on the status page and in /debug/backends and change no
 	// routing. Empty means none.
 	Labels map[string]string `mapstructure:"labels"`
+	// Role is the backend's part in a disaggregated prefill/decode fleet:
+	// prefill, decode or both. A request whose prompt is long enough
+	// (balancer.pd.min_uncached_tokens) is prefilled on a prefill server
+	// and decoded on a decode server, by the engine's own protocol.
+	// (default both)
+	Role string `mapstructure:"role"`
+	// BootstrapPort is an SGLang prefill server's bootstrap port
+	// (--disaggregation-bootstrap-port), named to its decode peer in each
+	// P/D request; only for role prefill or both. (default 8998, SGLang's)
+	BootstrapPort int `mapstructure:"bootstrap_port"`
 }
+
+// DefaultBootstrapPort is SGLang's default --disaggregation-bootstrap-port.
+const DefaultBootstrapPort = 8998
 
 // Config is the `scrape:` section of config.yaml.
 type Config struct {
@@ -325,6 +340,12 @@ func ValidateBackends(bs []BackendConfig, engines []string) error {
 		}
 		if b.HealthPath != "" && !strings.HasPrefix(b.HealthPath, "/") {
 			errs = append(errs, fmt.Errorf("%s.health_path: must start with /, got %q", field, b.HealthPath))
+		}
+		if _, err := balancer.ParseRole(b.Role); err != nil {
+			errs = append(errs, fmt.Errorf("%s.role: %w", field, err))
+		}
+		if b.BootstrapPort < 0 || b.BootstrapPort > 65535 {
+			errs = append(errs, fmt.Errorf("%s.bootstrap_port: %d is not a port", field, b.BootstrapPort))
 		}
 		if b.MetricsPath != "" && b.MetricsPath != "none" && !strings.HasPrefix(b.MetricsPath, "/") {
 			errs = append(errs, fmt.Errorf("%s.metrics_path: must start with / (or be none), got %q", field, b.MetricsPath))

@@ -1,6 +1,7 @@
 package scrape
 
 import (
+	"cmp"
 	"context"
 	"hash/fnv"
 	"log/slog"
@@ -90,6 +91,10 @@ func newTarget(cfg Config, id string, u *url.URL, g *group, d deps) *Target {
 			State:  balancer.StateUnknown,
 			Labels: maps.Clone(bc.Labels),
 		},
+	}
+	t.spec.Role, _ = balancer.ParseRole(bc.Role) // checked by ValidateBackends
+	if t.spec.Role != balancer.RoleDecode {
+		t.spec.BootstrapPort = cmp.Or(bc.BootstrapPort, DefaultBootstrapPort)
 	}
 	if t.metricsPath == "none" {
 		t.metricsPath = ""

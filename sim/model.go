@@ -144,6 +144,9 @@ func (m *Steady) run(ctx context.Context, j Job, emit func() error) error {
 	}()
 
 	prefill := m.cfg.FirstTokenLatency + time.Duration(float64(j.PromptTokens)/m.cfg.PrefillTokensPerSecond*float64(time.Second))
+	if transferred(ctx) { // a decode leg: the prompt's KV cache came from its prefill server
+		prefill = m.cfg.FirstTokenLatency
+	}
 	if err := m.sleep(ctx, prefill); err != nil {
 		return err
 	}

@@ -35,6 +35,9 @@ type ServerConfig struct {
 	// server of one rank ignores it. See [NewDataParallelServer].
 	// (default 0)
 	DataParallelStartRank int
+	// PD makes the server one side of a disaggregated prefill/decode
+	// pair (pd.go); zero is an aggregated server.
+	PD PDConfig
 }
 
 // Server is an emulated model server. Its handler may be called
@@ -84,6 +87,10 @@ func NewDataParallelServer(cfg ServerConfig, ranks []Model) (*Server, error) {
 	if cfg.Model == "" {
 		return nil, fmt.Errorf("sim: a model name is required")
 	}
+	if err := checkRole(cfg.PD.Role); err != nil {
+		return nil, err
+	}
+	cfg.PD.setDefaults()
 	if cfg.Engine == "" {
 		cfg.Engine = "vllm"
 	}
@@ -111,8 +118,8 @@ func NewDataParallelServer(cfg ServerConfig, ranks []Model) (*Server, error) {
 // (responses.go, messages.go), priced alike.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, false) })
-	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, true) })
+	mux.HandleFunc("POST /v1/completions", s.disaggregated(func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, false) }))
+	mux.HandleFunc("POST /v1/chat/completions", s.disaggregated(func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, true) }))
 	mux.HandleFunc("POST /v1/responses", s.createResponse)
 	mux.HandleFunc("GET /v1/responses/{id}", s.getResponse)
 	mux.HandleFunc("DELETE /v1/responses/{id}", s.deleteResponse)

@@ -425,3 +425,44 @@ func TestConfigurationDocNamesEveryKey(t *testing.T) {
 		}
 	}
 }
+
+// TestDisaggregatedConfigLoads: a fleet declared by role, prefill and
+// decode, loads (issue 45: it was refused as unknown keys); a role that is
+// none of the three is reported with its key.
+func TestDisaggregatedConfigLoads(t *testing.T) {
+	path := writeConfig(t, `
+balancer:
+  pd:
+    min_uncached_tokens: 512
+backends:
+  - url: http://127.0.0.1:8001
+    role: prefill
+    engine: sglang
+    bootstrap_port: 8998
+  - url: http://127.0.0.1:8002
+    role: decode
+  - url: http://127.0.0.1:8003
+    role: both
+`)
+	if _, stderr, err := validate(t, noEnv, path); err != nil {
+		t.Fatalf("validate refused a config with roles: %v\n%s", err, stderr)
+	}
+	bad := writeConfig(t, `
+balancer:
+  pd:
+    min_uncached_tokens: -1
+backends:
+  - url: http://127.0.0.1:8001
+    role: prefil
+    bootstrap_port: 70000
+`)
+	_, stderr, err := validate(t, noEnv, bad)
+	if err == nil {
+		t.Fatal("validate accepted a bad role")
+	}
+	for _, want := range []string{"backends[0].role:", "backends[0].bootstrap_port:", "balancer.pd.min_uncached_tokens:"} {
+		if !strings.Contains(stderr, bad+": "+want) {
+			t.Errorf("no problem reported for %s in:\n%s", want, stderr)
+		}
+	}
+}
