@@ -338,19 +338,10 @@ func (s *Server) prefillLeg(ctx context.Context, ex *exchange, r *http.Request, 
 		return nil, err
 	}
 	out.Header = r.Header.Clone()
-	stripClientHeaders(out.Header)
-	out.Header.Del("Expect")
+	s.backendHeader(out.Header, ex)
 	out.Header.Del("Content-Length")
 	out.Header.Del("Accept-Encoding") // the answer is read here, not passed on
-	if ex.tenant != nil {
-		out.Header.Del("Authorization")
-		out.Header.Del(HeaderAPIKey)
-	}
 	out.Header.Set("Content-Type", "application/json")
-	if s.dropTrace {
-		out.Header.Del("Traceparent")
-		out.Header.Del("Tracestate")
-	}
 	out = attemptRequest(ctx, out, be, ex.inURL, sendBody{head: body})
 	var span trace.Span
 	if s.tracer != nil {

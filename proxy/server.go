@@ -498,20 +498,27 @@ func (s *Server) rewrite(pr *httputil.ProxyRequest) {
 	ex := exchangeFrom(pr.In.Context())
 	// The retry transport aims each attempt at its backend; this first aim
 	// keeps ReverseProxy's own bookkeeping (Host, X-Forwarded-*) right.
-	stripClientHeaders(pr.Out.Header)
-	// The body is read already (and its 100 Continue sent): a backend's
-	// own 100 would reach the client as a second one.
-	pr.Out.Header.Del("Expect")
-	if ex.tenant != nil {
-		pr.Out.Header.Del("Authorization") // the client's llmlb key, not the backend's
-		pr.Out.Header.Del(HeaderAPIKey)
-	}
-	if s.dropTrace {
-		pr.Out.Header.Del("Traceparent")
-		pr.Out.Header.Del("Tracestate")
-	}
+	s.backendHeader(pr.Out.Header, ex)
 	pr.SetURL(ex.dec.Candidates[0].URL)
 	pr.SetXForwarded()
+}
+
+// backendHeader turns h, the client's header, into what a backend is
+// sent: no client-supplied x-llmlb-* or forwarding headers, no Expect
+// (the body is read and its 100 Continue sent: a backend's own would
+// reach the client as a second one), with keys no llmlb key, and the
+// trace context only if it is propagated.
+func (s *Server) backendHeader(h http.Header, ex *exchange) {
+	stripClientHeaders(h)
+	h.Del("Expect")
+	if ex.tenant != nil {
+		h.Del("Authorization") // the client's llmlb key, not the backend's
+		h.Del(HeaderAPIKey)
+	}
+	if s.dropTrace {
+		h.Del("Traceparent")
+		h.Del("Tracestate")
+	}
 }
 
 func (s *Server) modifyResponse(resp *http.Response) error {
