@@ -13,7 +13,7 @@ import (
 // virtual time and prints one table per workload; with --target it replays
 // them in real time over HTTP against a running balancer instead.
 func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("bench", "llmlb bench [--workload W,...] [--policy P,...] [--backends N] [--slow N] [--rate X] [--scale F] [--seed S] [--clients N] [--engine E] [--kv-events] [--perturb S] [--sweep [--rates F,...] [--seeds N]] [--replicas R] [--scenario NAME] [--json FILE] [--plot FILE.png] [--trace FILE] [--quiet] [--target URL [--model M] [--label L]]", stderr)
+	fs := newFlagSet("bench", "llmlb bench [--workload W,...] [--policy P,...] [--backends N] [--slow N] [--rate X] [--scale F] [--seed S] [--clients N] [--engine E] [--kv-events] [--perturb S] [--sweep [--rates F,...] [--seeds N]] [--replicas R] [--prefill N [--decisions D,...]] [--scenario NAME] [--json FILE] [--plot FILE.png] [--trace FILE] [--quiet] [--target URL [--model M] [--label L]]", stderr)
 	var c bench.Command
 	workloads := fs.String("workload", strings.Join(bench.WorkloadNames(), ","), "comma-separated workloads")
 	policies := fs.String("policy", strings.Join(bench.DefaultPolicies(), ","), "comma-separated policies; default is llmlb's default; ttft-true-cache and llm-d-precise know every cache")
@@ -37,11 +37,23 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.BoolVar(&c.KVEvents, "kv-events", false, "the emulated servers publish their KV-cache events, as vLLM does with --kv-events-config, and llmlb's default reads them (each request tokenized first, at a cost); the peers run as without")
 	fs.StringVar(&c.Perturb, "perturb", "", "scale the emulated engines' costs without telling the balancer: prefill=F (prefill per token and attention), request=F (per-request intake), tokens=F (the prompt tokens the balancer is told, as another tokenizer counts them), comma-separated")
 	fs.StringVar(&c.TraceFile, "trace", "", "also write one JSON line per served request of each emulated run to this file: its server and reason, what every server's cache held of its prompt and the prefill work truly queued at the pick, and its time to first token (not with --sweep, --scenario or --target)")
+	fs.IntVar(&c.Prefill, "prefill", 0, "compare disaggregated prefill/decode with the same servers aggregated: the first N servers of role prefill, the rest decode, one row per P/D decision, under the first --policy (default: default), on the long-prompt and mixed workloads unless --workload says")
+	decisions := fs.String("decisions", "", "with --prefill: comma-separated P/D decisions (always, llm-d, vllm-router, dynamo; default: all)")
 	fs.StringVar(&c.Scenario, "scenario", "", "replay a published experiment and print its published figures beside ours: llm-d-kv-cache-wins or sglang-v04-shared-prefix")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	c.Workloads, c.Policies = split(*workloads), split(*policies)
+	c.Workloads, c.Policies, c.Decisions = split(*workloads), split(*policies), split(*decisions)
+	if c.Prefill > 0 { // its own defaults: the P/D workloads and the default policy
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		if !set["workload"] {
+			c.Workloads = bench.PDWorkloadNames()
+		}
+		if !set["policy"] {
+			c.Policies = []string{bench.DefaultPolicy}
+		}
+	}
 	if !*quiet {
 		c.Progress = stderr
 	}

@@ -297,6 +297,9 @@ func (c Config) Validate() error {
 	if c.PD.MinUncachedTokens < 0 {
 		bad("pd.min_uncached_tokens", "must not be negative, got %d", c.PD.MinUncachedTokens)
 	}
+	if !(c.PD.MinUncachedRatio >= 0 && c.PD.MinUncachedRatio <= 1) {
+		bad("pd.min_uncached_ratio", "must be from 0 to 1, got %g", c.PD.MinUncachedRatio)
+	}
 	t := c.TTFT
 	if t.PrefillRate <= 0 {
 		bad("ttft.prefill_rate", "must be positive, got %g", t.PrefillRate)

@@ -73,11 +73,53 @@ type PDConfig struct {
 	// server lacks in its prefix cache for a request to take a prefill
 	// leg; shorter or mostly cached prompts are prefilled by the decode
 	// server itself, where a KV transfer would cost more than it saves.
-	// This is llm-d's nonCachedTokens rule (prefix_based_pd_decider.go
-	// in llm-d-inference-scheduler at 278a3e44, where 0 also splits
-	// every request), with vLLM router's pd_uncached_token_threshold,
-	// 256, as the default. (default 256)
+	// 0 splits every request. The default, 256, is vLLM router's
+	// pd_uncached_token_threshold ([PDDecisions]). (default 256)
 	MinUncachedTokens int `mapstructure:"min_uncached_tokens"`
+	// MinUncachedRatio, when above 0, also splits a request whose decode
+	// server lacks at least this share of its prompt, however few tokens
+	// that is: Dynamo's conditional disaggregation, with 2048 tokens and
+	// 0.7 ([PDDecisions]). (default 0: off)
+	MinUncachedRatio float64 `mapstructure:"min_uncached_ratio"`
+}
+
+// Split reports whether a request of prompt tokens, picked onto decode,
+// which lacks uncached of them, takes a prefill leg on another server:
+// when it lacks at least MinUncachedTokens, or at least MinUncachedRatio
+// of the prompt. must reports that it cannot be answered in one leg: an
+// SGLang server of role decode refuses a request without a bootstrap
+// room ("Disaggregated request received without bootstrap room id",
+// sgl-project/sglang as quoted in volcano-sh/kthena #865).
+func (c PDConfig) Split(decode *Backend, uncached, prompt int) (split, must bool) {
+	must = decode.Engine == "sglang" && decode.Role == RoleDecode
+	ratio := c.MinUncachedRatio > 0 && float64(uncached) >= c.MinUncachedRatio*float64(max(prompt, 1))
+	return must || uncached >= c.MinUncachedTokens || ratio, must
+}
+
+// PDDecision is a peer's rule for when a request takes a prefill leg, as
+// the [PDConfig] that runs it here.
+type PDDecision struct {
+	Name    string
+	Config  PDConfig
+	Follows string // the peer's code or configuration, at a commit
+}
+
+// PDDecisions lists the peers' P/D decisions, which `llmlb bench --prefill`
+// compares. Each decides on the decode server picked first, as llmlb
+// does, except that SGLang's gateway picks both servers independently and
+// splits every request; vLLM router's pd mode splits every request too
+// (the threshold is in its docs, not yet in its two-stage path).
+func PDDecisions() []PDDecision {
+	return []PDDecision{
+		{Name: "always", Config: PDConfig{},
+			Follows: "sgl-project/sglang sgl-model-gateway/src/routers/http/pd_router/selection.rs @ 03744dbe (a pair for every request); vllm-project/router src/routers/http/vllm_pd_router.rs @ 9da0ea11"},
+		{Name: "llm-d", Config: PDConfig{MinUncachedTokens: 16},
+			Follows: "llm-d/llm-d-inference-scheduler deploy/config/pd-epp-config.yaml @ 520af478 (nonCachedTokens: 16; the rule in pkg/epp/framework/plugins/scheduling/profilehandler/disagg/prefix_based_pd_decider.go)"},
+		{Name: "vllm-router", Config: PDConfig{MinUncachedTokens: 256},
+			Follows: "vllm-project/router docs/kv_events_pd_routing.md @ dda6063b (--pd-uncached-token-threshold 256)"},
+		{Name: "dynamo", Config: PDConfig{MinUncachedTokens: 2048, MinUncachedRatio: 0.7},
+			Follows: "ai-dynamo/dynamo lib/kv-router/src/conditional_disagg.rs @ 48bbf30c (isl_bounding: local when the effective input is under 2048 tokens and under 0.7 of the prompt)"},
+	}
 }
 
 // Disaggregated reports whether a backend serving model has a declared

@@ -122,3 +122,46 @@ func TestReworkedDecodeLegTeachesNothing(t *testing.T) {
 		t.Errorf("in flight after Release = %d, want 0", n)
 	}
 }
+
+// TestPDSplit: each peer's decision, as PDDecisions configures it, splits
+// by the decode server's uncached tokens as its source says; an SGLang
+// decode server must always split.
+func TestPDSplit(t *testing.T) {
+	decisions := map[string]PDConfig{}
+	for _, d := range PDDecisions() {
+		decisions[d.Name] = d.Config
+		if d.Follows == "" {
+			t.Errorf("%s cites no source", d.Name)
+		}
+	}
+	vllm := &Backend{Engine: "vllm", Role: RoleDecode}
+	for _, tc := range []struct {
+		decision         string
+		uncached, prompt int
+		want             bool
+	}{
+		{"always", 0, 100, true},
+		{"llm-d", 15, 5000, false},
+		{"llm-d", 16, 5000, true},
+		{"vllm-router", 255, 300, false},
+		{"vllm-router", 256, 300, true},
+		// Dynamo's isl_bounding: local only when the effective input is
+		// under 2048 tokens and under 0.7 of the prompt.
+		{"dynamo", 2047, 4000, false},
+		{"dynamo", 2048, 4000, true},
+		{"dynamo", 69, 100, false},
+		{"dynamo", 70, 100, true},
+	} {
+		if got, must := decisions[tc.decision].Split(vllm, tc.uncached, tc.prompt); got != tc.want || must {
+			t.Errorf("%s: Split(%d of %d) = %v, %v; want %v, false", tc.decision, tc.uncached, tc.prompt, got, must, tc.want)
+		}
+	}
+	if split, must := decisions["vllm-router"].Split(&Backend{Engine: "sglang", Role: RoleDecode}, 0, 100); !split || !must {
+		t.Errorf("SGLang decode server: Split = %v, %v; want true, true", split, must)
+	}
+	bad := DefaultConfig()
+	bad.PD.MinUncachedRatio = 1.5
+	if err := bad.Validate(); err == nil {
+		t.Error("min_uncached_ratio 1.5 validated")
+	}
+}

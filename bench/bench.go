@@ -46,6 +46,70 @@ type Options struct {
 	// Trace, if set, gets each open-loop run's [TraceRecord]s, by request,
 	// once every run is done, in workload then policy order.
 	Trace func(TraceRun)
+	// Prefill, when positive, compares disaggregated prefill/decode with
+	// the same servers aggregated instead of comparing policies: the
+	// first row runs every server as role both, and each of Decisions
+	// (default: every one of balancer.PDDecisions) a row with the first
+	// Prefill servers of role prefill and the rest of role decode, all
+	// under the first of Policies (default: the default policy).
+	Prefill   int
+	Decisions []string
+}
+
+// rowSpec is one row of a table: the policy it runs and, in a P/D
+// comparison, the servers' roles and the P/D decision.
+type rowSpec struct {
+	label, policy string
+	roles         []balancer.Role
+	pd            *balancer.PDConfig
+}
+
+// AggregatedRow labels a P/D comparison's row of servers all of role both.
+const AggregatedRow = "aggregated"
+
+// rowSpecs are o's rows: its policies, or its P/D comparison.
+func (o Options) rowSpecs() ([]rowSpec, error) {
+	if o.Prefill <= 0 {
+		var out []rowSpec
+		for _, p := range o.Policies {
+			out = append(out, rowSpec{label: p, policy: p})
+		}
+		return out, nil
+	}
+	if o.Prefill >= o.Backends {
+		return nil, fmt.Errorf("bench: --prefill %d leaves no decode server of %d", o.Prefill, o.Backends)
+	}
+	policy := DefaultPolicy
+	if len(o.Policies) > 0 {
+		policy = o.Policies[0]
+	}
+	roles := make([]balancer.Role, o.Backends)
+	for i := range roles {
+		roles[i] = balancer.RoleDecode
+		if i < o.Prefill {
+			roles[i] = balancer.RolePrefill
+		}
+	}
+	out := []rowSpec{{label: AggregatedRow, policy: policy}}
+	names := o.Decisions
+	if len(names) == 0 {
+		for _, d := range balancer.PDDecisions() {
+			names = append(names, d.Name)
+		}
+	}
+	for _, name := range names {
+		i := slices.IndexFunc(balancer.PDDecisions(), func(d balancer.PDDecision) bool { return d.Name == name })
+		if i < 0 {
+			var have []string
+			for _, d := range balancer.PDDecisions() {
+				have = append(have, d.Name)
+			}
+			return nil, fmt.Errorf("bench: unknown P/D decision %q (have %v)", name, have)
+		}
+		cfg := balancer.PDDecisions()[i].Config
+		out = append(out, rowSpec{label: fmt.Sprintf("pd %dP%dD %s", o.Prefill, o.Backends-o.Prefill, name), policy: policy, roles: roles, pd: &cfg})
+	}
+	return out, nil
 }
 
 // TraceRun is one traced run: its workload, policy and replicas, and a
@@ -98,11 +162,14 @@ func Presets(n, slow int) []string {
 // Bench runs every workload through every policy, one run at a time per
 // CPU, and returns one table per workload, rows in policy order.
 func Bench(ctx context.Context, o Options) (Report, error) {
-	if len(o.Workloads) == 0 {
+	if len(o.Workloads) == 0 && o.Prefill <= 0 {
 		o.Workloads = WorkloadNames()
 	}
-	if len(o.Policies) == 0 {
+	if len(o.Policies) == 0 && o.Prefill <= 0 {
 		o.Policies = DefaultPolicies()
+	}
+	if len(o.Workloads) == 0 && o.Prefill > 0 {
+		o.Workloads = PDWorkloadNames()
 	}
 	if o.Backends <= 0 {
 		o.Backends = 8
@@ -113,6 +180,10 @@ func Bench(ctx context.Context, o Options) (Report, error) {
 				return Report{}, fmt.Errorf("bench: unknown policy %q (have %v)", p, DefaultPolicies())
 			}
 		}
+	}
+	specs, err := o.rowSpecs()
+	if err != nil {
+		return Report{}, err
 	}
 	presets := Presets(o.Backends, o.Slow)
 	var rep Report
@@ -132,12 +203,12 @@ func Bench(ctx context.Context, o Options) (Report, error) {
 	}
 	for _, w := range loads {
 		t := Table{Name: w.Name, Backends: o.Backends, Requests: len(w.Requests), Rate: w.Rate, Clients: max(0, o.Clients),
-			Results: make([]Row, len(o.Policies)), ttfts: make([][]time.Duration, len(o.Policies))}
+			Results: make([]Row, len(specs)), ttfts: make([][]time.Duration, len(specs)), PD: o.Prefill > 0}
 		rep.Workloads = append(rep.Workloads, t)
 	}
 	traces := make([][]TraceRun, len(loads)) // by workload, then policy
 	for i := range traces {
-		traces[i] = make([]TraceRun, len(o.Policies))
+		traces[i] = make([]TraceRun, len(specs))
 	}
 	jobs := make(chan job)
 	var mu sync.Mutex
@@ -146,22 +217,29 @@ func Bench(ctx context.Context, o Options) (Report, error) {
 	if o.Clients > 0 {
 		passes = 2
 	}
-	done, total := 0, passes*len(loads)*len(o.Policies)
+	done, total := 0, passes*len(loads)*len(specs)
 	start := time.Now()
 	var wg sync.WaitGroup
 	for range max(1, runtime.GOMAXPROCS(0)) {
 		wg.Go(func() {
 			for j := range jobs {
-				c := Cluster{Presets: presets, Engine: o.Engine, Policy: o.Policies[j.p], Seed: o.Params.Seed, Replicas: o.Replicas, Perturb: o.Perturb, KVEvents: o.KVEvents}
+				spec := specs[j.p]
+				c := Cluster{Presets: presets, Engine: o.Engine, Policy: spec.policy, Seed: o.Params.Seed, Replicas: o.Replicas, Perturb: o.Perturb, KVEvents: o.KVEvents,
+					Roles: spec.roles}
+				if spec.pd != nil {
+					bcfg := balancer.DefaultConfig()
+					bcfg.PD = *spec.pd
+					c.Balancer = &bcfg
+				}
 				if j.closed {
 					c.Clients = o.Clients
 				}
 				c.Trace = o.Trace != nil && !j.closed
 				res, err := Run(c, loads[j.w])
-				res.Policy = o.Policies[j.p]
+				res.Policy = spec.label
 				mu.Lock()
 				if err != nil && firstErr == nil {
-					firstErr = fmt.Errorf("bench: %s with %s: %w", loads[j.w].Name, o.Policies[j.p], err)
+					firstErr = fmt.Errorf("bench: %s with %s: %w", loads[j.w].Name, spec.label, err)
 				}
 				row := &rep.Workloads[j.w].Results[j.p]
 				if j.closed {
@@ -175,11 +253,11 @@ func Bench(ctx context.Context, o Options) (Report, error) {
 				}
 				if c.Trace && err == nil {
 					slices.SortFunc(res.Trace, func(a, b TraceRecord) int { return a.Request - b.Request })
-					traces[j.w][j.p] = TraceRun{Workload: loads[j.w].Name, Policy: o.Policies[j.p], Replicas: max(1, o.Replicas), Records: res.Trace}
+					traces[j.w][j.p] = TraceRun{Workload: loads[j.w].Name, Policy: spec.label, Replicas: max(1, o.Replicas), Records: res.Trace}
 				}
 				done++
 				if o.Progress != nil {
-					fmt.Fprintf(o.Progress, "\rbench: %d/%d runs (%s, %s) %s   ", done, total, loads[j.w].Name, o.Policies[j.p], time.Since(start).Round(time.Second))
+					fmt.Fprintf(o.Progress, "\rbench: %d/%d runs (%s, %s) %s   ", done, total, loads[j.w].Name, spec.label, time.Since(start).Round(time.Second))
 				}
 				mu.Unlock()
 			}
@@ -202,7 +280,7 @@ func Bench(ctx context.Context, o Options) (Report, error) {
 feed:
 	for pass := range passes {
 		for _, wi := range order {
-			for pi := range o.Policies {
+			for pi := range specs {
 				select {
 				case jobs <- job{wi, pi, pass == 1}:
 				case <-ctx.Done():

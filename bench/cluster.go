@@ -77,6 +77,14 @@ type Cluster struct {
 	// Trace records each served request's pick in [Result.Trace]: the
 	// caches and prefill work the servers held then ([TraceRecord]).
 	Trace bool
+	// Roles gives each server its part in a disaggregated prefill/decode
+	// fleet, one entry a server (nil: all both). With a prefill or decode
+	// server, requests are split into two legs as llmlb's proxy splits
+	// them, by the balancer's PD config ([pdLeg]).
+	Roles []balancer.Role
+	// Transfer prices a split request's KV transfer (zero: sim.PDConfig's
+	// defaults).
+	Transfer sim.PDConfig
 }
 
 // Result is what one policy did with one workload.
@@ -94,6 +102,12 @@ type Result struct {
 	Refused      int   // the admission queue refused or timed out
 	Failed       int   // no backend, or a server refused the request
 	Preemptions  int64
+	// TPOT is each served request's time per output token after the
+	// first, for those of two tokens or more, in completion order.
+	TPOT []time.Duration
+	// Split counts the requests that took a prefill leg on another
+	// server ([Cluster.Roles]).
+	Split int
 	// FollowUps counts the stored follow-ups sent ([Request.Stored]), and
 	// FailedFollowUps those that reached a server other than the one
 	// storing the response they continue, which answers 404 at once;
@@ -150,6 +164,8 @@ type run struct {
 	// and previous turns, -1 for none; answeredBy is the server that
 	// answered each request, -1 until one has.
 	after, before, answeredBy []int
+	// roles: some server is not of role both, so requests may split.
+	roles bool
 	// followsStored: the policy is llmlb's own, whose proxy sends a
 	// stored follow-up to the server storing its previous response
 	// ([ownPolicy]).
@@ -273,7 +289,12 @@ func (r *run) build() error {
 		id := fmt.Sprintf("sim-%02d-%s", i, name)
 		u, _ := url.Parse("http://" + id + ":8000")
 		eng := sim.NewEngine(cfg)
-		r.servers = append(r.servers, &server{id: id, url: u, eng: eng, block: eng.Config().BlockSize * sim.BytesPerToken})
+		srv := &server{id: id, url: u, eng: eng, block: eng.Config().BlockSize * sim.BytesPerToken}
+		if i < len(r.c.Roles) {
+			srv.role = r.c.Roles[i]
+			r.roles = r.roles || srv.role != balancer.RoleBoth
+		}
+		r.servers = append(r.servers, srv)
 		r.byID[id] = i
 		// Every replica scrapes every server once before traffic, as
 		// discovery does, then on its own jittered interval.

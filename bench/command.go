@@ -48,6 +48,11 @@ type Command struct {
 	Sweep bool
 	Rates string
 	Seeds int
+	// Prefill and Decisions, when Prefill is positive, compare
+	// disaggregated prefill/decode with the servers aggregated
+	// ([Options.Prefill]).
+	Prefill   int
+	Decisions []string
 	// Scenario, if set, replays that published experiment
 	// ([LookupExperiment]) instead, beside its published figures.
 	Scenario string
@@ -92,7 +97,7 @@ func (c Command) Run(ctx context.Context, stdout io.Writer) (err error) {
 		c.Clients = 32 * c.Backends
 	}
 	opts := Options{Workloads: c.Workloads, Policies: c.Policies, Backends: c.Backends, Slow: c.Slow, Params: c.Params,
-		Engine: c.Engine, Clients: c.Clients, Perturb: pert, KVEvents: c.KVEvents, Progress: c.Progress}
+		Engine: c.Engine, Clients: c.Clients, Perturb: pert, KVEvents: c.KVEvents, Progress: c.Progress, Prefill: c.Prefill, Decisions: c.Decisions}
 	if c.TraceFile != "" {
 		tr, terr := NewTraceWriter(c.TraceFile, c.Params.Seed)
 		if terr != nil {
@@ -174,6 +179,14 @@ func (c Command) runSweep(ctx context.Context, o Options, stdout io.Writer) erro
 
 // runExperiment replays the published experiment c.Scenario.
 func (c Command) runExperiment(ctx context.Context, stdout io.Writer) error {
+	if e, ok := lookupPDExperiment(c.Scenario); ok {
+		rows, err := RunPDExperiment(ctx, e, Params{Scale: c.Params.Scale, Seed: c.Params.Seed}, c.Progress)
+		if err != nil {
+			return err
+		}
+		WritePDExperiment(stdout, e, rows)
+		return writeJSON(c.JSONFile, rows)
+	}
 	sc, err := LookupExperiment(c.Scenario)
 	if err != nil {
 		return err

@@ -11,8 +11,9 @@ const (
 	evStep
 	evScrape
 	evEnter
-	evTokenized // a request's tokens are back; its pick comes now
-	evKV        // server i's KV events reach the balancers
+	evTokenized   // a request's tokens are back; its pick comes now
+	evKV          // server i's KV events reach the balancers
+	evTransferred // a disaggregated request's KV cache reached its decode server
 )
 
 type event struct {
@@ -20,7 +21,7 @@ type event struct {
 	kind int
 	i    int     // request index or server index
 	rep  int     // replica, for scrapes
-	f    *flight // for evEnter
+	f    *flight // for evEnter, evTokenized and evTransferred
 	seq  uint64  // insertion order, to break ties deterministically
 }
 
@@ -69,6 +70,9 @@ func (r *run) loop() {
 		case evTokenized:
 			r.entering--
 			r.dispatch(e.f)
+		case evTransferred:
+			r.entering--
+			r.transferred(e.f)
 		case evKV:
 			r.deliverKV(e.i)
 		case evStep:

@@ -25,6 +25,7 @@ type flight struct {
 	tokens  []uint32     // the prompt's token ids, when its replica reads KV events
 	trace   *TraceRecord // when the run is traced: the pick's record, until the first token
 	holder  int          // a stored follow-up's: the server storing its previous response
+	pd      *pdLeg       // a disaggregated request's prefill leg; nil for one leg
 }
 
 func (r *run) arrive(i int) {
@@ -151,31 +152,53 @@ func (r *run) dispatch(f *flight) bool {
 	}
 	f.seq.Tokens = f.tokens // the engine records KV events of what it has tokens of
 	f.guard = f.breq.Guard
+	if f.pd = r.prefillLeg(f, &dec); f.pd != nil {
+		f.breq.Prompt = nil
+		r.intake(f, f.pd.srv, f.pd.seq)
+		return true
+	}
 	f.breq.Prompt = nil // r.text is reused by the next request
-	// The server's own per-request work (parsing, tokenising, scheduling)
-	// comes before its scheduler sees the request.
-	if d := s.eng.Config().Cost.Intake(f.seq.PromptTokens); d > 0 {
+	r.intake(f, f.srv, f.seq)
+	return true
+}
+
+// intake sends seq, f's leg, to server srv: the server's own per-request
+// work (parsing, tokenising, scheduling) comes before its scheduler sees
+// the request.
+func (r *run) intake(f *flight, srv int, seq *sim.Seq) {
+	if d := r.servers[srv].eng.Config().Cost.Intake(seq.PromptTokens); d > 0 {
 		r.entering++
 		r.push(event{at: r.now + d, kind: evEnter, f: f})
 	} else {
 		r.enter(f)
 	}
-	return true
 }
 
-// enter hands a picked request to its server's scheduler.
+// enter hands f's leg in progress to its server's scheduler: the prefill
+// leg of a disaggregated request while it runs, else the request itself,
+// whose decode server first takes in the KV cache a prefill leg sent.
 func (r *run) enter(f *flight) {
-	s := r.servers[f.srv]
-	if err := s.eng.Add(f.seq); err != nil {
-		f.guard.Release()
+	srv, seq, guard := f.srv, f.seq, f.guard
+	if f.pd != nil && f.pd.active {
+		srv, seq, guard = f.pd.srv, f.pd.seq, f.pd.guard
+	}
+	s := r.servers[srv]
+	if f.pd != nil && !f.pd.active {
+		s.eng.Receive(seq.Hashes)
+	}
+	if err := s.eng.Add(seq); err != nil {
+		guard.Release()
+		if guard != f.guard {
+			f.guard.Release()
+		}
 		r.res.Failed++
 		r.ended(f.idx, false)
 		return
 	}
-	r.flights[f.seq] = f
+	r.flights[seq] = f
 	s.served++
 	if !s.busy {
-		r.step(f.srv)
+		r.step(srv)
 	}
 }
 

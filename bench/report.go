@@ -21,9 +21,15 @@ type Row struct {
 	// sit on the step between two kinds of request (where misses are a
 	// tenth of the requests, the p90 is the fastest misses' time or the
 	// slowest hits').
-	TTFTMean   float64 `json:"ttft_mean"`
-	E2EP50     float64 `json:"e2e_p50"`
-	E2EP99     float64 `json:"e2e_p99"`
+	TTFTMean float64 `json:"ttft_mean"`
+	E2EP50   float64 `json:"e2e_p50"`
+	E2EP99   float64 `json:"e2e_p99"`
+	// TPOTP50 and TPOTP90 are quantiles of the time per output token
+	// after the first, over requests of two tokens or more.
+	TPOTP50 float64 `json:"tpot_p50"`
+	TPOTP90 float64 `json:"tpot_p90"`
+	// Split is the requests that took a prefill leg ([Result.Split]).
+	Split      int     `json:"split,omitempty"`
 	Throughput float64 `json:"output_tokens_per_s"`
 	HitRate    float64 `json:"hit_rate"`
 	Imbalance  float64 `json:"imbalance"`
@@ -55,6 +61,9 @@ type Table struct {
 	// it was not run.
 	Clients int   `json:"clients,omitempty"`
 	Results []Row `json:"results"`
+	// PD: the rows compare disaggregated prefill/decode with the servers
+	// aggregated ([Options.Prefill]).
+	PD bool `json:"pd,omitempty"`
 
 	ttfts [][]time.Duration // each row's sorted TTFTs, for Plot
 }
@@ -88,15 +97,17 @@ func mean(ds []time.Duration) float64 {
 // Summarize turns a Result into a Row. Imbalance is the busiest server's
 // requests over the mean (1 is perfectly even).
 func Summarize(r Result) Row {
-	ttft, e2e := slices.Clone(r.TTFT), slices.Clone(r.E2E)
+	ttft, e2e, tpot := slices.Clone(r.TTFT), slices.Clone(r.E2E), slices.Clone(r.TPOT)
 	slices.Sort(ttft)
 	slices.Sort(e2e)
+	slices.Sort(tpot)
 	row := Row{
 		Policy: r.Policy, Refused: r.Refused, Failed: r.Failed,
 		FollowUps: r.FollowUps, FailedFollowUps: r.FailedFollowUps, UnsentTurns: r.Unsent,
 		TTFTP50: Quantile(ttft, .5), TTFTP90: Quantile(ttft, .9), TTFTP99: Quantile(ttft, .99),
 		TTFTMean: mean(ttft),
 		E2EP50:   Quantile(e2e, .5), E2EP99: Quantile(e2e, .99),
+		TPOTP50: Quantile(tpot, .5), TPOTP90: Quantile(tpot, .9), Split: r.Split,
 	}
 	if r.Duration > 0 {
 		row.Throughput = float64(r.OutputTokens) / r.Duration.Seconds()
@@ -123,6 +134,9 @@ func WriteTable(w io.Writer, t Table) {
 	}
 	fmt.Fprintln(w)
 	head := []string{"policy", "ttft p50", "p90", "p99", "e2e p50", "p99", "out tok/s", "hit rate", "imbalance", "refused", "failed"}
+	if t.PD {
+		head = []string{"servers, P/D decision", "ttft p50", "p90", "p99", "tpot p50", "p90", "e2e p99", "out tok/s", "hit rate", "split", "refused", "failed"}
+	}
 	stored := t.hasFollowUps()
 	if stored {
 		head = append(head, "failed follow-ups", "unsent turns")
@@ -135,6 +149,10 @@ func WriteTable(w io.Writer, t Table) {
 		row := []string{r.Policy, secs(r.TTFTP50), secs(r.TTFTP90), secs(r.TTFTP99), secs(r.E2EP50), secs(r.E2EP99),
 			fmt.Sprintf("%.0f", r.Throughput), fmt.Sprintf("%.1f%%", 100*r.HitRate), fmt.Sprintf("%.2f", r.Imbalance),
 			fmt.Sprint(r.Refused), fmt.Sprint(r.Failed)}
+		if t.PD {
+			row = []string{r.Policy, secs(r.TTFTP50), secs(r.TTFTP90), secs(r.TTFTP99), secs(r.TPOTP50), secs(r.TPOTP90), secs(r.E2EP99),
+				fmt.Sprintf("%.0f", r.Throughput), fmt.Sprintf("%.1f%%", 100*r.HitRate), fmt.Sprint(r.Split), fmt.Sprint(r.Refused), fmt.Sprint(r.Failed)}
+		}
 		if stored {
 			row = append(row, followUps(r), fmt.Sprint(r.UnsentTurns))
 		}
@@ -193,8 +211,10 @@ func (r Row) MarshalJSON() ([]byte, error) {
 		TTFTMean any   `json:"ttft_mean"`
 		E2EP50   any   `json:"e2e_p50"`
 		E2EP99   any   `json:"e2e_p99"`
+		TPOTP50  any   `json:"tpot_p50"`
+		TPOTP90  any   `json:"tpot_p90"`
 		TTFTP90s []any `json:"ttft_p90_by_seed,omitempty"`
-	}{plain(r), num(r.TTFTP50), num(r.TTFTP90), num(r.TTFTP99), num(r.TTFTMean), num(r.E2EP50), num(r.E2EP99), p90s})
+	}{plain(r), num(r.TTFTP50), num(r.TTFTP90), num(r.TTFTP99), num(r.TTFTMean), num(r.E2EP50), num(r.E2EP99), num(r.TPOTP50), num(r.TPOTP90), p90s})
 }
 
 // WriteJSON writes the report as the --json file.

@@ -119,7 +119,7 @@ func LookupExperiment(name string) (Experiment, error) {
 		}
 		names = append(names, s.Name)
 	}
-	return Experiment{}, fmt.Errorf("bench: unknown scenario %q (have %v)", name, names)
+	return Experiment{}, fmt.Errorf("bench: unknown scenario %q (have %v)", name, append(names, pdExperimentNames()...))
 }
 
 // RunExperiment replays the scenario through each of its policies.

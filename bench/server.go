@@ -17,7 +17,8 @@ type server struct {
 	id     string
 	url    *url.URL
 	eng    *sim.Engine
-	block  int  // bytes a KV block holds
+	block  int // bytes a KV block holds
+	role   balancer.Role
 	busy   bool // a step is scheduled
 	served int
 	kv     []kvBatch // KV events on their way to the balancers, oldest first
@@ -36,16 +37,25 @@ func (r *run) step(i int) {
 	r.out, d = s.eng.Step(r.out[:0])
 	for _, o := range r.out {
 		f := r.flights[o.Seq]
+		if f.pd != nil && o.Seq == f.pd.seq {
+			r.prefilled(f, o)
+			continue
+		}
 		if o.First {
 			f.guard.FirstByte(r.clock())
 			r.ttft[f.idx] = r.now - f.arrived
 			r.traceFirst(f, r.ttft[f.idx], o.Seq.CachedTokens)
-			r.res.PromptTokens += int64(o.Seq.PromptTokens)
-			r.res.CachedTokens += int64(o.Seq.CachedTokens)
+			if f.pd == nil { // a prefill leg counted its own
+				r.res.PromptTokens += int64(o.Seq.PromptTokens)
+				r.res.CachedTokens += int64(o.Seq.CachedTokens)
+			}
 		}
 		if o.Done {
 			f.guard.Release()
 			r.e2e[f.idx] = r.now - f.arrived
+			if n := o.Seq.Generated; n > 1 {
+				r.res.TPOT = append(r.res.TPOT, (r.e2e[f.idx]-r.ttft[f.idx])/time.Duration(n-1))
+			}
 			r.res.OutputTokens += int64(o.Seq.Generated)
 			r.last = max(r.last, r.now)
 			delete(r.flights, o.Seq)
@@ -76,7 +86,7 @@ func (r *run) scrapeServer(rep, i int) {
 	s := r.servers[i]
 	page := sim.RenderMetrics(r.c.Engine, Model, len(r.w.Adapters) > 0, s.eng.Stats(), r.clock())
 	reading, err := r.scraper.Extract([]byte(page), r.clock())
-	spec := balancer.Spec{ID: s.id, URL: s.url, Engine: r.c.Engine, Models: r.models, Adapters: r.adapts, State: balancer.StateReady}
+	spec := balancer.Spec{ID: s.id, URL: s.url, Engine: r.c.Engine, Models: r.models, Adapters: r.adapts, State: balancer.StateReady, Role: s.role}
 	if err == nil {
 		spec.Metrics = reading.Metrics
 	} else {

@@ -182,6 +182,14 @@ var workloadNames = []string{"mooncake-conversation", "mooncake-synthetic", "sha
 // WorkloadNames lists the built-in workloads.
 func WorkloadNames() []string { return slices.Clone(workloadNames) }
 
+// pdWorkloadNames are the built-in workloads of the P/D comparison
+// ([PDOptions]), which the default run leaves out: their prompts share
+// nothing, so they say nothing about routing by cache.
+var pdWorkloadNames = []string{"long-prompt", "mixed"}
+
+// PDWorkloadNames lists the workloads a P/D comparison runs by default.
+func PDWorkloadNames() []string { return slices.Clone(pdWorkloadNames) }
+
 // Params size a built-in workload. Zero fields take the workload's default.
 type Params struct {
 	// Rate multiplies the arrival rate (and so divides the trace's time).
@@ -216,8 +224,12 @@ func Build(name string, p Params) (*Workload, error) {
 		w = burst(p, rng)
 	case "agentic":
 		w = agentic(p, rng)
+	case "long-prompt":
+		w = longPrompt(p, rng)
+	case "mixed":
+		w = mixed(p, rng)
 	default:
-		return nil, fmt.Errorf("unknown workload %q (have %v)", name, workloadNames)
+		return nil, fmt.Errorf("unknown workload %q (have %v)", name, append(WorkloadNames(), pdWorkloadNames...))
 	}
 	if err != nil {
 		return nil, err
@@ -238,6 +250,8 @@ var defaultRate = map[string]float64{
 	"lora":                  1,
 	"burst":                 1,
 	"agentic":               1,
+	"long-prompt":           1,
+	"mixed":                 1,
 }
 
 func rate(name string, p Params) float64 {
@@ -493,6 +507,42 @@ func agentic(p Params, rng *rand.Rand) *Workload {
 			hist = append(hist, Part{ID: 17<<32 + sid + uint64(turn), Tokens: out}, Part{ID: 18<<32 + sid + uint64(turn), Tokens: tool})
 			think = time.Second + time.Duration(rng.Int64N(int64(4*time.Second)))
 		}
+	}
+	return w
+}
+
+// longPrompt: documents of 3,000-7,000 tokens that share nothing, each
+// asked for a 200-400-token answer, at Poisson arrivals of 6 a second:
+// the prefill-heavy load that disaggregation is for (a long prefill in a
+// colocated server's batch stalls the decodes beside it).
+func longPrompt(p Params, rng *rand.Rand) *Workload {
+	n := max(1, int(1500*p.Scale))
+	r := rate("long-prompt", p)
+	w := &Workload{Rate: r}
+	for i, t := range poisson(rng, n, 6*r) {
+		w.Requests = append(w.Requests, Request{At: t, Parts: []Part{{ID: 19<<32 + uint64(i), Tokens: 3000 + rng.IntN(4001)}},
+			MaxTokens: 200 + rng.IntN(201)})
+	}
+	return w
+}
+
+// mixed: chat requests and documents at Poisson arrivals of 10 a second.
+// Four in five are chats: one of eight 1,000-token system prompts and a
+// question of 100-600 tokens, answered in 100-400 tokens, so that a
+// server holding the system prompt lacks only the question. The fifth is
+// a 6,000-10,000-token document that shares nothing, asked for 100-200
+// tokens. The chats' decodes share servers with the documents' prefills.
+func mixed(p Params, rng *rand.Rand) *Workload {
+	n := max(1, int(2500*p.Scale))
+	r := rate("mixed", p)
+	w := &Workload{Rate: r}
+	for i, t := range poisson(rng, n, 10*r) {
+		q := Request{At: t, Parts: []Part{{ID: 22<<32 + uint64(rng.IntN(8)), Tokens: 1000}, {ID: 20<<32 + uint64(i), Tokens: 100 + rng.IntN(501)}},
+			System: 1, MaxTokens: 100 + rng.IntN(301)}
+		if rng.IntN(5) == 0 {
+			q = Request{At: t, Parts: []Part{{ID: 21<<32 + uint64(i), Tokens: 6000 + rng.IntN(4001)}}, MaxTokens: 100 + rng.IntN(101)}
+		}
+		w.Requests = append(w.Requests, q)
 	}
 	return w
 }

@@ -127,25 +127,21 @@ func (pd *pdPlan) decodeFailed() error {
 // planPD decides whether the picked request takes a prefill leg, and if so
 // picks its prefill server into ex.pd, preferring among ties one on the
 // decode server's host. Only completions and chats on a fleet with
-// declared roles qualify, and only when the decode server picked lacks
-// at least balancer.pd.min_uncached_tokens of the prompt: vLLM router's
-// P/D bypass chooses the decode worker first and skips the prefill stage
-// when its uncached tokens are few, where a KV transfer would cost more
-// than prefilling in place. A request with no prefill server to take it,
-// whose prefill pick is its decode server (role both) or runs another
-// engine, is answered in one leg; except on an SGLang server of role decode, which refuses a
-// request without a bootstrap room ("Disaggregated request received
-// without bootstrap room id", sgl-project/sglang as quoted in
-// volcano-sh/kthena #865): there every request takes a prefill leg, and
-// one no prefill server can take fails.
+// declared roles qualify, and only when [balancer.PDConfig.Split] says
+// so: vLLM router's P/D bypass chooses the decode worker first and skips
+// the prefill stage when its uncached tokens are few, where a KV transfer
+// would cost more than prefilling in place. A request with no prefill
+// server to take it, whose prefill pick is its decode server (role both)
+// or runs another engine, is answered in one leg, unless Split says it
+// must split: then it fails.
 func (s *Server) planPD(ex *exchange, breq *balancer.Request) error {
 	k := ex.req.Kind
 	if k != KindCompletion && k != KindChat || ex.holder != nil || !s.bal.Snapshot().Disaggregated(breq.Model) {
 		return nil
 	}
 	decode := ex.dec.Candidates[0]
-	must := decode.Engine == "sglang" && decode.Role == balancer.RoleDecode
-	if !must && ex.dec.Uncached < s.bal.Config().PD.MinUncachedTokens {
+	split, must := s.bal.Config().PD.Split(decode, ex.dec.Uncached, breq.PromptTokens)
+	if !split {
 		s.metrics.pdRequests.WithLabelValues(pdLocal).Inc()
 		return nil
 	}
@@ -474,6 +470,7 @@ type pdRoute struct {
 	Decision          string                `json:"decision"`
 	UncachedTokens    int                   `json:"uncached_tokens"` // on the decode server chosen
 	MinUncachedTokens int                   `json:"min_uncached_tokens"`
+	MinUncachedRatio  float64               `json:"min_uncached_ratio,omitempty"`
 	Prefill           *balancer.Explanation `json:"prefill,omitempty"` // the prefill pick; absent when local for too few tokens
 }
 
@@ -483,17 +480,18 @@ func (s *Server) explainPD(breq *balancer.Request, decode balancer.Explanation) 
 	if len(decode.Chosen) == 0 || !s.bal.Snapshot().Disaggregated(breq.Model) {
 		return nil
 	}
-	rt := &pdRoute{Decision: pdLocal, MinUncachedTokens: s.bal.Config().PD.MinUncachedTokens}
+	cfg := s.bal.Config().PD
+	rt := &pdRoute{Decision: pdLocal, MinUncachedTokens: cfg.MinUncachedTokens, MinUncachedRatio: cfg.MinUncachedRatio}
 	pb := *breq
 	pb.Role, pb.Session, pb.MaxTokens = balancer.RolePrefill, "", 1
-	must := false // an SGLang decode server: every request splits (planPD)
+	split := false
 	for _, bd := range decode.Backends {
 		if bd.ID == decode.Chosen[0] && bd.Candidate != nil {
 			rt.UncachedTokens, pb.NearHost = bd.UncachedTokens, bd.Backend.URL.Hostname()
-			must = bd.Backend.Engine == "sglang" && bd.Backend.Role == balancer.RoleDecode
+			split, _ = cfg.Split(bd.Backend, bd.UncachedTokens, breq.PromptTokens)
 		}
 	}
-	if !must && rt.UncachedTokens < rt.MinUncachedTokens {
+	if !split {
 		return rt
 	}
 	ex := s.bal.Explain(&pb)

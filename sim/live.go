@@ -65,7 +65,7 @@ func (l *Live) Run(ctx context.Context, j Job, emit func() error) (int, error) {
 	wake := make(chan struct{}, 1)
 	l.mu.Lock()
 	if transferred(ctx) { // a decode leg: the prompt's KV cache arrived from its prefill server
-		l.eng.receive(hashes)
+		l.eng.Receive(hashes)
 	}
 	if err := l.eng.Add(s); err != nil {
 		l.mu.Unlock()

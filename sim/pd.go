@@ -57,6 +57,14 @@ func (c *PDConfig) setDefaults() {
 	}
 }
 
+// TransferTime is how long moving the KV cache of a prompt of tokens
+// tokens from its prefill server to its decode server takes: the setup,
+// then its bytes over the bandwidth. Zero fields take their defaults.
+func (c PDConfig) TransferTime(tokens int) time.Duration {
+	c.setDefaults()
+	return c.TransferSetup + time.Duration(float64(tokens)*float64(c.KVBytesPerToken)/c.TransferBandwidth*float64(time.Second))
+}
+
 // checkRole refuses a role that is none of the three.
 func checkRole(role string) error {
 	switch role {
@@ -201,12 +209,10 @@ func (s *Server) disaggregated(next http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-// transfer waits out the KV transfer of the request's prompt: the setup,
-// then its bytes over the bandwidth. It reports false if the client left.
+// transfer waits out the KV transfer of the request's prompt
+// ([PDConfig.TransferTime]). It reports false if the client left.
 func (s *Server) transfer(r *http.Request, body []byte) bool {
-	cfg := s.cfg.PD
-	tokens := promptTokens(body) // the body bounds the prompt; close enough for a cost
-	d := cfg.TransferSetup + time.Duration(float64(tokens*cfg.KVBytesPerToken)/cfg.TransferBandwidth*float64(time.Second))
+	d := s.cfg.PD.TransferTime(promptTokens(body)) // the body bounds the prompt; close enough for a cost
 	if m, ok := s.ranks[0].(interface{ timeScale() float64 }); ok && m.timeScale() > 0 {
 		d = time.Duration(float64(d) / m.timeScale()) // the model's --speed applies to the transfer too
 	}
@@ -283,13 +289,13 @@ func (a *prefillAnswer) send(w http.ResponseWriter) {
 	_, _ = w.Write(a.body.Bytes())
 }
 
-// receive enters the blocks a KV transfer brought into the prefix cache,
+// Receive enters the blocks a KV transfer brought into the prefix cache,
 // as free blocks holding content, so that the request they came for hits
 // them and prefills only its last token, as a vLLM decode server fills
 // the blocks NixlConnector pulled. Blocks already cached are kept; it
 // stops when the free blocks are used up, evicting older content as any
 // allocation does but never the transfer's own.
-func (e *Engine) receive(hashes []uint64) {
+func (e *Engine) Receive(hashes []uint64) {
 	if e.cfg.NoPrefixCaching {
 		return
 	}

@@ -9,12 +9,12 @@ func TestReceivedBlocksAreHeld(t *testing.T) {
 	e := NewEngine(EngineConfig{BlockSize: 16, NumBlocks: 64})
 	cfg := e.Config()
 	hashes := BlockHashes(nil, 1, make([]byte, 40*cfg.BlockSize*BytesPerToken), cfg.BlockSize*BytesPerToken)
-	e.receive(hashes)
+	e.Receive(hashes)
 	if got, want := e.Holds(hashes), len(hashes)*cfg.BlockSize; got != want {
 		t.Errorf("Holds after receive = %d tokens, want %d", got, want)
 	}
 	more := BlockHashes(nil, 2, make([]byte, 100*cfg.BlockSize*BytesPerToken), cfg.BlockSize*BytesPerToken)
-	e.receive(more)
+	e.Receive(more)
 	if got := e.Holds(more); got == 0 || got > cfg.NumBlocks*cfg.BlockSize {
 		t.Errorf("Holds after a transfer larger than the cache = %d tokens", got)
 	}
