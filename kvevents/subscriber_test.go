@@ -174,28 +174,28 @@ func TestStreamGapsAndRestarts(t *testing.T) {
 		}
 		return [][]byte{nil, n[:], sim.EncodeKVBatch(nil, 0, evs, bs)}
 	}
-	st.Receive(t.Context(), msg(10, evs))
+	st.receive(t.Context(), msg(10, evs))
 	if store.Match("a", blocks) != 2 {
 		t.Fatal("first batch not entered")
 	}
 	// A gap without a replay socket: a removal may have been lost.
-	st.Receive(t.Context(), msg(12, nil))
+	st.receive(t.Context(), msg(12, nil))
 	if store.Match("a", blocks) != 0 {
 		t.Fatal("a gap kept the table")
 	}
-	st.Receive(t.Context(), msg(13, evs))
+	st.receive(t.Context(), msg(13, evs))
 	// A lower number: the server restarted, with an empty cache.
-	st.Receive(t.Context(), msg(0, nil))
+	st.receive(t.Context(), msg(0, nil))
 	if store.Match("a", blocks) != 0 {
 		t.Fatal("a restart kept the table")
 	}
-	st.Receive(t.Context(), msg(1, evs))
+	st.receive(t.Context(), msg(1, evs))
 	// A message that cannot be read: so is the table.
-	st.Receive(t.Context(), [][]byte{nil, {0, 0, 0, 0, 0, 0, 0, 2}, {0xc1}})
+	st.receive(t.Context(), [][]byte{nil, {0, 0, 0, 0, 0, 0, 0, 2}, {0xc1}})
 	if store.Match("a", blocks) != 0 || st.last != 2 {
 		t.Fatal("an unreadable batch kept the table")
 	}
-	st.Receive(t.Context(), [][]byte{{1}})
+	st.receive(t.Context(), [][]byte{{1}})
 	if st.last != 2 {
 		t.Fatal("a malformed message moved the numbering")
 	}
