@@ -23,7 +23,7 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	lora := fs.String("lora", "", "comma-separated LoRA adapter names served on top of the model")
 	speed := fs.Float64("speed", 1, "run this many times faster than real time")
 	count := fs.Int("count", 1, "number of servers to start")
-	dpSize := fs.Int("data-parallel-size", 1, "data-parallel ranks each server runs behind its port (vllm only), its metrics labelled engine=\"<rank>\" and X-data-parallel-rank honoured, as vllm serve --data-parallel-size")
+	dpSize := fs.Int("data-parallel-size", 1, "data-parallel ranks each server runs behind its port (vllm and sglang), its metrics labelled engine=\"<rank>\" (vllm) or dp_rank=\"<rank>\" (sglang) and X-data-parallel-rank honoured, as vllm serve --data-parallel-size or sglang --dp-size")
 	dpStart := fs.Int("data-parallel-start-rank", 0, "global rank of each server's first rank, as vllm serve --data-parallel-start-rank")
 	maxLoRA := fs.Int("max-lora", 0, "adapters a batch may use at once (0: the preset's)")
 	kinds := strings.ReplaceAll(strings.Trim(fmt.Sprint(sim.FaultKinds()), "[]"), " ", ", ") // a list of one-word names

@@ -20,10 +20,10 @@ import (
 	"github.com/llmlb/llmlb/sim"
 )
 
-// rankServer is an emulated vLLM server running data-parallel ranks
-// start to start+size-1 behind one port, which records the
-// X-data-parallel-rank of every generation it is sent, by the prompt's
-// group (the text before the first '|').
+// rankServer is an emulated server running data-parallel ranks start to
+// start+size-1 behind one port, which records the X-data-parallel-rank of
+// every generation it is sent, by the prompt's group (the text before the
+// first '|').
 type rankServer struct {
 	URL string
 
@@ -32,13 +32,20 @@ type rankServer struct {
 	counts int                 // guarded by mu; generations seen
 }
 
+// newRankServer starts an emulated vLLM rankServer.
 func newRankServer(t *testing.T, start, size int) *rankServer {
+	t.Helper()
+	return newEngineRankServer(t, "vllm", start, size)
+}
+
+// newEngineRankServer starts a rankServer of the engine flavour.
+func newEngineRankServer(t *testing.T, engine string, start, size int) *rankServer {
 	t.Helper()
 	models := make([]sim.Model, size)
 	for i := range models {
 		models[i] = sim.NewSteady(sim.SteadyConfig{Speed: 20, MaxRunning: 64})
 	}
-	s, err := sim.NewDataParallelServer(sim.ServerConfig{Model: testModel, DataParallelStartRank: start}, models)
+	s, err := sim.NewDataParallelServer(sim.ServerConfig{Engine: engine, Model: testModel, DataParallelStartRank: start}, models)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,39 +106,78 @@ func TestDataParallelRanksEndToEnd(t *testing.T) {
 				t.Errorf("backend names %v, want %v", names, want)
 			}
 
-			const groups, rounds = 8, 4
-			for round := range rounds {
-				var bodies []string
-				for g := range groups {
-					system := strings.Repeat(fmt.Sprintf("You are assistant number %d of the support desk. ", g), 300)
-					bodies = append(bodies, completion(fmt.Sprintf("group%d|%s\nQuestion %d?", g, system, round), 4))
-				}
-				fire(t, inst.Addr, bodies, groups)
-			}
-
-			rs.mu.Lock()
-			defer rs.mu.Unlock()
-			if rs.counts != groups*rounds {
-				t.Errorf("server saw %d generations, want %d", rs.counts, groups*rounds)
-			}
-			used := map[string]bool{}
-			for g, ranks := range rs.ranks {
-				for _, r := range ranks {
-					if n, err := strconv.Atoi(r); err != nil || n < 4 || n > 7 {
-						t.Errorf("%s: a request carried X-data-parallel-rank %q, want 4 to 7", g, r)
-					}
-				}
-				if slices.ContainsFunc(ranks, func(r string) bool { return r != ranks[0] }) {
-					t.Errorf("%s went to ranks %v, want one rank", g, ranks)
-				}
-				used[ranks[0]] = true
-			}
-			if len(used) < 3 {
-				t.Errorf("%d groups used ranks %v, want at least 3 ranks", groups, used)
-			}
-			t.Logf("ranks by group: %v", rs.ranks)
+			checkRankAffinity(t, inst.Addr, rs, 4, 7)
 		})
 	}
+}
+
+// checkRankAffinity sends 8 prompt groups 4 rounds each through the
+// balancer at addr and checks what rs saw: every request carried an
+// X-data-parallel-rank from first to last, a group kept its rank, and
+// the groups spread over at least three ranks.
+func checkRankAffinity(t *testing.T, addr string, rs *rankServer, first, last int) {
+	t.Helper()
+	const groups, rounds = 8, 4
+	for round := range rounds {
+		var bodies []string
+		for g := range groups {
+			system := strings.Repeat(fmt.Sprintf("You are assistant number %d of the support desk. ", g), 300)
+			bodies = append(bodies, completion(fmt.Sprintf("group%d|%s\nQuestion %d?", g, system, round), 4))
+		}
+		fire(t, addr, bodies, groups)
+	}
+
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if rs.counts != groups*rounds {
+		t.Errorf("server saw %d generations, want %d", rs.counts, groups*rounds)
+	}
+	used := map[string]bool{}
+	for g, ranks := range rs.ranks {
+		for _, r := range ranks {
+			if n, err := strconv.Atoi(r); err != nil || n < first || n > last {
+				t.Errorf("%s: a request carried X-data-parallel-rank %q, want %d to %d", g, r, first, last)
+			}
+		}
+		if slices.ContainsFunc(ranks, func(r string) bool { return r != ranks[0] }) {
+			t.Errorf("%s went to ranks %v, want one rank", g, ranks)
+		}
+		used[ranks[0]] = true
+	}
+	if len(used) < 3 {
+		t.Errorf("%d groups used ranks %v, want at least 3 ranks", groups, used)
+	}
+	t.Logf("ranks by group: %v", rs.ranks)
+}
+
+// TestSGLangDataParallelRanksEndToEnd is the same must-hold against one
+// emulated SGLang server of ranks 0-3 (sglang --dp-size 4): its ranks are
+// detected from the dp_rank label of its scheduler gauges, each request
+// carries X-data-parallel-rank between 0 and 3, which SGLang reads on its
+// OpenAI routes, a prompt group keeps its rank, and distinct groups spread
+// over at least three ranks.
+func TestSGLangDataParallelRanksEndToEnd(t *testing.T) {
+	rs := newEngineRankServer(t, "sglang", 0, 4)
+	cfg := testConfig(nil)
+	cfg.Backends = []scrape.BackendConfig{{URL: rs.URL, Name: "sgl", Engine: "sglang"}}
+	inst := startTest(t, cfg, 4)
+	waitFresh(t, inst.AdminAddr, 4)
+
+	bs, err := proxy.FetchBackends(http.DefaultClient, "http://"+inst.AdminAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, b := range bs {
+		if b.Rank == nil || b.ID != rs.URL+"#rank="+strconv.Itoa(*b.Rank) {
+			t.Errorf("/debug/backends: %s with rank %v, want %s#rank=<rank>", b.ID, b.Rank, rs.URL)
+		}
+		names = append(names, b.Name)
+	}
+	if want := []string{"sgl/r0", "sgl/r1", "sgl/r2", "sgl/r3"}; !slices.Equal(names, want) {
+		t.Errorf("backend names %v, want %v", names, want)
+	}
+	checkRankAffinity(t, inst.Addr, rs, 0, 3)
 }
 
 // TestOneEngineServerGetsNoRankHeader: a server whose metrics show one

@@ -68,7 +68,8 @@ type BackendConfig struct {
 	// --data-parallel-size-local on a node of several): each rank is then
 	// a backend of its own, named <name>/r<rank>, and requests to it carry
 	// X-data-parallel-rank. 0 detects the ranks from the metrics page:
-	// more than one value of vLLM's engine label. (default 0)
+	// more than one value of vLLM's engine label or SGLang's dp_rank.
+	// (default 0)
 	DataParallelSize int `mapstructure:"data_parallel_size"`
 	// DataParallelStartRank is the global rank of the server's first
 	// rank (vllm serve --data-parallel-start-rank), for a node that is

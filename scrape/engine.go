@@ -54,7 +54,7 @@ type Engine struct {
 	NumBlocksLabel string
 	LoRA           Alternatives
 	// RankLabel is the label whose value is a series' data-parallel rank
-	// (vLLM's engine); "" when the engine labels none.
+	// (vLLM's engine, SGLang's dp_rank); "" when the engine labels none.
 	RankLabel string
 
 	needed map[string]bool // every metric name a spec names

@@ -57,24 +57,74 @@ func TestExtractReadsRanksApart(t *testing.T) {
 	}
 }
 
-// TestExtractRanksOfEmulatedServer: the emulated server of ranks 4-7
-// reads as ranks 4-7; an engine row without a rank label (SGLang's) reads
-// none.
-func TestExtractRanksOfEmulatedServer(t *testing.T) {
-	sts := []sim.Stats{{Waiting: 1}, {Waiting: 2}, {Waiting: 3}, {Waiting: 4}}
-	page := sim.RenderRankMetrics("m", false, 4, sts, time.Time{})
-	r, err := engineSet(t, nil)["vllm"].Extract([]byte(page), time.Time{})
+// TestExtractReadsSGLangRanksApart: an SGLang page of two data-parallel
+// ranks, whose scheduler gauges carry dp_rank beside tp_rank and pp_rank,
+// gives each rank its own queue, running count and token usage; the
+// tokenizer's families, labelled model_name only, decide nothing.
+func TestExtractReadsSGLangRanksApart(t *testing.T) {
+	page, err := os.ReadFile("testdata/sglang-dp2.txt")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range 4 {
-		if q := r.Ranks[4+i].Queued; q.V != float64(i+1) {
-			t.Errorf("rank %d queued %+v, want %d", 4+i, q, i+1)
+	r, err := engineSet(t, nil)["sglang"].Extract(page, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		rank                    int
+		wantQueued, wantRunning float64
+		wantKVUsage             float64
+	}{
+		{rank: 0, wantQueued: 1, wantRunning: 6, wantKVUsage: 0.25},
+		{rank: 1, wantQueued: 7, wantRunning: 11, wantKVUsage: 0.8125},
+	} {
+		m, ok := r.Ranks[tc.rank]
+		if !ok {
+			t.Fatalf("Ranks = %v, want ranks 0 and 1", r.Ranks)
+		}
+		got := []balancer.Value{m.Queued, m.Running, m.KVUsage}
+		want := []float64{tc.wantQueued, tc.wantRunning, tc.wantKVUsage}
+		for i := range got {
+			if !got[i].Known || got[i].V != want[i] {
+				t.Errorf("rank %d: reading %d = %+v, want %g", tc.rank, i, got[i], want[i])
+			}
+		}
+		if m.BlockSize.Known || m.NumBlocks.Known {
+			t.Errorf("rank %d: block size %+v, blocks %+v; want unknown, the page has no cache_config_info", tc.rank, m.BlockSize, m.NumBlocks)
 		}
 	}
-	r, err = engineSet(t, nil)["sglang"].Extract([]byte(sim.RenderMetrics("sglang", "m", false, sts[0], time.Time{})), time.Time{})
+	if len(r.Ranks) != 2 {
+		t.Errorf("Ranks has %d entries, want 2", len(r.Ranks))
+	}
+	if r.Metrics.Queued.V != 8 || r.Metrics.Running.V != 17 || r.Metrics.KVUsage.V != 0.53125 {
+		t.Errorf("whole server queued %g, running %g, KV %g; want the sums 8 and 17 and the mean 0.53125",
+			r.Metrics.Queued.V, r.Metrics.Running.V, r.Metrics.KVUsage.V)
+	}
+}
+
+// TestExtractRanksOfEmulatedServer: the emulated servers of ranks 4-7,
+// vLLM's and SGLang's, read as ranks 4-7; an SGLang page of one rank,
+// which has no dp_rank label, reads none.
+func TestExtractRanksOfEmulatedServer(t *testing.T) {
+	sts := []sim.Stats{{Waiting: 1}, {Waiting: 2}, {Waiting: 3}, {Waiting: 4}}
+	for _, engine := range []string{"vllm", "sglang"} {
+		page := sim.RenderRankMetrics(engine, "m", false, 4, sts, time.Time{})
+		r, err := engineSet(t, nil)[engine].Extract([]byte(page), time.Time{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(r.Ranks) != 4 {
+			t.Errorf("%s: Ranks %v, want 4 to 7", engine, r.Ranks)
+		}
+		for i := range 4 {
+			if q := r.Ranks[4+i].Queued; q.V != float64(i+1) {
+				t.Errorf("%s: rank %d queued %+v, want %d", engine, 4+i, q, i+1)
+			}
+		}
+	}
+	r, err := engineSet(t, nil)["sglang"].Extract([]byte(sim.RenderMetrics("sglang", "m", false, sts[0], time.Time{})), time.Time{})
 	if err != nil || r.Ranks != nil {
-		t.Errorf("sglang page: Ranks %v, err %v; want none", r.Ranks, err)
+		t.Errorf("sglang page of one rank: Ranks %v, err %v; want none", r.Ranks, err)
 	}
 }
 

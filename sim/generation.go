@@ -50,7 +50,11 @@ type generation struct {
 // rankHeader pins a request to a data-parallel rank; vLLM reads it as
 // the global rank, and ignores a value that is not an integer
 // (_get_data_parallel_rank in vllm/entrypoints/openai/engine/serving.py
-// at 619e4b31).
+// at 619e4b31). SGLang reads the same header, matched without regard to
+// case, on its OpenAI routes (extract_routed_dp_rank_from_header in
+// python/sglang/srt/entrypoints/openai/serving_base.py, sglang #19832),
+// but refuses a value that is not an integer with a 400; the emulation
+// ignores one for both flavours, as llmlb sends only integers.
 const rankHeader = "X-data-parallel-rank"
 
 // pickRank returns the index in s.ranks of the engine a request runs on:

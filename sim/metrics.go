@@ -80,15 +80,68 @@ func RenderMetrics(engine, model string, lora bool, st Stats, now time.Time) str
 	return b.String()
 }
 
-// RenderRankMetrics writes the vLLM page of a server of data-parallel
-// ranks: each family once, with one series per rank labelled
-// engine="<global rank>" (sts[i] is rank start+i), as vLLM's
-// PrometheusStatLogger labels them (vllm/v1/metrics/loggers.py at
-// a6f0308c).
-func RenderRankMetrics(model string, lora bool, start int, sts []Stats, now time.Time) string {
+// RenderRankMetrics writes the page of a server of data-parallel ranks,
+// sts[i] being rank start+i, labelled as the engine labels its ranks:
+//
+//   - vllm: each family once, with one series per rank labelled
+//     engine="<global rank>", as vLLM's PrometheusStatLogger labels them
+//     (vllm/v1/metrics/loggers.py at a6f0308c).
+//   - sglang: the scheduler's gauges with one series per rank labelled
+//     model_name, engine_type="unified", tp_rank="0", pp_rank="0" and
+//     dp_rank="<rank>", as SGLang's init_metrics labels a data-parallel
+//     scheduler (python/sglang/srt/managers/scheduler_metrics_mixin.py at
+//     01bb3c80); cache_config_info per rank with the same labels (the
+//     emulation's choice: its labels in SGLang were not checked); the
+//     token counters and the histogram, which its one tokenizer process
+//     keeps, once for the server, labelled model_name.
+//
+// Other engines are rendered as vllm; [NewDataParallelServer] refuses
+// them ranks.
+func RenderRankMetrics(engine, model string, lora bool, start int, sts []Stats, now time.Time) string {
 	var b strings.Builder
-	writeVLLMPage(&b, model, lora, start, sts, now)
+	if engine == "sglang" {
+		writeSGLangRankPage(&b, model, start, sts)
+	} else {
+		writeVLLMPage(&b, model, lora, start, sts, now)
+	}
 	return b.String()
+}
+
+// writeSGLangRankPage writes an SGLang page of several data-parallel
+// ranks (see [RenderRankMetrics]).
+func writeSGLangRankPage(b *strings.Builder, model string, start int, sts []Stats) {
+	family := func(name, typ, help string) {
+		fmt.Fprintf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, typ)
+	}
+	server := fmt.Sprintf("model_name=%q", model)
+	labels := func(i int) string {
+		return fmt.Sprintf("%s,engine_type=\"unified\",tp_rank=\"0\",pp_rank=\"0\",dp_rank=\"%d\"", server, start+i)
+	}
+	gauge := func(name, help string, v func(Stats) float64) {
+		family(name, "gauge", help)
+		for i, st := range sts {
+			fmt.Fprintf(b, "%s{%s} %s\n", name, labels(i), formatFloat(v(st)))
+		}
+	}
+	gauge("sglang:num_running_reqs", "The number of running requests", func(st Stats) float64 { return float64(st.Running) })
+	gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue", func(st Stats) float64 { return float64(st.Waiting) })
+	gauge("sglang:token_usage", "The token usage", func(st Stats) float64 { return st.KVUsage })
+	gauge("sglang:num_used_tokens", "The number of used tokens", func(st Stats) float64 { return st.KVUsage * float64(st.BlockSize*st.NumBlocks) })
+	family("sglang:cache_config_info", "gauge", "Information of the cache config")
+	for i, st := range sts {
+		fmt.Fprintf(b, "sglang:cache_config_info{%s,num_pages=\"%d\",page_size=\"%d\"} 1.0\n", labels(i), st.NumBlocks, st.BlockSize)
+	}
+	var total Stats
+	for _, st := range sts {
+		total.PromptTokens += st.PromptTokens
+		total.GenerationTokens += st.GenerationTokens
+	}
+	family("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.")
+	fmt.Fprintf(b, "sglang:prompt_tokens_total{%s} %s\n", server, formatFloat(float64(total.PromptTokens)))
+	family("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.")
+	fmt.Fprintf(b, "sglang:generation_tokens_total{%s} %s\n", server, formatFloat(float64(total.GenerationTokens)))
+	family("sglang:time_to_first_token_seconds", "histogram", "Histogram of time to first token in seconds.")
+	histogramSamples(b, "sglang:time_to_first_token_seconds", server, total.GenerationTokens)
 }
 
 // writeVLLMPage writes a vLLM page, one series per rank.

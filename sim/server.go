@@ -64,12 +64,15 @@ func NewServer(cfg ServerConfig, m Model) (*Server, error) {
 
 // NewDataParallelServer returns an emulated server that runs several
 // engines behind one port, as vllm serve --data-parallel-size
-// len(ranks) does: ranks[i] is global rank DataParallelStartRank+i, with
-// its own queue and KV cache, and its metrics are labelled
-// engine="<global rank>". A request with X-data-parallel-rank runs on
-// that rank; one without is spread by the server itself, to the rank with
-// the fewest requests (vLLM's DP coordinator balances on its engines'
-// queues), ties in turn. Only the vllm flavour serves more than one rank.
+// len(ranks) or sglang's --dp-size does: ranks[i] is global rank
+// DataParallelStartRank+i, with its own queue and KV cache, and its
+// metrics are labelled as the flavour labels a rank (see
+// [RenderRankMetrics]). A request with X-data-parallel-rank runs on that
+// rank, the header both engines read; one without is spread by the
+// server itself, to the rank with the fewest requests (vLLM's DP
+// coordinator balances on its engines' queues), ties in turn. Only the
+// vllm and sglang flavours serve more than one rank: the TensorRT-LLM
+// pages have no rank label to emulate.
 func NewDataParallelServer(cfg ServerConfig, ranks []Model) (*Server, error) {
 	if err := checkEngine(cfg.Engine); err != nil {
 		return nil, err
@@ -77,8 +80,8 @@ func NewDataParallelServer(cfg ServerConfig, ranks []Model) (*Server, error) {
 	if len(ranks) == 0 {
 		return nil, fmt.Errorf("sim: a server needs at least one engine")
 	}
-	if len(ranks) > 1 && cfg.Engine != "" && cfg.Engine != "vllm" {
-		return nil, fmt.Errorf("sim: data-parallel ranks are emulated for vllm only, not %s", cfg.Engine)
+	if len(ranks) > 1 && cfg.Engine != "" && cfg.Engine != "vllm" && cfg.Engine != "sglang" {
+		return nil, fmt.Errorf("sim: data-parallel ranks are emulated for vllm and sglang only, not %s", cfg.Engine)
 	}
 	if cfg.DataParallelStartRank < 0 {
 		return nil, fmt.Errorf("sim: data-parallel start rank must not be negative, got %d", cfg.DataParallelStartRank)
@@ -470,7 +473,7 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 			for i, m := range s.ranks {
 				sts[i] = m.Stats()
 			}
-			return RenderRankMetrics(s.cfg.Model, len(s.cfg.Adapters) > 0, s.cfg.DataParallelStartRank, sts, time.Now())
+			return RenderRankMetrics(s.cfg.Engine, s.cfg.Model, len(s.cfg.Adapters) > 0, s.cfg.DataParallelStartRank, sts, time.Now())
 		}
 		return RenderMetrics(s.cfg.Engine, s.cfg.Model, len(s.cfg.Adapters) > 0, s.ranks[0].Stats(), time.Now())
 	}
