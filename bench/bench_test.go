@@ -23,7 +23,7 @@ func TestBenchDeterministic(t *testing.T) {
 	opts := Options{
 		Policies: []string{"default", "epp", "sglang-cache-aware", "ttft-true-cache", "llm-d-precise"},
 		Backends: 4,
-		Params:   Params{Scale: 0.015, Rate: 4, Seed: 7}, // compressed: scrapes cost by the virtual second
+		Params:   Params{Scale: 0.006, Rate: 4, Seed: 7}, // compressed: scrapes cost by the virtual second
 	}
 	// The two runs go side by side, so they also show that runs share no
 	// state.

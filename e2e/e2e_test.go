@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/llmlb/llmlb/balancer"
 	"github.com/llmlb/llmlb/internal/config"
+	"github.com/llmlb/llmlb/internal/e2etest"
 	"github.com/llmlb/llmlb/internal/serve"
 	"github.com/llmlb/llmlb/proxy"
 	"github.com/llmlb/llmlb/scrape"
@@ -85,7 +85,7 @@ func startSource(t *testing.T, cfg config.Config, src *serve.Source, n int) *ser
 			t.Errorf("shutdown: %v", err)
 		}
 	})
-	waitBackends(t, inst.AdminAddr, n)
+	e2etest.WaitBackends(t, inst.AdminAddr, n)
 	return inst
 }
 
@@ -110,31 +110,6 @@ func backendField(t *testing.T, adminAddr string, kv func(proxy.BackendStatus) (
 		out[k] = v
 	}
 	return out
-}
-
-// waitBackends polls /debug/backends until every backend is ready with its
-// models learned.
-func waitBackends(t *testing.T, adminAddr string, n int) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for ; time.Now().Before(deadline); <-tick.C {
-		bs, err := proxy.FetchBackends(http.DefaultClient, "http://"+adminAddr)
-		if err != nil {
-			continue
-		}
-		ready := 0
-		for _, b := range bs {
-			if b.State == balancer.StateReady && len(b.Models) > 0 {
-				ready++
-			}
-		}
-		if ready == n {
-			return
-		}
-	}
-	t.Fatalf("backends not ready within 10s")
 }
 
 // waitFor looks at a live system every 20 ms until done reports true, and

@@ -15,6 +15,7 @@ import (
 	"github.com/llmlb/llmlb/balancer"
 	"github.com/llmlb/llmlb/bench"
 	"github.com/llmlb/llmlb/internal/config"
+	"github.com/llmlb/llmlb/internal/e2etest"
 	"github.com/llmlb/llmlb/proxy"
 	"github.com/llmlb/llmlb/sim"
 )
@@ -138,7 +139,7 @@ func runFault(t *testing.T, fc faultCase) {
 		fc.cfg(&cfg)
 	}
 	inst := startTest(t, cfg, 3)
-	badHeader := backendHeader(t, inst.AdminAddr, bad)
+	badHeader := e2etest.BackendHeader(t, inst.AdminAddr, bad)
 
 	// The rotation watcher: when the faulty backend leaves and returns.
 	type sample struct {
@@ -301,26 +302,6 @@ func runFault(t *testing.T, fc faultCase) {
 	}
 	t.Logf("%s: %d requests, %d failed; out of rotation %s after the fault, back %s after it ended, then served %d",
 		fc.spec, total, failed, out.Sub(broke).Round(time.Millisecond), back.Sub(recovered).Round(time.Millisecond), onBad)
-}
-
-// backendHeader returns what x-llmlb-backend says for the backend id: its
-// name where /debug/backends gives one, else its ID.
-func backendHeader(t *testing.T, adminAddr, id string) string {
-	t.Helper()
-	var st []struct {
-		ID   string `json:"id"`
-		Name string `json:"name"`
-	}
-	getJSON(t, "http://"+adminAddr+"/debug/backends", &struct {
-		Backends any `json:"backends"`
-	}{&st})
-	for _, b := range st {
-		if b.ID == id {
-			return cmpOr(b.Name, b.ID)
-		}
-	}
-	t.Fatalf("backend %s not in /debug/backends", id)
-	return ""
 }
 
 // streamOnce sends one streaming completion and reads it to its end.

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb/balancer"
+	"github.com/llmlb/llmlb/internal/e2etest"
 	"github.com/llmlb/llmlb/proxy"
 	"github.com/llmlb/llmlb/sim"
 )
@@ -186,7 +187,7 @@ func TestMixedPoolIsScrapedPerEngine(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("metrics not read per engine: %+v", st)
 		}
-		pollPause()
+		e2etest.PollPause()
 	}
 }
 
@@ -201,9 +202,6 @@ type debugBackend struct {
 		NumBlocks *float64 `json:"num_blocks"`
 	} `json:"metrics"`
 }
-
-// pollPause waits a little between two looks at a live system over HTTP.
-func pollPause() { <-time.After(5 * time.Millisecond) }
 
 func getJSON(t *testing.T, url string, v any) {
 	t.Helper()

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb/internal/config"
+	"github.com/llmlb/llmlb/internal/e2etest"
 	"github.com/llmlb/llmlb/internal/serve"
 	"github.com/llmlb/llmlb/proxy"
 	"github.com/llmlb/llmlb/sim"
@@ -75,7 +76,7 @@ func TestKeyReloadTakesEffectWithoutDroppingStreams(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { inst.Wait() })
-	waitBackends(t, inst.AdminAddr, 1)
+	e2etest.WaitBackends(t, inst.AdminAddr, 1)
 
 	resp := keyedPost(t, inst.Addr, testKeyA, `{"model":"`+testModel+`","prompt":"hello","max_tokens":100,"stream":true}`) // 2s at 50 tokens/s
 	defer resp.Body.Close()

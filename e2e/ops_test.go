@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb/balancer"
+	"github.com/llmlb/llmlb/internal/e2etest"
 	"github.com/llmlb/llmlb/internal/serve"
 	"github.com/llmlb/llmlb/scrape"
 	"github.com/llmlb/llmlb/sim"
@@ -174,7 +175,7 @@ func TestOperationsMixedRun(t *testing.T) {
 			t.Errorf("shutdown: %v", err)
 		}
 	})
-	waitBackends(t, inst.AdminAddr, 3) // g1, g2, bad
+	e2etest.WaitBackends(t, inst.AdminAddr, 3) // g1, g2, bad
 
 	base := "http://" + inst.Addr
 	sent := 0
@@ -383,7 +384,7 @@ func TestAccessLogPromptsOnlyAtDebug(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		waitBackends(t, inst.AdminAddr, 1)
+		e2etest.WaitBackends(t, inst.AdminAddr, 1)
 		completeWith(t, inst.Addr, secret)
 		// The access line is written as the handler returns, which can be
 		// after the client has read the whole answer.

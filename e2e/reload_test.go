@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb/internal/config"
+	"github.com/llmlb/llmlb/internal/e2etest"
 	"github.com/llmlb/llmlb/internal/serve"
 	"github.com/llmlb/llmlb/proxy"
 	"github.com/llmlb/llmlb/sim"
@@ -169,7 +170,7 @@ func TestReloadOnSIGHUP(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitMetric(t, inst.AdminAddr, `llmlb_config_reloads_total{result="success"}`, 1)
-	waitBackends(t, inst.AdminAddr, 2)
+	e2etest.WaitBackends(t, inst.AdminAddr, 2)
 }
 
 // completeOnce sends one small completion and returns the name of the

@@ -1,8 +1,9 @@
-package e2e
+package soak
 
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -18,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmlb/llmlb/internal/e2etest"
 	"github.com/llmlb/llmlb/proxy"
 )
 
@@ -50,7 +52,7 @@ func TestSoak(t *testing.T) {
 			t.Fatalf("LLMLBTEST_SOAK_STREAMS=%q: want a count", s)
 		}
 	}
-	bin, err := filepath.Abs(cmpOr(os.Getenv("LLMLBTEST_BIN"), "../bin/llmlb"))
+	bin, err := filepath.Abs(cmp.Or(os.Getenv("LLMLBTEST_BIN"), "../../bin/llmlb"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,8 +90,8 @@ backends:
 	}
 	lb := startProc(t, bin, "serve", "--config", cfgPath)
 	addr, admin := "127.0.0.1:"+ports[4], "http://127.0.0.1:"+ports[5]
-	waitBackends(t, "127.0.0.1:"+ports[5], 4)
-	victimHeader := backendHeader(t, "127.0.0.1:"+ports[5], victimURL)
+	e2etest.WaitBackends(t, "127.0.0.1:"+ports[5], 4)
+	victimHeader := e2etest.BackendHeader(t, "127.0.0.1:"+ports[5], victimURL)
 
 	before := measure(t, lb.Process.Pid, admin)
 	t.Logf("before: %s", before)
@@ -210,7 +212,7 @@ backends:
 		if settled(after) || time.Now().After(deadline) {
 			break
 		}
-		pollPause()
+		e2etest.PollPause()
 	}
 	secs := time.Since(start).Seconds()
 	fmt.Printf("soak: %d streams for %s through llmlb, server %s killed at %s and started again at %s\n",
@@ -243,13 +245,6 @@ backends:
 // goroutineSlack is the goroutines llmlb may have above its start once a
 // soak is over: timers and pollers that come and go.
 const goroutineSlack = 16
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
-}
 
 // soakStream sends one streaming chat completion and reads it to [DONE].
 func soakStream(client *http.Client, addr, prompt string) (backend string, broken bool, err error) {
