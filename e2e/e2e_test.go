@@ -1,15 +1,12 @@
 package e2e
 
 import (
-	"bytes"
 	"encoding/json"
-	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -20,8 +17,6 @@ import (
 	"github.com/llmlb/llmlb/proxy"
 	"github.com/llmlb/llmlb/scrape"
 	"github.com/llmlb/llmlb/sim"
-	"github.com/openai/openai-go/v3"
-	"github.com/openai/openai-go/v3/option"
 )
 
 const testModel = "llama-3.1-8b"
@@ -128,160 +123,6 @@ func waitFor(d time.Duration, done func() bool) bool {
 		}
 	}
 	return true
-}
-
-// TestOpenAISDKEndToEnd drives the balancer in front of emulated vLLM
-// servers with the official OpenAI Go SDK: completions and chat, streaming
-// and not, content and usage, model listing and errors.
-func TestOpenAISDKEndToEnd(t *testing.T) {
-	urls := simBackends(t, 2, sim.SteadyConfig{Speed: 100}, "sql-lora")
-	inst := startTest(t, testConfig(urls), 2)
-	ctx := t.Context()
-
-	client := openai.NewClient(option.WithBaseURL("http://"+inst.Addr+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
-	names := backendNames(t, inst.AdminAddr)
-	checkBackend := func(what string, resp *http.Response) {
-		t.Helper()
-		if resp == nil || !slices.Contains(urls, names[resp.Header.Get("X-Llmlb-Backend")]) {
-			t.Errorf("%s: x-llmlb-backend missing or not a backend's name", what)
-		}
-	}
-
-	t.Run("completion", func(t *testing.T) {
-		var raw *http.Response
-		c, err := client.Completions.New(ctx, openai.CompletionNewParams{
-			Model:     testModel,
-			Prompt:    openai.CompletionNewParamsPromptUnion{OfString: openai.String("Once upon a time")},
-			MaxTokens: openai.Int(6),
-		}, option.WithResponseInto(&raw))
-		if err != nil {
-			t.Fatal(err)
-		}
-		checkBackend("completion", raw)
-		if len(c.Choices) != 1 || len(strings.Fields(c.Choices[0].Text)) != 6 || c.Usage.CompletionTokens != 6 || c.Usage.PromptTokens == 0 {
-			t.Errorf("completion %+v", c)
-		}
-	})
-
-	t.Run("completion stream with usage", func(t *testing.T) {
-		var raw *http.Response
-		stream := client.Completions.NewStreaming(ctx, openai.CompletionNewParams{
-			Model:         testModel,
-			Prompt:        openai.CompletionNewParamsPromptUnion{OfArrayOfTokens: []int64{1, 2, 3, 4, 5}},
-			MaxTokens:     openai.Int(5),
-			StreamOptions: openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)},
-		}, option.WithResponseInto(&raw))
-		var text strings.Builder
-		var usage openai.CompletionUsage
-		for stream.Next() {
-			ch := stream.Current()
-			for _, c := range ch.Choices {
-				text.WriteString(c.Text)
-			}
-			if ch.Usage.TotalTokens > 0 {
-				usage = ch.Usage
-			}
-		}
-		if err := stream.Err(); err != nil {
-			t.Fatal(err)
-		}
-		checkBackend("completion stream", raw)
-		if len(strings.Fields(text.String())) != 5 || usage.PromptTokens != 5 || usage.CompletionTokens != 5 {
-			t.Errorf("text %q usage %+v", text.String(), usage)
-		}
-	})
-
-	chatParams := openai.ChatCompletionNewParams{
-		Model:     testModel,
-		Messages:  []openai.ChatCompletionMessageParamUnion{openai.SystemMessage("Be brief."), openai.UserMessage("Hello!")},
-		MaxTokens: openai.Int(7),
-	}
-
-	t.Run("chat", func(t *testing.T) {
-		var raw *http.Response
-		c, err := client.Chat.Completions.New(ctx, chatParams, option.WithResponseInto(&raw))
-		if err != nil {
-			t.Fatal(err)
-		}
-		checkBackend("chat", raw)
-		if len(c.Choices) != 1 || c.Choices[0].Message.Role != "assistant" || len(strings.Fields(c.Choices[0].Message.Content)) != 7 ||
-			c.Usage.CompletionTokens != 7 {
-			t.Errorf("chat %+v", c)
-		}
-	})
-
-	t.Run("chat stream with usage", func(t *testing.T) {
-		p := chatParams
-		p.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
-		p.Model = "sql-lora" // an adapter, learned from /v1/models
-		stream := client.Chat.Completions.NewStreaming(ctx, p)
-		var acc openai.ChatCompletionAccumulator
-		chunks := 0
-		for stream.Next() {
-			acc.AddChunk(stream.Current())
-			chunks++
-		}
-		if err := stream.Err(); err != nil {
-			t.Fatal(err)
-		}
-		if chunks < 8 { // role, 7 tokens, usage
-			t.Errorf("only %d chunks", chunks)
-		}
-		if len(acc.Choices) != 1 || len(strings.Fields(acc.Choices[0].Message.Content)) != 7 || acc.Usage.CompletionTokens != 7 || acc.Usage.PromptTokens == 0 {
-			t.Errorf("accumulated %+v", acc.ChatCompletion)
-		}
-	})
-
-	t.Run("models", func(t *testing.T) {
-		page, err := client.Models.List(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var ids []string
-		for _, m := range page.Data {
-			ids = append(ids, m.ID)
-		}
-		slices.Sort(ids)
-		if !slices.Equal(ids, []string{testModel, "sql-lora"}) {
-			t.Errorf("models = %v, want each model once", ids)
-		}
-	})
-
-	t.Run("unknown model", func(t *testing.T) {
-		_, err := client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "gpt-9", Messages: chatParams.Messages})
-		var apiErr *openai.Error
-		if !errors.As(err, &apiErr) || apiErr.StatusCode != 404 || apiErr.Message == "" || apiErr.Type == "" {
-			t.Errorf("err = %v, want a 404 OpenAI error", err)
-		}
-	})
-
-	t.Run("metrics and debug", func(t *testing.T) {
-		resp, err := http.Get("http://" + inst.AdminAddr + "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		for _, name := range []string{"llmlb_requests_total", "llmlb_time_to_first_byte_seconds", "llmlb_request_duration_seconds", "llmlb_in_flight_requests"} {
-			if !bytes.Contains(b, []byte(name)) {
-				t.Errorf("/metrics lacks %s", name)
-			}
-		}
-		bs, err := proxy.FetchBackends(http.DefaultClient, "http://"+inst.AdminAddr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var total int64
-		for _, b := range bs {
-			if b.InFlight != 0 {
-				t.Errorf("%s: in flight %d after all requests ended", b.ID, b.InFlight)
-			}
-			total += b.Requests
-		}
-		if total < 4 {
-			t.Errorf("backends served %d requests, want at least 4", total)
-		}
-	})
 }
 
 func TestDebugBackendsJSONShape(t *testing.T) {

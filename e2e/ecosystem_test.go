@@ -396,16 +396,20 @@ func runNode(t *testing.T, script string, summary any, env ...string) {
 }
 
 // TestNodeSDKEndToEnd drives llmlb in front of emulated vLLM servers with
-// the official OpenAI Node SDK (testdata/node-sdk/e2e.mjs): model list,
-// chat, streamed chat with and without usage, completions, the 404 the
-// SDK raises as NotFoundError, and stored Responses: follow-ups with
-// previous_response_id (streamed and not), retrieve and delete, made
-// through a second llmlb replica.
+// the official OpenAI Node SDK (testdata/node-sdk/e2e.mjs): the model
+// list, chat and completions, streamed with and without usage, a LoRA
+// adapter, stored responses followed through a second replica, and an
+// unknown model's 404. Afterwards llmlb's metrics name every request and
+// no backend holds one in flight.
 func TestNodeSDKEndToEnd(t *testing.T) {
 	nodeSDK(t)
-	urls := simBackends(t, 3, sim.SteadyConfig{Speed: 100})
+	urls := simBackends(t, 3, sim.SteadyConfig{Speed: 100}, "sql-lora")
 	inst := startTest(t, testConfig(urls), 3)
 	inst2 := startTest(t, testConfig(urls), 3)
+	var names []string
+	for name := range backendNames(t, inst.AdminAddr) {
+		names = append(names, name)
+	}
 	var summary struct {
 		Models []string `json:"models"`
 		Stream struct {
@@ -418,10 +422,39 @@ func TestNodeSDKEndToEnd(t *testing.T) {
 			First, Streamed, Deltas string
 		} `json:"responses"`
 	}
-	runNode(t, "e2e.mjs", &summary, "LLMLB_BASE_URL=http://"+inst.Addr+"/v1", "LLMLB_BASE_URL_2=http://"+inst2.Addr+"/v1", "LLMLB_MODEL="+testModel)
+	runNode(t, "e2e.mjs", &summary, "LLMLB_BASE_URL=http://"+inst.Addr+"/v1", "LLMLB_BASE_URL_2=http://"+inst2.Addr+"/v1",
+		"LLMLB_MODEL="+testModel, "LLMLB_ADAPTER=sql-lora", "LLMLB_BACKENDS="+strings.Join(names, ","))
 	if !slices.Contains(summary.Models, testModel) || summary.Stream.CompletionTokens != 6 || summary.Completion == "" || !summary.NotFound ||
 		summary.Responses.Streamed == "" || summary.Responses.Deltas == "" {
 		t.Errorf("summary = %+v", summary)
+	}
+
+	resp, err := http.Get("http://" + inst.AdminAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, name := range []string{"llmlb_requests_total", "llmlb_time_to_first_byte_seconds", "llmlb_request_duration_seconds", "llmlb_in_flight_requests"} {
+		if !bytes.Contains(b, []byte(name)) {
+			t.Errorf("/metrics lacks %s", name)
+		}
+	}
+	var total int64
+	for _, inst := range []*serve.Instance{inst, inst2} {
+		bs, err := proxy.FetchBackends(http.DefaultClient, "http://"+inst.AdminAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range bs {
+			if b.InFlight != 0 {
+				t.Errorf("%s: in flight %d after all requests ended", b.ID, b.InFlight)
+			}
+			total += b.Requests
+		}
+	}
+	if total < 8 {
+		t.Errorf("backends served %d requests, want at least 8", total)
 	}
 }
 

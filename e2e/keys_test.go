@@ -2,10 +2,9 @@ package e2e
 
 import (
 	"bufio"
-	"errors"
 	"io"
 	"net/http"
-	"strconv"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -15,8 +14,6 @@ import (
 	"github.com/llmlb/llmlb/internal/serve"
 	"github.com/llmlb/llmlb/proxy"
 	"github.com/llmlb/llmlb/sim"
-	"github.com/openai/openai-go/v3"
-	"github.com/openai/openai-go/v3/option"
 )
 
 // Keys the tests present; config files hold only their hashes.
@@ -148,48 +145,25 @@ func TestKeyReloadTakesEffectWithoutDroppingStreams(t *testing.T) {
 	}
 }
 
-// TestOpenAISDKWithKeys: the official OpenAI Go SDK, given an API key as
-// its users give it, is served; given a wrong key it reports OpenAI's 401
-// (invalid_api_key); over the key's requests per minute it reports a 429
-// rate_limit_exceeded, with the headers it reads; the model list is the
-// key's.
+// TestOpenAISDKWithKeys: the official OpenAI Node SDK
+// (testdata/node-sdk/keys.mjs), given an API key as its users give it, is
+// served; given a wrong key it raises OpenAI's 401 (invalid_api_key); over
+// the key's requests per minute it raises a 429 rate_limit_exceeded, with
+// the headers it reads; the model list is the key's.
 func TestOpenAISDKWithKeys(t *testing.T) {
+	nodeSDK(t)
 	urls := simBackends(t, 1, sim.SteadyConfig{Speed: 100}, "sql-lora")
 	cfg := testConfig(urls)
 	cfg.Auth = proxy.AuthConfig{Keys: []proxy.KeyConfig{{Name: "alpha", Key: proxy.HashKey(testKeyA), Models: []string{testModel}, RequestsPerMinute: 2}}}
 	inst := startTest(t, cfg, 1)
-	ctx := t.Context()
-	client := func(key string) *openai.Client {
-		c := openai.NewClient(option.WithBaseURL("http://"+inst.Addr+"/v1/"), option.WithAPIKey(key), option.WithMaxRetries(0))
-		return &c
+	var summary struct {
+		Unauthorized bool     `json:"unauthorized"`
+		Models       []string `json:"models"`
+		RateLimited  bool     `json:"rate_limited"`
 	}
-	params := openai.CompletionNewParams{Model: testModel, Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("hi")}, MaxTokens: openai.Int(2)}
-
-	var apiErr *openai.Error
-	if _, err := client(testKeyB).Completions.New(ctx, params); !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusUnauthorized || apiErr.Code != "invalid_api_key" {
-		t.Errorf("wrong key: %v, want a 401 invalid_api_key", err)
-	}
-	good := client(testKeyA)
-	page, err := good.Models.List(ctx)
-	if err != nil || len(page.Data) != 1 || page.Data[0].ID != testModel {
-		t.Errorf("models with the key: %v %v, want only %s (not the adapter sql-lora)", page, err, testModel)
-	}
-	var raw *http.Response
-	if _, err := good.Completions.New(ctx, params, option.WithResponseInto(&raw)); err != nil {
-		t.Fatalf("with the key: %v", err)
-	}
-	if raw.Header.Get("x-ratelimit-remaining-requests") != "1" {
-		t.Errorf("x-ratelimit-remaining-requests %q, want 1", raw.Header.Get("x-ratelimit-remaining-requests"))
-	}
-	if _, err := good.Completions.New(ctx, params); err != nil {
-		t.Fatalf("second with the key: %v", err)
-	}
-	_, err = good.Completions.New(ctx, params, option.WithResponseInto(&raw))
-	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusTooManyRequests || apiErr.Code != "rate_limit_exceeded" {
-		t.Fatalf("third with the key: %v, want a 429 rate_limit_exceeded", err)
-	}
-	// One request comes back every 30s; the first was sent moments ago.
-	if ms, _ := strconv.Atoi(raw.Header.Get("retry-after-ms")); raw.Header.Get("Retry-After") != "30" || ms < 25000 || ms > 30000 {
-		t.Errorf("429 Retry-After %q, retry-after-ms %q; want 30 and just under 30000", raw.Header.Get("Retry-After"), raw.Header.Get("retry-after-ms"))
+	runNode(t, "keys.mjs", &summary, "LLMLB_BASE_URL=http://"+inst.Addr+"/v1", "LLMLB_MODEL="+testModel,
+		"LLMLB_KEY="+testKeyA, "LLMLB_WRONG_KEY="+testKeyB)
+	if !summary.Unauthorized || !slices.Equal(summary.Models, []string{testModel}) || !summary.RateLimited {
+		t.Errorf("summary = %+v", summary)
 	}
 }
