@@ -90,6 +90,8 @@ bench:
 	$(GO) run . bench --replicas 8 --workload shared-prefix,multi-turn,lora,burst --json replicas.json
 	$(GO) run . bench --scenario llm-d-kv-cache-wins --json llm-d-kv-cache-wins.json
 	$(GO) run . bench --scenario sglang-v04-shared-prefix --json sglang-v04-shared-prefix.json
+	$(GO) run . bench --prefill 2 --backends 4 --slow -1 --json pd.json
+	$(GO) run . bench --scenario vllm-chunked-vs-disagg --scale 10 --json vllm-chunked-vs-disagg.json
 	$(GO) run . overhead --json overhead.json
 
 lint:
