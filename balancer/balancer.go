@@ -44,6 +44,8 @@ type PrefixIndex interface {
 	Resize(slot, blockTokens, numBlocks int)
 	Forget(slot int)
 	BlockTokens() int
+	// Held tells how many blocks the index remembers for slot.
+	Held(slot int) int
 }
 
 // TextTree is a character prefix tree shared by backend slots

@@ -12,7 +12,8 @@ import (
 type Config struct {
 	// Policy chooses the routing algorithm: ttft (llmlb's own),
 	// round-robin, random, least-request, power-of-two, epp, llm-d-load,
-	// sglang-cache-aware or consistent-hash ([Presets]). (default ttft)
+	// llm-d-optimized, dynamo-kv, sglang-cache-aware or consistent-hash
+	// ([Presets]). (default ttft)
 	Policy string `mapstructure:"policy"`
 	// MaxCandidates is how many backends a pick returns, best first: the
 	// primary and the fallbacks the proxy retries on. Set from

@@ -156,3 +156,85 @@ func (s *NoHitLRUScorer) Commit(p *PickInfo, chosen int) {
 		s.order = slices.Delete(s.order, 0, len(s.order)-1024)
 	}
 }
+
+// tokenLoadThreshold is the token-load scorer's queueThresholdTokens
+// default: 128 requests of 32K tokens.
+const tokenLoadThreshold = 4194304
+
+// TokenLoadScorer is llm-d's token-load-scorer (llm-d/llm-d-router
+// pkg/epp/framework/plugins/scheduling/scorer/tokenload/token_load.go at
+// ebab6879): 1 − min(1, tokens/4,194,304), where tokens are the backend's
+// in-flight load as the in-flight-load producer keeps it, the uncached
+// prompt tokens of the requests this balancer sent there that have no
+// first byte yet ([Candidate.PendingTokens]; the producer releases them
+// at the first streamed chunk), plus this request's uncached tokens there.
+type TokenLoadScorer struct{}
+
+var _ Scorer = TokenLoadScorer{}
+
+// Score implements [Scorer].
+func (TokenLoadScorer) Score(p *PickInfo, out []float64) {
+	for i := range p.Cands {
+		c := &p.Cands[i]
+		out[i] = 1 - min(1, float64(c.PendingTokens+int64(c.UncachedTokens))/tokenLoadThreshold)
+	}
+}
+
+// PrefixAffinityPicker is llm-d's prefix-cache-affinity-filter with its
+// defaults, then the max-score picker (llm-d/llm-d-router
+// pkg/epp/framework/plugins/scheduling/filter/prefixcacheaffinity/plugin.go
+// at ebab6879). A candidate is sticky when it holds at least 0.8 of the
+// prompt's blocks; when one is, the pick is among the sticky ones, unless
+// the best sticky one's estimated time to first token exceeds the best
+// other one's by more than 18 s, when stickiness breaks and every
+// candidate stays. A backend's estimate is its in-flight uncached prompt
+// tokens ([Candidate.PendingTokens], this request not counted) at 15,928
+// tokens/s, the filter's peakPrefillThroughput: the gate opens at a lead
+// of about 286,700 tokens. Ties go at random.
+type PrefixAffinityPicker struct{ rand func() uint64 }
+
+var _ Picker = (*PrefixAffinityPicker)(nil)
+
+// The prefix-cache-affinity filter's defaults (plugin.go DefaultConfig).
+const (
+	affinityThreshold     = 0.8
+	maxTTFTPenalty        = 18.0  // seconds
+	peakPrefillThroughput = 15928 // tokens/s
+)
+
+// sticky reports whether candidate i holds at least affinityThreshold of
+// the prompt's blocks.
+func sticky(p *PickInfo, i int) bool {
+	return p.PromptBlocks > 0 && float64(p.Cands[i].MatchedBlocks)/float64(p.PromptBlocks) >= affinityThreshold
+}
+
+// Choose implements [Picker].
+func (a *PrefixAffinityPicker) Choose(p *PickInfo, total []float64) (int, Reason) {
+	n, bestSticky, bestOther := 0, math.Inf(1), math.Inf(1)
+	for i := range p.Cands {
+		ttft := float64(p.Cands[i].PendingTokens) / peakPrefillThroughput
+		if sticky(p, i) {
+			n++
+			bestSticky = min(bestSticky, ttft)
+		} else {
+			bestOther = min(bestOther, ttft)
+		}
+	}
+	keep := n > 0 && (n == len(p.Cands) || bestSticky-bestOther <= maxTTFTPenalty)
+	best, ties := -1, 0
+	for i, v := range total {
+		if keep && !sticky(p, i) {
+			continue
+		}
+		switch {
+		case best < 0 || v > total[best]+1e-12:
+			best, ties = i, 1
+		case math.Abs(v-total[best]) <= 1e-12:
+			ties++
+			if a.rand()%uint64(ties) == 0 {
+				best = i
+			}
+		}
+	}
+	return best, reasonFor(p, best)
+}

@@ -3,6 +3,9 @@ package balancer
 import (
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/llmlb/llmlb/prefix"
 )
 
 func TestQueueScorer(t *testing.T) {
@@ -98,5 +101,84 @@ func TestNoHitLRUSpreadsColdRequests(t *testing.T) {
 	}
 	if len(seen) != 4 {
 		t.Errorf("4 cold prompts went to %d backends, want 4", len(seen))
+	}
+}
+
+// presetIndex gives a test balancer the prefix index of preset name, cut
+// and sized as serve cuts it.
+func presetIndex(name string) func(*Config, *Deps) {
+	return func(_ *Config, d *Deps) {
+		pr, _ := LookupPreset(name)
+		s := pr.Index
+		d.Index = prefix.NewIndex(prefix.Config{BlockBytes: s.BlockBytes, MaxBlocks: s.MaxBlocks, FallbackEntries: s.Entries,
+			Partial: s.Partial, EntriesPerEngineBlock: s.EntriesPerEngineBlock, HeadFirst: s.HeadFirst, TTL: s.TTL, Now: d.Now})
+	}
+}
+
+// pending attaches a request of tokens uncached prompt tokens, with no
+// first byte yet, to backend id.
+func pending(t *testing.T, b *Balancer, id string, tokens int) {
+	t.Helper()
+	if tokens == 0 {
+		return
+	}
+	g := NewGuard()
+	g.Attach(backend(t, b, id), Work{UncachedTokens: tokens}, time.Now())
+	t.Cleanup(g.Release)
+}
+
+// TestLLMDOptimizedStickyUntilSaturated: llm-d's prefix-cache-affinity
+// filter keeps the request on the backend holding its prompt while that
+// backend's in-flight uncached tokens, at 15,928 tokens/s, put it less
+// than 18 s behind the best other backend (about 286,700 tokens), though
+// the token-load scorer alone would prefer an idle backend; past that the
+// filter opens and the least token load wins. A backend holding under 0.8
+// of the prompt is not sticky.
+func TestLLMDOptimizedStickyUntilSaturated(t *testing.T) {
+	prompt := []byte(strings.Repeat("a system prompt shared by a conversation ", 400))
+	tests := []struct {
+		name     string
+		share    float64 // of the prompt's blocks warm holds
+		load     map[string]int
+		wantWarm bool
+	}{
+		{"warm idle", 1, nil, true},
+		{"warm 17.6 s behind", 1, map[string]int{"warm": 280000}, true},
+		{"warm 18.2 s behind", 1, map[string]int{"warm": 290000}, false},
+		{"penalty against the best cold one", 1, map[string]int{"warm": 290000, "cold1": 20000, "cold2": 30000}, true},
+		{"under the affinity threshold", 0.7, map[string]int{"warm": 5000}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := newBal(t, "llm-d-optimized", presetIndex("llm-d-optimized"))
+			b.Update(ready("cold1", 0, 0, 0), ready("warm", 0, 0, 0), ready("cold2", 0, 0, 0))
+			hs := b.pol.index.AppendHashes(nil, 0, prompt)
+			b.pol.index.Insert(backend(t, b, "warm").slot, hs[:int(tt.share*float64(len(hs)))])
+			for id, tokens := range tt.load {
+				pending(t, b, id, tokens)
+			}
+			for range 20 {
+				d, err := b.Pick(&Request{Model: "m", Prompt: prompt, PromptTokens: len(prompt) / 4}, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := d.Candidates[0].ID == "warm"; got != tt.wantWarm {
+					t.Fatalf("Pick = %s, warm chosen %v, want %v", d.Candidates[0].ID, got, tt.wantWarm)
+				}
+			}
+		})
+	}
+}
+
+// TestTokenLoadScorer: 1 − (in-flight uncached prompt tokens + this
+// request's uncached tokens) / 4,194,304, floored at 0.
+func TestTokenLoadScorer(t *testing.T) {
+	b := newBal(t, "llm-d-optimized")
+	b.Update(ready("a", 0, 0, 0), ready("b", 0, 0, 0), ready("c", 0, 0, 0))
+	pending(t, b, "b", 1048576-1000)
+	pending(t, b, "c", 5000000)
+	got := pickScores(t, b, TokenLoadScorer{}, &Request{Model: "m", Prompt: []byte("hi"), PromptTokens: 1000})
+	if !near(got["a"], 1-1000.0/4194304) || !near(got["b"], 0.75) || got["c"] != 0 {
+		t.Errorf("TokenLoadScorer = %v, want a %v, b 0.75, c 0", got, 1-1000.0/4194304)
 	}
 }

@@ -78,6 +78,7 @@ func (g *Guard) Attach(be *Backend, w Work, now time.Time) {
 	l.pending.Add(1)
 	l.pendingTokens.Add(int64(w.UncachedTokens))
 	l.openTokens.Add(int64(w.UncachedTokens + w.DecodeTokens))
+	l.openPrompt.Add(int64(w.UncachedTokens))
 	l.extendDrain(w.PrefillSeconds, now)
 	l.noteSent(w.UncachedTokens)
 	l.addAdapter(w.Adapter, 1, 0)
@@ -100,6 +101,7 @@ func (g *Guard) Rework(w Work, now time.Time) {
 	l := g.backend.Ledger
 	l.pendingTokens.Add(int64(w.UncachedTokens - g.work.UncachedTokens))
 	l.openTokens.Add(int64(w.UncachedTokens + w.DecodeTokens - g.work.UncachedTokens - g.work.DecodeTokens))
+	l.openPrompt.Add(int64(w.UncachedTokens - g.work.UncachedTokens))
 	g.work, g.attached = w, now
 }
 
@@ -174,6 +176,7 @@ func (g *Guard) releaseLocked() bool {
 		l.pendingTokens.Add(-int64(g.work.UncachedTokens))
 	}
 	l.openTokens.Add(-int64(g.work.UncachedTokens + g.work.DecodeTokens))
+	l.openPrompt.Add(-int64(g.work.UncachedTokens))
 	started := 0
 	if g.first {
 		started = -1

@@ -25,6 +25,7 @@ type Ledger struct {
 	pending       atomic.Int64 // requests without a first byte yet
 	pendingTokens atomic.Int64 // their uncached prompt tokens
 	openTokens    atomic.Int64 // KV tokens of requests in flight: uncached prompt plus decode
+	openPrompt    atomic.Int64 // uncached prompt tokens of requests in flight
 	// drainAt is when the prefill of our pending requests should be done
 	// (Unix nanoseconds; 0 never set): each attach extends it by the
 	// request's estimated prefill time ([Work.PrefillSeconds]).
@@ -78,6 +79,10 @@ func (l *Ledger) Failures() int64 { return l.failures.Load() }
 func (l *Ledger) Pending() (requests, tokens int64) {
 	return l.pending.Load(), l.pendingTokens.Load()
 }
+
+// OpenPrompt returns the uncached prompt tokens of the requests in flight:
+// the prompt blocks each brought the backend that it did not hold.
+func (l *Ledger) OpenPrompt() int64 { return l.openPrompt.Load() }
 
 // aheadTokens estimates how many of the pending prefill tokens of our
 // requests (requests of them) are still to be done at now. The server

@@ -67,6 +67,11 @@ type IndexSpec struct {
 	// Entries is the LRU size per server until the server reports its KV
 	// blocks.
 	Entries int
+	// FixedEntries: each server's LRU holds Entries whatever KV capacity
+	// the server reports.
+	FixedEntries bool
+	// TTL forgets a block this long after it was last sent; 0 never.
+	TTL time.Duration
 }
 
 // eppIndex is the endpoint picker's approximate prefix index: 64-token
@@ -144,6 +149,33 @@ var presets = []Preset{
 		build: func(cfg Config, d Deps) *policy {
 			return &policy{scorers: []weighted{{QueueScorer{}, 2}, {KVScorer{}, 2}, {PrefixScorer{}, 3}, {new(NoHitLRUScorer), 2}},
 				picker: &MaxScorePicker{rand: d.Rand}}
+		},
+	},
+	{
+		// llm-d's "sticky until saturated", which its guides now deploy
+		// (llm-d.ai blog, 2026-08-17): no saturation filter, no queue.
+		Name: "llm-d-optimized", Index: eppIndex(131072), ScrapeInterval: 50 * time.Millisecond,
+		Follows: "llm-d/llm-d guides/optimized-baseline/router/optimized-baseline.values.yaml (prefix-cache-affinity-filter, token-load-scorer, built-in defaults) on llm-d/llm-d-router at ebab6879: " +
+			"filter/prefixcacheaffinity/plugin.go (affinityThreshold 0.8, maxTTFTPenaltyMs 18000, peakPrefillThroughput 15928, explorationProbability 0), " +
+			"dataproducer/inflightload/producer.go (uncached prompt tokens until the first chunk), scorer/tokenload/token_load.go (queueThresholdTokens 4194304), " +
+			"max-score picker added by config/loader/defaults.go; llm-d/llm-d.github.io blog/2026-08-17_bottleneck-aware-scheduling-for-llm-inference.mdx at 25e593b2",
+		build: func(cfg Config, d Deps) *policy {
+			return &policy{scorers: []weighted{{TokenLoadScorer{}, 1}}, picker: &PrefixAffinityPicker{rand: d.Rand}}
+		},
+	},
+	{
+		// NVIDIA Dynamo's KV router without KV events (--no-router-kv-events):
+		// it matches prompts against its own routing decisions, 16-token
+		// blocks (vLLM's), full blocks only, each forgotten 120 s after it
+		// was last sent (router_ttl_secs). Its tree is pruned at 2^20
+		// blocks in all; here that bounds each server's LRU. Its router
+		// queue is off by default.
+		Name: "dynamo-kv", Index: &IndexSpec{BlockBytes: 16 * 4, MaxBlocks: 131072 / 16, Entries: 1 << 20, FixedEntries: true, TTL: 120 * time.Second},
+		Follows: "ai-dynamo/dynamo lib/llm/src/kv_router/scheduler.rs DefaultWorkerSelector at db19bd2a (overlap_score_weight 1, router_temperature 0, ties by tree size then random), " +
+			"lib/llm/src/kv_router/sequence.rs ActiveSequences at 581ee33e, lib/llm/src/kv_router/approx.rs at 17cf2360; " +
+			"docs/components/router/router-configuration.md at 057096c3 (router_ttl_secs 120 without KV events, queue off by default)",
+		build: func(cfg Config, d Deps) *policy {
+			return &policy{picker: &DynamoPicker{index: d.Index, rand: d.Rand}}
 		},
 	},
 	{
@@ -246,7 +278,7 @@ func newPolicy(cfg Config, d Deps) (*policy, error) {
 	pol.userKeyed = pr.UserKeyed
 	if pr.Index != nil {
 		pol.index = d.Index
-		pol.sizeIndex = d.Index != nil
+		pol.sizeIndex = d.Index != nil && !pr.Index.FixedEntries
 	}
 	if pr.TrueCache {
 		pol.oracle = d.Oracle

@@ -21,6 +21,8 @@ func TestPeerPresetsNeverQueue(t *testing.T) {
 	}{
 		{"epp", true, nil},
 		{"llm-d-load", true, nil},
+		{"llm-d-optimized", true, nil},
+		{"dynamo-kv", true, nil},
 		{"ttft", false, ErrSaturated},
 	} {
 		t.Run(tc.policy, func(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Config is the `prefix:` section of config.yaml: how prompts are cut into
@@ -40,6 +41,12 @@ type Config struct {
 	// Add at ebab6879); set by its presets, not by config. Without it,
 	// tail first, as vLLM evicts (see [Index.Insert]).
 	HeadFirst bool `mapstructure:"-"`
+	// TTL forgets a block this long after it was last sent, as NVIDIA
+	// Dynamo's router does without KV events (--router-ttl-secs); 0
+	// never. Set by its preset, not by config.
+	TTL time.Duration `mapstructure:"-"`
+	// Now tells the time for TTL; nil is time.Now.
+	Now func() time.Time `mapstructure:"-"`
 }
 
 // DefaultConfig returns the prefix defaults.
@@ -202,6 +209,24 @@ type slotLRU struct {
 	size       int    // capacity in blocks
 	gen        uint32 // Inserts so far, wrapping past 0 to 1
 	engBlock   int    // the engine block size reported (tokens), 0 unknown
+	// With Config.TTL (timed): at[node] is when the node's block was
+	// last placed (Unix nanoseconds), and now the time of the Insert in
+	// progress. Placements go to the head, so the times fall from head to
+	// tail and the expired blocks are a run at the tail.
+	timed bool
+	at    []int64
+	now   int64
+}
+
+// touch marks node i placed by the Insert in progress.
+func (l *slotLRU) touch(i int32) {
+	l.nodes[i].gen = l.gen
+	if l.timed {
+		for int(i) >= len(l.at) {
+			l.at = append(l.at, 0)
+		}
+		l.at[i] = l.now
+	}
 }
 
 func (l *slotLRU) unlink(i int32) {
@@ -258,14 +283,14 @@ func (l *slotLRU) linkAfter(first, last, at int32) {
 // since everything this Insert placed sits above.
 func (l *slotLRU) moveRun(recs []record, first int32, hashes []uint64, i int, at int32) (int, int32) {
 	last := first
-	l.nodes[first].gen = l.gen
+	l.touch(first)
 	for i++; i < len(hashes); i++ {
 		n := l.nodes[last].next
 		if n < 0 || recs[l.nodes[n].rec].hash != hashes[i] {
 			break
 		}
 		last = n
-		l.nodes[n].gen = l.gen
+		l.touch(n)
 	}
 	if l.nodes[first].prev == at {
 		return i, last // already in place
@@ -294,6 +319,7 @@ func (l *slotLRU) alloc() int32 {
 // reset empties l, keeping its size, engine block and node array.
 func (l *slotLRU) reset() {
 	l.nodes = l.nodes[:0]
+	l.at = l.at[:0]
 	l.head, l.tail, l.free = -1, -1, -1
 	l.n = 0
 }
@@ -305,6 +331,9 @@ func NewIndex(cfg Config) *Index {
 	}
 	if cfg.FallbackEntries <= 0 {
 		cfg.FallbackEntries = DefaultConfig().FallbackEntries
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
 	x := &Index{cfg: cfg}
 	bb := cfg.BlockBytes
@@ -347,6 +376,7 @@ func (x *Index) AppendHashes(dst []uint64, seed uint64, prompt []byte) []uint64 
 func (x *Index) Match(hashes []uint64, dst []int32) int {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
+	cutoff := x.cutoff()
 	best := 0
 	for i, h := range hashes {
 		id, ok := x.blocks.get(h)
@@ -354,8 +384,8 @@ func (x *Index) Match(hashes []uint64, dst []int32) int {
 			break
 		}
 		r := &x.recs[id]
-		going := extend(dst, r.inline(), i)
-		if len(r.more) > 0 && extend(dst, r.more, i) {
+		going := x.extend(dst, r.inline(), i, cutoff)
+		if len(r.more) > 0 && x.extend(dst, r.more, i, cutoff) {
 			going = true
 		}
 		if !going {
@@ -367,16 +397,68 @@ func (x *Index) Match(hashes []uint64, dst []int32) int {
 }
 
 // extend sets dst[s] to i+1 for each holder s whose run reaches block i,
-// and reports whether there was one.
-func extend(dst []int32, hs []holder, i int) bool {
+// and reports whether there was one. A block placed before cutoff (Unix
+// nanoseconds; 0 none) has expired and is not held. Caller must hold x.mu.
+func (x *Index) extend(dst []int32, hs []holder, i int, cutoff int64) bool {
 	going := false
 	for _, h := range hs {
 		if int(h.slot) < len(dst) && int(dst[h.slot]) == i {
+			if cutoff != 0 && x.slots[h.slot].at[h.node] < cutoff {
+				continue
+			}
 			dst[h.slot] = int32(i + 1)
 			going = true
 		}
 	}
 	return going
+}
+
+// cutoff returns the time before which a placed block has expired (Unix
+// nanoseconds), or 0 without a TTL.
+func (x *Index) cutoff() int64 {
+	if x.cfg.TTL <= 0 {
+		return 0
+	}
+	return x.cfg.Now().Add(-x.cfg.TTL).UnixNano()
+}
+
+// Held returns how many blocks slot holds that have not expired.
+func (x *Index) Held(slot int) int {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if slot < 0 || slot >= len(x.slots) {
+		return 0
+	}
+	l := &x.slots[slot]
+	if !l.used {
+		return 0
+	}
+	n := l.n
+	if cutoff := x.cutoff(); cutoff != 0 {
+		for nd := l.tail; nd >= 0 && l.at[nd] < cutoff; nd = l.nodes[nd].prev {
+			n--
+		}
+	}
+	return n
+}
+
+// expireLocked drops every slot's expired blocks, the run at its tail.
+// Caller must hold x.mu for writing.
+func (x *Index) expireLocked(cutoff int64) {
+	for s := range x.slots {
+		l := &x.slots[s]
+		if !l.used {
+			continue
+		}
+		for l.tail >= 0 && l.at[l.tail] < cutoff {
+			nd := l.tail
+			l.unlink(nd)
+			x.releaseLocked(int32(s), l.nodes[nd].rec)
+			l.nodes[nd].next, l.free = l.free, nd
+			l.n--
+			x.entries--
+		}
+	}
 }
 
 // Insert records that slot now holds every block of hashes, as the engine
@@ -404,6 +486,11 @@ func (x *Index) Insert(slot int, hashes []uint64) {
 		hashes = x.reversed
 	}
 	l := x.slotLocked(slot)
+	if x.cfg.TTL > 0 {
+		now := x.cfg.Now()
+		x.expireLocked(now.Add(-x.cfg.TTL).UnixNano())
+		l.timed, l.now = true, now.UnixNano()
+	}
 	s := int32(slot)
 	if l.gen++; l.gen == 0 {
 		for i := range l.nodes {
@@ -446,7 +533,8 @@ func (x *Index) Insert(slot int, hashes []uint64) {
 			id = x.newRecordLocked(h)
 		}
 		x.recs[id].add(holder{s, nd})
-		l.nodes[nd].rec, l.nodes[nd].gen = id, l.gen
+		l.nodes[nd].rec = id
+		l.touch(nd)
 		l.placeAfter(nd, at)
 		at = nd
 	}

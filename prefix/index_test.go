@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 )
 
 // modelIndex is the index's specification in its plainest form: per slot,
@@ -399,5 +400,43 @@ func TestIndexInsertGenerationWraps(t *testing.T) {
 	checkInternals(t, x, m)
 	if got := x.slots[0].gen; got != 2 {
 		t.Errorf("generation after wrapping = %d, want 2", got)
+	}
+}
+
+// TestIndexTTLForgetsUnsentBlocks: with a TTL, a block not sent again for
+// that long is no longer matched nor counted, and sending it again renews
+// it; the expired blocks are dropped at the next Insert.
+func TestIndexTTLForgetsUnsentBlocks(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	x := NewIndex(Config{BlockBytes: 64, FallbackEntries: 100, TTL: 120 * time.Second, Now: func() time.Time { return now }})
+	match := func(hs []uint64) [2]int32 {
+		var dst [2]int32
+		x.Match(hs, dst[:])
+		return dst
+	}
+	x.Insert(0, []uint64{1, 2, 3})
+	now = now.Add(60 * time.Second)
+	x.Insert(1, []uint64{1, 2})
+	now = now.Add(59 * time.Second) // slot 0 placed 119 s ago
+	if got := match([]uint64{1, 2, 3}); got != [2]int32{3, 2} {
+		t.Errorf("Match before the TTL = %v, want [3 2]", got)
+	}
+	now = now.Add(2 * time.Second) // 121 s
+	if got := match([]uint64{1, 2, 3}); got != [2]int32{0, 2} {
+		t.Errorf("Match after slot 0's TTL = %v, want [0 2]", got)
+	}
+	if got := x.Held(0); got != 0 {
+		t.Errorf("Held(0) after its TTL = %d, want 0", got)
+	}
+	x.Insert(0, []uint64{1}) // renews block 1 only; drops 2 and 3 there
+	if n, _ := x.Stats(); n != 3 {
+		t.Errorf("entries after the expired were dropped = %d, want 3 (slot 0: 1; slot 1: 1, 2)", n)
+	}
+	now = now.Add(100 * time.Second) // slot 1's blocks 161 s old, slot 0's block 1 100 s
+	if got := match([]uint64{1, 2}); got != [2]int32{1, 0} {
+		t.Errorf("Match after slot 1's TTL = %v, want [1 0]", got)
+	}
+	if got := []int{x.Held(0), x.Held(1)}; !slices.Equal(got, []int{1, 0}) {
+		t.Errorf("Held = %v, want [1 0]", got)
 	}
 }

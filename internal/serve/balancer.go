@@ -55,7 +55,7 @@ func IndexConfig(pr balancer.Preset, own prefix.Config) prefix.Config {
 		return own
 	}
 	return prefix.Config{BlockBytes: s.BlockBytes, MaxBlocks: s.MaxBlocks, FallbackEntries: s.Entries,
-		Partial: s.Partial, EntriesPerEngineBlock: s.EntriesPerEngineBlock, HeadFirst: s.HeadFirst}
+		Partial: s.Partial, EntriesPerEngineBlock: s.EntriesPerEngineBlock, HeadFirst: s.HeadFirst, TTL: s.TTL}
 }
 
 // NewBalancer builds a balancer running cfg's policy, the same way for
@@ -70,7 +70,9 @@ func NewBalancer(cfg balancer.Config, own prefix.Config, deps balancer.Deps, mod
 	}
 	var idx *prefix.Index
 	if pr.Index != nil {
-		idx = prefix.NewIndex(IndexConfig(pr, own))
+		ic := IndexConfig(pr, own)
+		ic.Now = deps.Now // a TTL runs on the balancer's clock, virtual in bench
+		idx = prefix.NewIndex(ic)
 		deps.Index = idx
 	}
 	if pr.Tree {
