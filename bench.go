@@ -13,7 +13,7 @@ import (
 // virtual time and prints one table per workload; with --target it replays
 // them in real time over HTTP against a running balancer instead.
 func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("bench", "llmlb bench [--workload W,...] [--policy P,...] [--backends N] [--slow N] [--rate X] [--scale F] [--seed S] [--clients N] [--engine E] [--kv-events] [--perturb S] [--sweep [--rates F,...] [--seeds N]] [--replicas R] [--prefill N [--decisions D,...]] [--scenario NAME] [--json FILE] [--plot FILE.png] [--trace FILE] [--quiet] [--target URL [--model M] [--label L]]", stderr)
+	fs := newFlagSet("bench", "llmlb bench [--workload W,...] [--policy P,...] [--backends N] [--slow N] [--rate X] [--scale F] [--seed S] [--clients N] [--engine E] [--engine-model M] [--kv-events] [--perturb S] [--sweep [--rates F,...] [--seeds N]] [--replicas R] [--prefill N [--decisions D,...]] [--scenario NAME] [--json FILE] [--plot FILE.png] [--trace FILE] [--quiet] [--target URL [--model M] [--label L]]", stderr)
 	var c bench.Command
 	workloads := fs.String("workload", strings.Join(bench.WorkloadNames(), ","), "comma-separated workloads")
 	policies := fs.String("policy", strings.Join(bench.DefaultPolicies(), ","), "comma-separated policies; default is llmlb's default; ttft-true-cache and llm-d-precise know every cache")
@@ -24,6 +24,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.Uint64Var(&c.Params.Seed, "seed", 1, "seed for workloads, scrape jitter and random policies")
 	fs.IntVar(&c.Clients, "clients", -1, "also run each workload closed-loop with this many clients and report its output tokens/s as saturated tok/s; -1: 32 a server, 0: skip it")
 	fs.StringVar(&c.Engine, "engine", "vllm", "metrics flavour the emulated servers render and llmlb scrapes")
+	fs.StringVar(&c.EngineModel, "engine-model", bench.VLLMV1, "how the emulated servers schedule and cache: vllm-v1 (vLLM V1's batching, on the h100-8b and a100-8b presets) or llm-d-sim (llm-d's inference simulator: each request prefilled on its own at 5ms + 250µs a token, 2-4ms a decoded token, 2,048 KV blocks, refusing what does not fit; --slow does not apply); not with --scenario or --target")
 	fs.StringVar(&c.JSONFile, "json", "", "also write the results as JSON to this file")
 	fs.StringVar(&c.PlotFile, "plot", "", "also draw TTFT distributions per policy to this PNG file")
 	quiet := fs.Bool("quiet", false, "no progress line")
@@ -35,7 +36,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.IntVar(&c.Seeds, "seeds", 1, "with --sweep: run every point at N seeds (--seed, --seed+1, ...) and print the medians, the seeds' own ratios where the default's worst is, and at how many seeds it is more than 3% worse than each policy")
 	fs.IntVar(&c.Replicas, "replicas", 1, "independent balancers in front of the cluster, each arrival to one at random; above 1 also prints the table against one replica")
 	fs.BoolVar(&c.KVEvents, "kv-events", false, "the emulated servers publish their KV-cache events, as vLLM does with --kv-events-config, and llmlb's default reads them (each request tokenized first, at a cost); the peers run as without")
-	fs.StringVar(&c.Perturb, "perturb", "", "scale the emulated engines' costs without telling the balancer: prefill=F (prefill per token and attention), request=F (per-request intake), tokens=F (the prompt tokens the balancer is told, as another tokenizer counts them), comma-separated")
+	fs.StringVar(&c.Perturb, "perturb", "", "scale the emulated engines' costs without telling the balancer: prefill=F (prefill per token and attention), request=F (per-request intake; with llm-d-sim, the prefill overhead), tokens=F (the prompt tokens the balancer is told, as another tokenizer counts them), comma-separated")
 	fs.StringVar(&c.TraceFile, "trace", "", "also write one JSON line per served request of each emulated run to this file: its server and reason, what every server's cache held of its prompt and the prefill work truly queued at the pick, and its time to first token (not with --sweep, --scenario or --target)")
 	fs.IntVar(&c.Prefill, "prefill", 0, "compare disaggregated prefill/decode with the same servers aggregated: the first N servers of role prefill, the rest decode, one row per P/D decision, under the first --policy (default: default), on the long-prompt and mixed workloads unless --workload says")
 	decisions := fs.String("decisions", "", "with --prefill: comma-separated P/D decisions (always, llm-d, vllm-router, dynamo; default: all)")

@@ -24,6 +24,10 @@ type Options struct {
 	Backends, Slow int
 	Params         Params
 	Engine         string
+	// EngineModel is how the emulated servers schedule and cache
+	// ([Cluster.EngineModel]); with llm-d-sim every server is alike and
+	// Slow is not used. (default vllm-v1)
+	EngineModel string
 	// Clients, when positive, also runs each workload closed-loop with
 	// that many clients ([Cluster.Clients]) and reports its output tokens
 	// per second as the row's Saturated throughput.
@@ -159,6 +163,20 @@ func Presets(n, slow int) []string {
 	return out
 }
 
+// serverPresets returns the preset of each of n servers of engine model:
+// [Presets] for vllm-v1, and for llm-d-sim, whose servers are alike, n ×
+// "llm-d-sim".
+func serverPresets(model string, n, slow int) []string {
+	if model == LLMDSim {
+		out := make([]string, n)
+		for i := range out {
+			out[i] = LLMDSim
+		}
+		return out
+	}
+	return Presets(n, slow)
+}
+
 // Bench runs every workload through every policy, one run at a time per
 // CPU, and returns one table per workload, rows in policy order.
 func Bench(ctx context.Context, o Options) (Report, error) {
@@ -174,6 +192,9 @@ func Bench(ctx context.Context, o Options) (Report, error) {
 	if o.Backends <= 0 {
 		o.Backends = 8
 	}
+	if err := checkEngineModel(o.EngineModel); err != nil {
+		return Report{}, err
+	}
 	for _, p := range o.Policies {
 		if p != DefaultPolicy && !slices.Contains(DefaultPolicies(), p) {
 			if _, err := balancer.LookupPreset(p); err != nil {
@@ -185,7 +206,7 @@ func Bench(ctx context.Context, o Options) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
-	presets := Presets(o.Backends, o.Slow)
+	presets := serverPresets(o.EngineModel, o.Backends, o.Slow)
 	var rep Report
 	type job struct {
 		w, p   int
@@ -224,7 +245,7 @@ func Bench(ctx context.Context, o Options) (Report, error) {
 		wg.Go(func() {
 			for j := range jobs {
 				spec := specs[j.p]
-				c := Cluster{Presets: presets, Engine: o.Engine, Policy: spec.policy, Seed: o.Params.Seed, Replicas: o.Replicas, Perturb: o.Perturb, KVEvents: o.KVEvents,
+				c := Cluster{Presets: presets, EngineModel: o.EngineModel, Engine: o.Engine, Policy: spec.policy, Seed: o.Params.Seed, Replicas: o.Replicas, Perturb: o.Perturb, KVEvents: o.KVEvents,
 					Roles: spec.roles}
 				if spec.pd != nil {
 					bcfg := balancer.DefaultConfig()

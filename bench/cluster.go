@@ -22,8 +22,11 @@ const Model = "llama-3.1-8b"
 // Cluster describes the emulated servers and the balancer in front of them.
 type Cluster struct {
 	// Presets names each server's engine preset (sim.Preset), one entry a
-	// server.
+	// server; with EngineModel llm-d-sim, each is "llm-d-sim".
 	Presets []string
+	// EngineModel is how the servers schedule and cache: vllm-v1 or
+	// llm-d-sim ([EngineModels]). (default vllm-v1)
+	EngineModel string
 	// Engine is the /metrics flavour the servers render and the scraper
 	// reads; "sglang" servers also take a prefix into their cache only
 	// once it is computed (sim.EngineConfig.CacheOnCompute). (default
@@ -51,7 +54,7 @@ type Cluster struct {
 	Seed uint64
 	// Perturb scales the engines' real costs without telling the
 	// balancer, to see how a policy degrades when its model of the engine
-	// is wrong. Zero is no change.
+	// is wrong ([Perturb.applyLLMD] for llm-d-sim). Zero is no change.
 	Perturb Perturb
 	// KVEvents: the servers publish their KV-cache events, as vLLM does
 	// with --kv-events-config, and a policy that reads them (the default,
@@ -207,6 +210,9 @@ func runAll(c Cluster, w *Workload) (Result, []*balancer.Balancer, error) {
 	if len(c.Presets) == 0 {
 		return Result{}, nil, errors.New("bench: a cluster needs at least one server")
 	}
+	if err := checkEngineModel(c.EngineModel); err != nil {
+		return Result{}, nil, err
+	}
 	if c.Engine == "" {
 		c.Engine = "vllm"
 	}
@@ -279,17 +285,12 @@ func (r *run) build() error {
 		r.reps = append(r.reps, &replica{bal: bal, scrape: interval})
 	}
 	for i, name := range r.c.Presets {
-		cfg, err := sim.Preset(name)
-		if err != nil {
-			return err
-		}
-		cfg.Cost = r.c.Perturb.apply(cfg.Cost)
-		cfg.CacheOnCompute = sim.CachesOnCompute(r.c.Engine)
-		cfg.KVEvents = r.c.KVEvents
 		id := fmt.Sprintf("sim-%02d-%s", i, name)
 		u, _ := url.Parse("http://" + id + ":8000")
-		eng := sim.NewEngine(cfg)
-		srv := &server{id: id, url: u, eng: eng, block: eng.Config().BlockSize * sim.BytesPerToken}
+		srv := &server{id: id, url: u}
+		if err := r.newEngine(srv, name); err != nil {
+			return err
+		}
 		if i < len(r.c.Roles) {
 			srv.role = r.c.Roles[i]
 			r.roles = r.roles || srv.role != balancer.RoleBoth

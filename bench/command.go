@@ -32,6 +32,10 @@ type Command struct {
 	Clients int
 	// Engine is the metrics flavour the emulated servers render.
 	Engine string
+	// EngineModel is how the emulated servers schedule and cache
+	// ([EngineModels]; "": vllm-v1). Published experiments and Target
+	// runs take only vllm-v1.
+	EngineModel string
 	// Perturb scales the emulated engines' costs without telling the
 	// balancer, as [ParsePerturb] reads it ("": not at all).
 	Perturb string
@@ -78,6 +82,12 @@ func (c Command) Run(ctx context.Context, stdout io.Writer) (err error) {
 	if c.TraceFile != "" && (c.Sweep || c.Scenario != "" || c.Target != "") {
 		return errors.New("bench: --trace records single runs: not with --sweep, --scenario or --target")
 	}
+	if err := checkEngineModel(c.EngineModel); err != nil {
+		return err
+	}
+	if c.EngineModel != "" && c.EngineModel != VLLMV1 && (c.Scenario != "" || c.Target != "") {
+		return fmt.Errorf("bench: --engine-model %s: --scenario replays its experiment on vllm-v1, and --target emulates nothing", c.EngineModel)
+	}
 	switch {
 	case c.Scenario != "":
 		return c.runExperiment(ctx, stdout)
@@ -97,7 +107,7 @@ func (c Command) Run(ctx context.Context, stdout io.Writer) (err error) {
 		c.Clients = 32 * c.Backends
 	}
 	opts := Options{Workloads: c.Workloads, Policies: c.Policies, Backends: c.Backends, Slow: c.Slow, Params: c.Params,
-		Engine: c.Engine, Clients: c.Clients, Perturb: pert, KVEvents: c.KVEvents, Progress: c.Progress, Prefill: c.Prefill, Decisions: c.Decisions}
+		Engine: c.Engine, EngineModel: c.EngineModel, Clients: c.Clients, Perturb: pert, KVEvents: c.KVEvents, Progress: c.Progress, Prefill: c.Prefill, Decisions: c.Decisions}
 	if c.TraceFile != "" {
 		tr, terr := NewTraceWriter(c.TraceFile, c.Params.Seed)
 		if terr != nil {
@@ -134,7 +144,9 @@ func (c Command) writeHeader(stdout io.Writer, pert Perturb) {
 	if c.Seeds > 1 {
 		seeds = fmt.Sprintf("seeds %d-%d", c.Params.Seed, c.Params.Seed+uint64(c.Seeds)-1)
 	}
-	fmt.Fprintf(stdout, "llmlb bench: %d servers (%s), %s, virtual time", c.Backends, strings.Join(compact(Presets(c.Backends, c.Slow)), " "), seeds)
+	model := cmp.Or(c.EngineModel, VLLMV1)
+	fmt.Fprintf(stdout, "llmlb bench: %d servers (%s), engine model %s, %s, virtual time", c.Backends,
+		strings.Join(compact(serverPresets(model, c.Backends, c.Slow)), " "), model, seeds)
 	if p := pert.String(); p != "" {
 		fmt.Fprintf(stdout, ", engines perturbed (%s) without telling the balancer", p)
 	}

@@ -169,6 +169,8 @@ func TestBenchCommandRefusesBeforeRunning(t *testing.T) {
 	}{
 		{"bad rates", Command{Sweep: true, Rates: "0.5,fast", Backends: 3, Seeds: 1}, `--rates: "fast" is not a positive factor`},
 		{"unknown scenario", Command{Scenario: "nope"}, `unknown scenario "nope"`},
+		{"unknown engine model", Command{EngineModel: "sglang", Backends: 3, Seeds: 1}, `unknown engine model "sglang"`},
+		{"engine model of a scenario", Command{EngineModel: LLMDSim, Scenario: "sglang-v04-shared-prefix"}, "--engine-model llm-d-sim: --scenario"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out strings.Builder
@@ -193,7 +195,7 @@ func TestBenchCommandRuns(t *testing.T) {
 			c.Policies = append(c.Policies, "ttft-true-cache")
 			c.Clients = -1
 			c.JSONFile, c.PlotFile = dir+"/b.json", dir+"/b.png"
-		}, []string{"llmlb bench: 3 servers (3×h100-8b), seed 1, virtual time", "burst:", "ttft p50", "round-robin", "ttft-true-cache", "hit rate", "saturated: 96 clients", "saturated tok/s"},
+		}, []string{"llmlb bench: 3 servers (3×h100-8b), engine model vllm-v1, seed 1, virtual time", "burst:", "ttft p50", "round-robin", "ttft-true-cache", "hit rate", "saturated: 96 clients", "saturated tok/s"},
 			[]string{"b.json", "b.png"}, `"saturated_output_tokens_per_s"`},
 		{"sweep", func(c *Command, dir string) {
 			c.Sweep, c.Rates = true, "0.5, 2"
@@ -208,6 +210,13 @@ func TestBenchCommandRuns(t *testing.T) {
 		{"perturbed with KV events", func(c *Command, dir string) {
 			c.Perturb, c.KVEvents = "prefill=2", true
 		}, []string{"engines perturbed (prefill=2) without telling the balancer, servers publishing KV events"}, nil, ""},
+		{"llm-d-sim", func(c *Command, dir string) {
+			c.EngineModel, c.Perturb, c.JSONFile = LLMDSim, "request=2", dir+"/l.json"
+		}, []string{"llmlb bench: 3 servers (3×llm-d-sim), engine model llm-d-sim, seed 1, virtual time, engines perturbed (request=2)", "burst:", "round-robin"},
+			[]string{"l.json"}, `"ttft_p90"`},
+		{"llm-d-sim sweep and replicas", func(c *Command, dir string) {
+			c.EngineModel, c.Sweep, c.Rates, c.Replicas = LLMDSim, true, "1", 2
+		}, []string{"engine model llm-d-sim", "x1"}, nil, ""},
 		{"scenario", func(c *Command, dir string) {
 			c.Scenario, c.JSONFile = "sglang-v04-shared-prefix", dir+"/e.json"
 		}, []string{"cache-aware router (v0.4)", "158596", "best first: published"}, []string{"e.json"}, `"published"`},

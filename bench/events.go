@@ -22,6 +22,7 @@ type event struct {
 	i    int     // request index or server index
 	rep  int     // replica, for scrapes
 	f    *flight // for evEnter, evTokenized and evTransferred
+	gen  uint64  // for evStep: the server's step it is
 	seq  uint64  // insertion order, to break ties deterministically
 }
 
@@ -76,7 +77,9 @@ func (r *run) loop() {
 		case evKV:
 			r.deliverKV(e.i)
 		case evStep:
-			r.step(e.i)
+			if e.gen == r.servers[e.i].gen { // else an eager engine was stepped since
+				r.step(e.i)
+			}
 		case evScrape:
 			r.scrapeServer(e.rep, e.i)
 			if r.pending > 0 || len(r.flights)+r.queued+r.entering > 0 {

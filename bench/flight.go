@@ -54,7 +54,7 @@ func (r *run) arrive(i int) {
 			return
 		}
 		// Tokenized first, as the proxy asks /tokenize, then picked.
-		bs := r.servers[0].eng.Config().BlockSize
+		bs := r.servers[0].blockTokens
 		f.breq.TokenBlocks, f.breq.TokenBlockSize = kvevents.Blocks(nil, f.tokens, bs, req.Model), bs
 		base, per := r.c.TokenizeBase, r.c.TokenizePerByte
 		if base == 0 && per == 0 {
@@ -166,7 +166,7 @@ func (r *run) dispatch(f *flight) bool {
 // work (parsing, tokenising, scheduling) comes before its scheduler sees
 // the request.
 func (r *run) intake(f *flight, srv int, seq *sim.Seq) {
-	if d := r.servers[srv].eng.Config().Cost.Intake(seq.PromptTokens); d > 0 {
+	if d := r.servers[srv].intake.Intake(seq.PromptTokens); d > 0 {
 		r.entering++
 		r.push(event{at: r.now + d, kind: evEnter, f: f})
 	} else {
@@ -197,9 +197,22 @@ func (r *run) enter(f *flight) {
 	}
 	r.flights[seq] = f
 	s.served++
-	if !s.busy {
+	if !s.busy || s.eager {
 		r.step(srv)
 	}
+}
+
+// refused ends f, whose leg seq its server refused when it came to run it
+// (its KV blocks did not fit), as enter ends a request refused on
+// arrival.
+func (r *run) refused(f *flight, seq *sim.Seq) {
+	delete(r.flights, seq)
+	if f.pd != nil && seq == f.pd.seq {
+		f.pd.guard.Release()
+	}
+	f.guard.Release()
+	r.res.Failed++
+	r.ended(f.idx, false)
 }
 
 // admit moves replica rep's admission queue onto servers while they have

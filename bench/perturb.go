@@ -41,6 +41,15 @@ func (p Perturb) apply(c sim.Cost) sim.Cost {
 	return c
 }
 
+// applyLLMD perturbs an llm-d-sim engine's costs: Prefill scales its
+// prefill time a token, Request its prefill overhead, the part of a
+// request's work a cache hit does not remove.
+func (p Perturb) applyLLMD(c sim.LLMDSimConfig) sim.LLMDSimConfig {
+	c.PrefillTimePerToken = scale(c.PrefillTimePerToken, p.Prefill)
+	c.PrefillOverhead = scale(c.PrefillOverhead, p.Request)
+	return c
+}
+
 func (p Perturb) tokens(n int) int { return max(1, int(math.Round(float64(n)*factor(p.Tokens)))) }
 
 // String names the perturbation as --perturb takes it; "" when none.

@@ -14,12 +14,18 @@ import (
 
 // server is one emulated engine in the cluster.
 type server struct {
-	id     string
-	url    *url.URL
-	eng    *sim.Engine
-	block  int // bytes a KV block holds
+	id          string
+	url         *url.URL
+	eng         engine
+	blockTokens int      // tokens a KV block holds
+	block       int      // bytes a KV block holds
+	intake      sim.Cost // prices the server's work before its scheduler sees a request
+	// eager: the engine starts a request the moment it is added, not at
+	// its next step (sim.LLMDSim), so it is stepped after every Add.
+	eager  bool
 	role   balancer.Role
-	busy   bool // a step is scheduled
+	busy   bool   // a step is scheduled
+	gen    uint64 // the scheduled step's: a step event of another is stale
 	served int
 	kv     []kvBatch // KV events on their way to the balancers, oldest first
 }
@@ -37,6 +43,10 @@ func (r *run) step(i int) {
 	r.out, d = s.eng.Step(r.out[:0])
 	for _, o := range r.out {
 		f := r.flights[o.Seq]
+		if o.Refused {
+			r.refused(f, o.Seq)
+			continue
+		}
 		if f.pd != nil && o.Seq == f.pd.seq {
 			r.prefilled(f, o)
 			continue
@@ -64,8 +74,9 @@ func (r *run) step(i int) {
 		}
 	}
 	s.busy = d > 0
+	s.gen++
 	if s.busy {
-		r.push(event{at: r.now + d, kind: evStep, i: i})
+		r.push(event{at: r.now + d, kind: evStep, i: i, gen: s.gen})
 	}
 	if r.kv != nil {
 		r.kvTake = s.eng.TakeKVEvents(r.kvTake[:0])

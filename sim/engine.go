@@ -53,6 +53,9 @@ type Output struct {
 	Seq   *Seq
 	First bool // this token is the request's first
 	Done  bool // the request generated its last token
+	// Refused: the engine refused the request when it came to run it,
+	// its KV blocks not fitting ([LLMDSim]); it produced no token.
+	Refused bool
 }
 
 // Engine is one emulated model server's scheduler and KV-cache: vLLM V1's
