@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"io"
 	"strings"
 
@@ -15,9 +14,9 @@ import (
 func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("bench", "llmlb bench [--workload W,...] [--policy P,...] [--backends N] [--slow N] [--rate X] [--scale F] [--seed S] [--clients N] [--engine E] [--engine-model M] [--kv-events] [--perturb S] [--sweep [--rates F,...] [--seeds N]] [--replicas R] [--prefill N [--decisions D,...]] [--scenario NAME] [--json FILE] [--plot FILE.png] [--trace FILE] [--quiet] [--target URL [--model M] [--label L]]", stderr)
 	var c bench.Command
-	workloads := fs.String("workload", strings.Join(bench.WorkloadNames(), ","), "comma-separated workloads")
-	policies := fs.String("policy", strings.Join(bench.DefaultPolicies(), ","), "comma-separated policies; default is llmlb's default; ttft-true-cache and llm-d-precise know every cache")
-	fs.IntVar(&c.Backends, "backends", 8, "emulated servers; with --target, the backends behind it (for imbalance; default: those that answered)")
+	workloads := fs.String("workload", "", "comma-separated workloads (default: "+strings.Join(bench.WorkloadNames(), ",")+"; with --prefill: "+strings.Join(bench.PDWorkloadNames(), ",")+")")
+	policies := fs.String("policy", "", "comma-separated policies (default: "+strings.Join(bench.DefaultPolicies(), ",")+"; with --prefill: default); default is llmlb's default; ttft-true-cache and llm-d-precise know every cache")
+	fs.IntVar(&c.Backends, "backends", 0, "emulated servers (0: 8); with --target, the backends behind it (for imbalance; 0: those that answered)")
 	fs.IntVar(&c.Slow, "slow", 0, "of those, servers on the slower a100-8b preset (0: a quarter, -1: none)")
 	fs.Float64Var(&c.Params.Rate, "rate", 0, "arrival-rate factor (0: each workload's default)")
 	fs.Float64Var(&c.Params.Scale, "scale", 1, "share of each workload to run (requests, groups or trace lines)")
@@ -38,34 +37,15 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.BoolVar(&c.KVEvents, "kv-events", false, "the emulated servers publish their KV-cache events, as vLLM does with --kv-events-config, and llmlb's default reads them (each request tokenized first, at a cost); the peers run as without")
 	fs.StringVar(&c.Perturb, "perturb", "", "scale the emulated engines' costs without telling the balancer: prefill=F (prefill per token and attention), request=F (per-request intake; with llm-d-sim, the prefill overhead), tokens=F (the prompt tokens the balancer is told, as another tokenizer counts them), comma-separated")
 	fs.StringVar(&c.TraceFile, "trace", "", "also write one JSON line per served request of each emulated run to this file: its server and reason, what every server's cache held of its prompt and the prefill work truly queued at the pick, and its time to first token (not with --sweep, --scenario or --target)")
-	fs.IntVar(&c.Prefill, "prefill", 0, "compare disaggregated prefill/decode with the same servers aggregated: the first N servers of role prefill, the rest decode, one row per P/D decision, under the first --policy (default: default), on the long-prompt and mixed workloads unless --workload says")
+	fs.IntVar(&c.Prefill, "prefill", 0, "compare disaggregated prefill/decode with the same servers aggregated: the first N servers of role prefill, the rest decode, one row per P/D decision, under the first --policy")
 	decisions := fs.String("decisions", "", "with --prefill: comma-separated P/D decisions (always, llm-d, vllm-router, dynamo; default: all)")
-	fs.StringVar(&c.Scenario, "scenario", "", "replay a published experiment and print its published figures beside ours: llm-d-kv-cache-wins or sglang-v04-shared-prefix")
+	fs.StringVar(&c.Scenario, "scenario", "", "replay a published experiment and print its published figures beside ours: llm-d-kv-cache-wins, sglang-v04-shared-prefix or vllm-chunked-vs-disagg")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	c.Workloads, c.Policies, c.Decisions = split(*workloads), split(*policies), split(*decisions)
-	if c.Prefill > 0 { // its own defaults: the P/D workloads and the default policy
-		set := map[string]bool{}
-		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-		if !set["workload"] {
-			c.Workloads = bench.PDWorkloadNames()
-		}
-		if !set["policy"] {
-			c.Policies = []string{bench.DefaultPolicy}
-		}
-	}
 	if !*quiet {
 		c.Progress = stderr
-	}
-	if c.Target != "" { // the backends behind it: only those that answered, unless --backends says
-		n := 0
-		fs.Visit(func(f *flag.Flag) {
-			if f.Name == "backends" {
-				n = c.Backends
-			}
-		})
-		c.Backends = n
 	}
 	return c.Run(ctx, stdout)
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/llmlb/llmlb/sim"
@@ -36,13 +35,9 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return fmt.Errorf("sim: --fault: %w", err)
 	}
-	var faultOn []int
-	for w := range strings.SplitSeq(*faultOnList, ",") {
-		i, err := strconv.Atoi(strings.TrimSpace(w))
-		if err != nil || i < 0 {
-			return fmt.Errorf("sim: --fault-on %q: not a list of server indexes", *faultOnList)
-		}
-		faultOn = append(faultOn, i)
+	faultOn, err := sim.ParseServerList(*faultOnList)
+	if err != nil {
+		return fmt.Errorf("sim: --fault-on: %w", err)
 	}
 	ecfg, err := sim.Preset(*preset)
 	if err != nil {
@@ -51,13 +46,10 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if *maxLoRA > 0 {
 		ecfg.MaxLoRA = *maxLoRA
 	}
-	if *count < 1 {
-		return errors.New("sim: --count must be at least 1")
+	if *count < 1 || *dpSize < 1 {
+		return errors.New("sim: --count and --data-parallel-size must be at least 1")
 	}
 	ecfg.CacheOnCompute = sim.CachesOnCompute(*engine)
-	if *dpSize < 1 {
-		return errors.New("sim: --data-parallel-size must be at least 1")
-	}
 	fc := sim.FleetConfig{Server: sim.ServerConfig{Engine: *engine, Model: *model, DataParallelStartRank: *dpStart, PD: sim.PDConfig{Role: *role, Rooms: sim.NewRooms()}},
 		DataParallelSize: *dpSize, Speed: *speed, Listen: *listen, Faults: faults, FaultOn: faultOn}
 	if *lora != "" {

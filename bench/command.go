@@ -18,7 +18,7 @@ type Command struct {
 	// Workloads and Policies are the tables and their rows (empty: every
 	// built-in workload; [DefaultPolicies]).
 	Workloads, Policies []string
-	// Backends is the number of emulated servers, at least 1; Slow of
+	// Backends is the number of emulated servers (0: 8); Slow of
 	// them run the slower a100-8b preset (0: a quarter, -1: none). With
 	// Target, Backends is the number behind it, whose idle ones count in
 	// the imbalance (0: those that answered).
@@ -93,8 +93,10 @@ func (c Command) Run(ctx context.Context, stdout io.Writer) (err error) {
 		return c.runExperiment(ctx, stdout)
 	case c.Target != "":
 		return c.runTarget(ctx, stdout)
-	case c.Backends < 1:
+	case c.Backends < 0:
 		return errors.New("bench: --backends must be at least 1")
+	case c.Backends == 0:
+		c.Backends = 8
 	}
 	pert, err := ParsePerturb(c.Perturb)
 	if err != nil {

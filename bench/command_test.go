@@ -130,7 +130,7 @@ func TestBenchCommandRefusesBeforeRunning(t *testing.T) {
 		{"trace with target", func(c *Command) { c.Target = "http://127.0.0.1:1" }, "--trace records single runs"},
 		{"seeds without sweep", func(c *Command) { c.Seeds = 3 }, "--seeds 3: give a count of at least 1, with --sweep"},
 		{"no seeds", func(c *Command) { c.Seeds = 0 }, "--seeds 0: give a count of at least 1, with --sweep"},
-		{"no backends", func(c *Command) { c.Backends = 0 }, "--backends must be at least 1"},
+		{"negative backends", func(c *Command) { c.Backends = -1 }, "--backends must be at least 1"},
 		{"bad clients", func(c *Command) { c.Clients = -5 }, "--clients must be -1 (32 a server), 0 (no saturated run) or a count, got -5"},
 		{"bad perturb", func(c *Command) { c.Perturb = "bogus" }, `--perturb "bogus"`},
 		{"unknown policy", func(c *Command) { c.Policies = []string{"fastest"} }, `unknown policy "fastest"`},

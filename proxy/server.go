@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -274,50 +273,6 @@ func (s *Server) route(ex *exchange, r *http.Request) (*balancer.Request, error)
 		}
 	}
 	return breq, nil
-}
-
-// followResponse sends a request that continues a stored response to the
-// backend storing it, and only there: its prompt is matched nowhere (the
-// conversation so far is in that server's store, not in the request), and
-// the body names the response by the server's own id.
-func (s *Server) followResponse(ex *exchange, breq *balancer.Request) error {
-	const param = "previous_response_id"
-	id := ex.req.PreviousResponseID
-	be, orig, err := s.storedHolder(param, id)
-	if err != nil {
-		return err
-	}
-	if !be.Serves(breq.Model) {
-		return responseIDError(param, id, "is stored by a server that does not serve model "+quote(ex.req.Model)+".", http.StatusBadRequest)
-	}
-	val, _ := json.Marshal(orig)
-	body, _, err := setField(ex.req.Body, param, val)
-	if err != nil {
-		return badRequest(param, "The request body could not be rewritten: %v.", err)
-	}
-	ex.req.Body = body
-	ex.holder = be
-	breq.Holder = be.ID
-	breq.Prompt, breq.Parts, breq.FirstUser, breq.FirstTurn = nil, nil, 0, 0
-	return nil
-}
-
-// storedHolder returns the backend storing the response a client names
-// id, and the server's own id for it; an id that leads to no server that
-// is up is an error saying so, in param.
-func (s *Server) storedHolder(param, id string) (*balancer.Backend, string, error) {
-	orig, tag, ok := splitResponseID(id)
-	if !ok {
-		return nil, "", responseIDError(param, id, "was not handed out by this load balancer, which cannot tell the server that stores it.", http.StatusNotFound)
-	}
-	be := holderOf(s.bal.Snapshot(), tag)
-	switch {
-	case be == nil:
-		return nil, "", responseIDError(param, id, "is stored by a server this load balancer no longer routes to; the response is gone.", http.StatusNotFound)
-	case be.State == balancer.StateDown || be.State == balancer.StateDraining:
-		return nil, "", responseIDError(param, id, "is stored by server "+quote(be.Name)+", which is "+be.State.String()+"; try again once it is back.", http.StatusServiceUnavailable)
-	}
-	return be, orig, nil
 }
 
 // pick asks the balancer for the request's backends, waiting in the
@@ -599,72 +554,6 @@ func (s *Server) errorHandler(w http.ResponseWriter, r *http.Request, err error)
 		}
 	}
 	s.fail(ex, he)
-}
-
-// modelCard is one entry of GET /v1/models, in vLLM's shape.
-type modelCard struct {
-	ID      string  `json:"id"`
-	Object  string  `json:"object"`
-	Created int64   `json:"created"`
-	OwnedBy string  `json:"owned_by"`
-	Root    string  `json:"root"`
-	Parent  *string `json:"parent"`
-}
-
-// serveModels answers the models served by ready backends, each once, base
-// models first, sorted by name.
-func (s *Server) serveModels(w http.ResponseWriter, r *http.Request) {
-	ex := exchangeFrom(r.Context())
-	t, err := s.authenticate(r)
-	if err != nil {
-		s.fail(ex, err)
-		return
-	}
-	ex.tenant = t
-	var cards []modelCard
-	seen := map[string]bool{}
-	var adapters []modelCard
-	for _, be := range s.bal.Snapshot().Backends {
-		if be.State != balancer.StateReady {
-			continue
-		}
-		for _, m := range be.Models {
-			if !seen[m] {
-				seen[m] = true
-				cards = append(cards, modelCard{ID: m, Object: "model", Created: s.started.Unix(), OwnedBy: "llmlb", Root: m})
-			}
-		}
-		for _, a := range be.Adapters {
-			if !seen[a.Name] {
-				seen[a.Name] = true
-				p := a.Parent
-				adapters = append(adapters, modelCard{ID: a.Name, Object: "model", Created: s.started.Unix(), OwnedBy: "llmlb", Root: a.Name, Parent: &p})
-			}
-		}
-	}
-	byID := func(a, b modelCard) int { return strings.Compare(a.ID, b.ID) }
-	for _, name := range s.bal.PublicModels() {
-		if seen[name] {
-			continue
-		}
-		for _, t := range s.bal.RouteTargets(name) {
-			if seen[t] {
-				seen[name] = true
-				cards = append(cards, modelCard{ID: name, Object: "model", Created: s.started.Unix(), OwnedBy: "llmlb", Root: name})
-				break
-			}
-		}
-	}
-	slices.SortFunc(cards, byID)
-	slices.SortFunc(adapters, byID)
-	cards = append(cards, adapters...)
-	if t != nil {
-		cards = slices.DeleteFunc(cards, func(c modelCard) bool { return !t.allows(c.ID) })
-	}
-	if cards == nil {
-		cards = []modelCard{}
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": cards})
 }
 
 func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {

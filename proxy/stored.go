@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"encoding/json"
 	"net/http"
 	"slices"
 	"time"
@@ -68,4 +69,48 @@ func (s *Server) mayReach(t *tenant, be *balancer.Backend) bool {
 		}
 	}
 	return false
+}
+
+// followResponse sends a request that continues a stored response to the
+// backend storing it, and only there: its prompt is matched nowhere (the
+// conversation so far is in that server's store, not in the request), and
+// the body names the response by the server's own id.
+func (s *Server) followResponse(ex *exchange, breq *balancer.Request) error {
+	const param = "previous_response_id"
+	id := ex.req.PreviousResponseID
+	be, orig, err := s.storedHolder(param, id)
+	if err != nil {
+		return err
+	}
+	if !be.Serves(breq.Model) {
+		return responseIDError(param, id, "is stored by a server that does not serve model "+quote(ex.req.Model)+".", http.StatusBadRequest)
+	}
+	val, _ := json.Marshal(orig)
+	body, _, err := setField(ex.req.Body, param, val)
+	if err != nil {
+		return badRequest(param, "The request body could not be rewritten: %v.", err)
+	}
+	ex.req.Body = body
+	ex.holder = be
+	breq.Holder = be.ID
+	breq.Prompt, breq.Parts, breq.FirstUser, breq.FirstTurn = nil, nil, 0, 0
+	return nil
+}
+
+// storedHolder returns the backend storing the response a client names
+// id, and the server's own id for it; an id that leads to no server that
+// is up is an error saying so, in param.
+func (s *Server) storedHolder(param, id string) (*balancer.Backend, string, error) {
+	orig, tag, ok := splitResponseID(id)
+	if !ok {
+		return nil, "", responseIDError(param, id, "was not handed out by this load balancer, which cannot tell the server that stores it.", http.StatusNotFound)
+	}
+	be := holderOf(s.bal.Snapshot(), tag)
+	switch {
+	case be == nil:
+		return nil, "", responseIDError(param, id, "is stored by a server this load balancer no longer routes to; the response is gone.", http.StatusNotFound)
+	case be.State == balancer.StateDown || be.State == balancer.StateDraining:
+		return nil, "", responseIDError(param, id, "is stored by server "+quote(be.Name)+", which is "+be.State.String()+"; try again once it is back.", http.StatusServiceUnavailable)
+	}
+	return be, orig, nil
 }

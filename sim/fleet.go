@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -42,6 +43,20 @@ type Fleet struct {
 
 	servers []*http.Server
 	wg      sync.WaitGroup
+}
+
+// ParseServerList reads a comma-separated list of server indexes, from 0,
+// as `llmlb sim --fault-on` takes it.
+func ParseServerList(s string) ([]int, error) {
+	var out []int
+	for w := range strings.SplitSeq(s, ",") {
+		i, err := strconv.Atoi(strings.TrimSpace(w))
+		if err != nil || i < 0 {
+			return nil, fmt.Errorf("%q is not a list of server indexes", s)
+		}
+		out = append(out, i)
+	}
+	return out, nil
 }
 
 // StartFleet starts the servers cfg describes and returns once each
