@@ -46,6 +46,38 @@ func kvBackends(t *testing.T, n int) []scrape.BackendConfig {
 	return out
 }
 
+// waitSubscribed sends prompts straight to each backend until every
+// llmlb instance at admins has taken a batch of KV events from every one.
+// A subscriber misses what was published before it connected (ZeroMQ's
+// PUB drops it) until a later batch makes it ask for the replay, so a test
+// that publishes once must first know the subscriptions are up.
+func waitSubscribed(t *testing.T, backends []scrape.BackendConfig, admins ...string) {
+	t.Helper()
+	n := 0
+	if !waitFor(time.Minute, func() bool {
+		up := true
+		for _, bc := range backends {
+			for _, admin := range admins {
+				if got, _ := sum(scrapeAdmin(t, admin), "llmlb_kv_event_batches_total", bc.URL); got > 0 {
+					continue
+				}
+				up = false
+				n++
+				body := fmt.Sprintf(`{"model":%q,"prompt":"warm-up %d: %s","max_tokens":1}`, testModel, n, strings.Repeat("w", 128))
+				resp, err := http.Post(bc.URL+"/v1/completions", "application/json", strings.NewReader(body))
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}
+		return up
+	}) {
+		t.Fatal("the KV-event subscriptions did not deliver a batch within a minute")
+	}
+}
+
 // TestReplicasShareWhatTheServersHold: two llmlb instances that never talk
 // front the same four servers, which publish their KV-cache events. A
 // prompt sent through one is, once its server has cached it, matched by
@@ -57,6 +89,7 @@ func TestReplicasShareWhatTheServersHold(t *testing.T) {
 	cfg := testConfig(nil)
 	cfg.Backends = backends
 	a, b := startTest(t, cfg, 4), startTest(t, cfg, 4)
+	waitSubscribed(t, backends, a.AdminAddr, b.AdminAddr)
 
 	prompt := strings.Repeat("a long shared document that one replica placed; ", 200) // 2,450 tokens
 	body := func(p string) string {
@@ -198,6 +231,7 @@ func TestTokenizeFailuresDoNotFailRequests(t *testing.T) {
 	cfg := testConfig(nil)
 	cfg.Backends = backends
 	inst := startTest(t, cfg, 2)
+	waitSubscribed(t, backends, inst.AdminAddr)
 	send := func(p string) {
 		t.Helper()
 		resp, err := http.Post("http://"+inst.Addr+"/v1/completions", "application/json",

@@ -274,25 +274,30 @@ func TestRankKVEventsFollowedPerRank(t *testing.T) {
 	cfg.Backends = []scrape.BackendConfig{{URL: srv.URL, DataParallelSize: n, KVEvents: ep, KVEventsReplay: rp}}
 	inst := startTest(t, cfg, n)
 
-	for r := range n {
-		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/completions",
-			strings.NewReader(completion(strings.Repeat(fmt.Sprintf("rank %d holds this document; ", r), 100), 2)))
-		req.Header.Set("X-data-parallel-rank", strconv.Itoa(r))
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-	}
+	// Each rank is sent documents until its blocks arrive: a subscriber
+	// misses what was published before it connected until a later batch
+	// makes it ask for the replay.
+	sent := 0
 	if !waitFor(time.Minute, func() bool {
 		ss := scrapeAdmin(t, inst.AdminAddr)
+		all := true
 		for r := range n {
-			if got, _ := sum(ss, "llmlb_kv_event_blocks", `backend="`+srv.URL+`#rank=`+strconv.Itoa(r)+`"`); got < 1 {
-				return false
+			if got, _ := sum(ss, "llmlb_kv_event_blocks", `backend="`+srv.URL+`#rank=`+strconv.Itoa(r)+`"`); got >= 1 {
+				continue
 			}
+			all = false
+			sent++
+			req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/completions",
+				strings.NewReader(completion(strings.Repeat(fmt.Sprintf("rank %d holds document %d; ", r, sent), 100), 2)))
+			req.Header.Set("X-data-parallel-rank", strconv.Itoa(r))
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
 		}
-		return true
+		return all
 	}) {
 		t.Errorf("not every rank's blocks arrived at its backend: %v", scrapeAdmin(t, inst.AdminAddr)["llmlb_kv_event_blocks"])
 	}
