@@ -246,6 +246,7 @@ func (g *genRequest) validate(chat bool) *refusal {
 func (g *genRequest) chatEnd(turns []turn) (chatEnd, error) {
 	switch {
 	case g.ContinueFinalMessage && (g.AddGenerationPrompt == nil || *g.AddGenerationPrompt):
+		//lint:ignore ST1005 vLLM's own message, word for word
 		return 0, errors.New("continue_final_message and add_generation_prompt are not compatible. " +
 			"Use continue_final_message when you want the model to continue the final message, " +
 			"and add_generation_prompt when you want to add a header that will prompt it to start a new assistant message instead.")
