@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"slices"
 	"sort"
 
 	"github.com/llmlb/llmlb/balancer"
@@ -155,5 +154,5 @@ func pdExperimentNames() []string {
 	for _, e := range PDExperiments() {
 		out = append(out, e.Name)
 	}
-	return slices.Clip(out)
+	return out
 }

@@ -91,21 +91,7 @@ func TestDataParallelRanksEndToEnd(t *testing.T) {
 			inst := startTest(t, cfg, 4)
 			waitFresh(t, inst.AdminAddr, 4)
 
-			bs, err := proxy.FetchBackends(http.DefaultClient, "http://"+inst.AdminAddr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var names []string
-			for _, b := range bs {
-				if b.Rank == nil || b.ID != rs.URL+"#rank="+strconv.Itoa(*b.Rank) {
-					t.Errorf("/debug/backends: %s with rank %v, want %s#rank=<rank>", b.ID, b.Rank, rs.URL)
-				}
-				names = append(names, b.Name)
-			}
-			if want := []string{"node2/r4", "node2/r5", "node2/r6", "node2/r7"}; !slices.Equal(names, want) {
-				t.Errorf("backend names %v, want %v", names, want)
-			}
-
+			checkRankBackends(t, inst.AdminAddr, rs.URL, "node2/r4", "node2/r5", "node2/r6", "node2/r7")
 			checkRankAffinity(t, inst.Addr, rs, 4, 7)
 		})
 	}
@@ -163,20 +149,7 @@ func TestSGLangDataParallelRanksEndToEnd(t *testing.T) {
 	inst := startTest(t, cfg, 4)
 	waitFresh(t, inst.AdminAddr, 4)
 
-	bs, err := proxy.FetchBackends(http.DefaultClient, "http://"+inst.AdminAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, b := range bs {
-		if b.Rank == nil || b.ID != rs.URL+"#rank="+strconv.Itoa(*b.Rank) {
-			t.Errorf("/debug/backends: %s with rank %v, want %s#rank=<rank>", b.ID, b.Rank, rs.URL)
-		}
-		names = append(names, b.Name)
-	}
-	if want := []string{"sgl/r0", "sgl/r1", "sgl/r2", "sgl/r3"}; !slices.Equal(names, want) {
-		t.Errorf("backend names %v, want %v", names, want)
-	}
+	checkRankBackends(t, inst.AdminAddr, rs.URL, "sgl/r0", "sgl/r1", "sgl/r2", "sgl/r3")
 	checkRankAffinity(t, inst.Addr, rs, 0, 3)
 }
 
@@ -300,5 +273,25 @@ func TestRankKVEventsFollowedPerRank(t *testing.T) {
 		return all
 	}) {
 		t.Errorf("not every rank's blocks arrived at its backend: %v", scrapeAdmin(t, inst.AdminAddr)["llmlb_kv_event_blocks"])
+	}
+}
+
+// checkRankBackends: /debug/backends lists one backend per rank of the
+// server at url, with ID <url>#rank=<rank>, named want in order.
+func checkRankBackends(t *testing.T, adminAddr, url string, want ...string) {
+	t.Helper()
+	bs, err := proxy.FetchBackends(http.DefaultClient, "http://"+adminAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, b := range bs {
+		if b.Rank == nil || b.ID != url+"#rank="+strconv.Itoa(*b.Rank) {
+			t.Errorf("/debug/backends: %s with rank %v, want %s#rank=<rank>", b.ID, b.Rank, url)
+		}
+		names = append(names, b.Name)
+	}
+	if !slices.Equal(names, want) {
+		t.Errorf("backend names %v, want %v", names, want)
 	}
 }
