@@ -13,7 +13,7 @@ import (
 
 // cmdSim runs emulated model servers until ctx ends.
 func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("sim", "llmlb sim [--engine vllm] [--role both] [--preset h100-8b] [--listen ADDR] [--model NAME] [--lora a,b] [--max-lora N] [--speed X] [--count N] [--data-parallel-size N [--data-parallel-start-rank R]] [--fault KIND[:k=v,...],... [--fault-on 0,2]]", stderr)
+	fs := newFlagSet("sim", "llmlb sim [--engine vllm] [--role both] [--preset h100-8b] [--listen ADDR] [--model NAME] [--lora a,b] [--max-lora N] [--bytes-per-token B] [--speed X] [--count N] [--data-parallel-size N [--data-parallel-start-rank R]] [--fault KIND[:k=v,...],... [--fault-on 0,2]]", stderr)
 	engine := fs.String("engine", "vllm", "engine flavour to emulate: vllm, sglang, triton-tensorrt-llm or trtllm-serve")
 	role := fs.String("role", "both", "disaggregated prefill/decode role: prefill, decode or both (SGLang servers of one process share bootstrap rooms)")
 	preset := fs.String("preset", "h100-8b", "engine model preset: "+strings.Join(sim.PresetNames(), ", "))
@@ -25,6 +25,7 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	dpSize := fs.Int("data-parallel-size", 1, "data-parallel ranks each server runs behind its port (vllm and sglang), its metrics labelled engine=\"<rank>\" (vllm) or dp_rank=\"<rank>\" (sglang) and X-data-parallel-rank honoured, as vllm serve --data-parallel-size or sglang --dp-size")
 	dpStart := fs.Int("data-parallel-start-rank", 0, "global rank of each server's first rank, as vllm serve --data-parallel-start-rank")
 	maxLoRA := fs.Int("max-lora", 0, "adapters a batch may use at once (0: the preset's)")
+	bpt := fs.Int("bytes-per-token", 4, "bytes of prompt text the emulated tokenizer reads a token, 1-16 (token ids count one each; KV-cache events need 4)")
 	kinds := strings.ReplaceAll(strings.Trim(fmt.Sprint(sim.FaultKinds()), "[]"), " ", ", ") // a list of one-word names
 	faultSpec := fs.String("fault", "", "faults to show, e.g. die-mid-stream:after=5s,for=10s (kinds: "+kinds+"); switch them at runtime with PUT /sim/faults")
 	faultOnList := fs.String("fault-on", "0", "comma-separated indexes (from 0) of the servers --fault applies to")
@@ -49,8 +50,11 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if *count < 1 || *dpSize < 1 {
 		return errors.New("sim: --count and --data-parallel-size must be at least 1")
 	}
+	if *bpt < 1 || *bpt > 16 {
+		return fmt.Errorf("sim: --bytes-per-token must be from 1 to 16, got %d", *bpt)
+	}
 	ecfg.CacheOnCompute = sim.CachesOnCompute(*engine)
-	fc := sim.FleetConfig{Server: sim.ServerConfig{Engine: *engine, Model: *model, DataParallelStartRank: *dpStart, PD: sim.PDConfig{Role: *role, Rooms: sim.NewRooms()}},
+	fc := sim.FleetConfig{Server: sim.ServerConfig{Engine: *engine, Model: *model, DataParallelStartRank: *dpStart, BytesPerToken: *bpt, PD: sim.PDConfig{Role: *role, Rooms: sim.NewRooms()}},
 		DataParallelSize: *dpSize, Speed: *speed, Listen: *listen, Faults: faults, FaultOn: faultOn}
 	if *lora != "" {
 		fc.Server.Adapters = strings.Split(*lora, ",")

@@ -41,9 +41,13 @@ type PrefixIndex interface {
 	HashShape() (blockBytes, maxBlocks int, partial bool)
 	Match(hashes []uint64, dst []int32) int
 	Insert(slot int, hashes []uint64)
-	Resize(slot, blockTokens, numBlocks int)
+	// Resize sizes slot from the backend's KV capacity at bytesPerToken
+	// canonical bytes a token (0: the index's default).
+	Resize(slot, blockTokens, numBlocks int, bytesPerToken float64)
+	// Evicted tells whether slot dropped block h recently and has not
+	// placed it again.
+	Evicted(slot int, h uint64) bool
 	Forget(slot int)
-	BlockTokens() int
 	// Held tells how many blocks the index remembers for slot.
 	Held(slot int) int
 }
@@ -303,7 +307,7 @@ func (b *Balancer) Update(specs ...Spec) {
 			nb.mark = l.mark()
 		}
 		if b.pol.sizeIndex && (old == nil || old.Metrics.BlockSize != s.Metrics.BlockSize || old.Metrics.NumBlocks != s.Metrics.NumBlocks) {
-			b.pol.index.Resize(nb.slot, int(s.Metrics.BlockSize.V), int(s.Metrics.NumBlocks.V))
+			b.pol.index.Resize(nb.slot, int(s.Metrics.BlockSize.V), int(s.Metrics.NumBlocks.V), l.tok.scale())
 		}
 		b.current[s.ID] = nb
 		b.recordOfferedLocked(s)

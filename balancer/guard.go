@@ -36,6 +36,16 @@ type Work struct {
 	// server's prefill and a KV transfer, so it teaches neither the
 	// learned estimate nor outlier detection.
 	Remote bool
+	// PromptBytes is the canonical prompt's length; with the answer's
+	// prompt tokens it teaches the backend's bytes per token.
+	PromptBytes int
+	// Matched says llmlb's own prefix index was asked: MatchedBytes is
+	// how much of the prompt it said the backend holds, and NextEvicted
+	// that the first block past that is one the index dropped from the
+	// backend. The answer's cached_tokens judge them ([Balancer.learnUsage]).
+	Matched      bool
+	MatchedBytes int
+	NextEvicted  bool
 }
 
 // Guard accounts one request in the in-flight ledger. The proxy makes one
@@ -150,6 +160,18 @@ func (g *Guard) FirstByte(now time.Time) time.Duration {
 		g.onRelease() // the request left the queue: room for another
 	}
 	return d
+}
+
+// Usage teaches the attached backend what its answer reported of the
+// prompt: its tokenizer's rate and whether the prefix index's size matches
+// its cache ([Balancer.learnUsage]). Call it before Release.
+func (g *Guard) Usage(u Usage) {
+	g.mu.Lock()
+	be, w := g.backend, g.work
+	g.mu.Unlock()
+	if be != nil && g.bal != nil {
+		g.bal.learnUsage(be, w, u)
+	}
 }
 
 // Release ends the request's accounting. Calling it again does nothing.

@@ -43,6 +43,7 @@ type Ledger struct {
 	eventsPrefilled atomic.Int64
 
 	est estimator
+	tok tokenRate // the backend's bytes per token and the index's fit to its cache
 
 	health health // passive health: ejection and the outlier averages
 

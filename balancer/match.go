@@ -1,7 +1,10 @@
 package balancer
 
 import (
+	"math"
 	"time"
+
+	"github.com/llmlb/llmlb/prefix"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -81,34 +84,41 @@ func (b *Balancer) applyMatch(s *scratch, p *PickInfo) {
 	if !req.hasPrompt() {
 		return
 	}
-	blockTokens := 16
+	bb := 16 * prefix.BytesPerToken
 	if idx := b.pol.index; idx != nil {
-		blockTokens = max(1, idx.BlockTokens())
+		bb, _, _ = idx.HashShape()
 	}
 	if b.pol.oracle != nil {
 		// The true cache is counted in tokens: a block is a token.
 		p.PromptBlocks = req.PromptTokens
 	}
+	bytes := req.promptBytes()
 	for i := range p.Cands {
 		c := &p.Cands[i]
+		// The prompt's tokens and a block's, at the backend's learned
+		// rate, else as the caller and the default rate estimate them.
+		prompt, blockTokens := req.PromptTokens, float64(bb)/prefix.BytesPerToken
+		if r := c.Backend.Ledger.tok.rate(); b.pol.learnTokens && r > 0 {
+			prompt, blockTokens = int(math.Ceil(float64(bytes)/r)), float64(bb)/r
+		}
 		if sl := c.Backend.slot; s.matched && sl < len(s.bySlot) {
 			c.MatchedBlocks = int(s.bySlot[sl])
 		}
-		c.MatchedTokens = min(c.MatchedBlocks*blockTokens, req.PromptTokens)
+		c.MatchedTokens = min(int(float64(c.MatchedBlocks)*blockTokens), prompt)
 		switch {
 		case b.pol.oracle != nil:
-			c.MatchedTokens = min(b.pol.oracle.CachedTokens(c.Backend, req), req.PromptTokens)
+			c.MatchedTokens = min(b.pol.oracle.CachedTokens(c.Backend, req), prompt)
 			c.MatchedBlocks = c.MatchedTokens
 		case b.pol.events != nil:
 			// The server's own events add what other balancers sent
 			// there; what this one sent and the server has not yet
 			// computed (queued), which no event has named yet, stays.
-			if n, ok := b.pol.events.Held(c.Backend, req); ok && min(n, req.PromptTokens) > c.MatchedTokens {
-				c.MatchedTokens = min(n, req.PromptTokens)
-				c.MatchedBlocks = (c.MatchedTokens + blockTokens - 1) / blockTokens
+			if n, ok := b.pol.events.Held(c.Backend, req); ok && min(n, prompt) > c.MatchedTokens {
+				c.MatchedTokens = min(n, prompt)
+				c.MatchedBlocks = int(math.Ceil(float64(c.MatchedTokens) / blockTokens))
 			}
 		}
-		c.UncachedTokens = req.PromptTokens - c.MatchedTokens
+		c.UncachedTokens = prompt - c.MatchedTokens
 	}
 }
 
@@ -154,8 +164,9 @@ func (b *Balancer) othersPrefilling(be *Backend, pending int64, now time.Time) f
 	return max(0, float64(p.Done)-rate*since) * float64(others) / float64(p.Sequences)
 }
 
-// work is what req costs candidate c.
-func (b *Balancer) work(req *Request, c *Candidate) Work {
+// work is what p's request costs candidate c.
+func (b *Balancer) work(p *PickInfo, c *Candidate) Work {
+	req := p.Req
 	decode := req.MaxTokens
 	if decode <= 0 {
 		decode = b.cfg.TTFT.DefaultMaxTokens
@@ -164,8 +175,17 @@ func (b *Balancer) work(req *Request, c *Candidate) Work {
 	if est := c.Backend.Ledger.est.load(); est.learned() {
 		inv = 1 / est.Rate
 	}
-	return Work{UncachedTokens: c.UncachedTokens, DecodeTokens: decode, Adapter: c.adapter, AheadTokens: c.AheadTokens, QueuedAhead: c.Queued, SlotWait: c.slotWait,
+	w := Work{UncachedTokens: c.UncachedTokens, DecodeTokens: decode, Adapter: c.adapter, AheadTokens: c.AheadTokens, QueuedAhead: c.Queued, SlotWait: c.slotWait,
 		PrefillSeconds: float64(c.UncachedTokens) * inv}
+	if req.Holder == "" { // a stored response's follow-up: the server counts the whole conversation
+		w.PromptBytes = req.promptBytes()
+	}
+	if idx := b.pol.index; b.pol.learnTokens && len(p.hashes) > 0 {
+		bb, _, _ := idx.HashShape()
+		w.Matched, w.MatchedBytes = true, min(c.MatchedBlocks*bb, w.PromptBytes)
+		w.NextEvicted = c.MatchedBlocks < len(p.hashes) && idx.Evicted(c.Backend.slot, p.hashes[c.MatchedBlocks])
+	}
+	return w
 }
 
 // keyOf hashes the start of a prompt too short for one block.

@@ -96,8 +96,14 @@ func (r *Request) LaterTurn() bool {
 }
 
 // hasPrompt reports whether the request carries a prompt to match.
-func (r *Request) hasPrompt() bool {
-	return len(r.Prompt) > 0 || r.Parts != nil && r.Parts.Len() > 0
+func (r *Request) hasPrompt() bool { return r.promptBytes() > 0 }
+
+// promptBytes is the length of the canonical prompt.
+func (r *Request) promptBytes() int {
+	if r.Parts != nil {
+		return r.Parts.Len()
+	}
+	return len(r.Prompt)
 }
 
 // Decision is the outcome of [Balancer.Pick].
@@ -343,7 +349,7 @@ func (b *Balancer) order(p *PickInfo, primary int, total []float64, dst []*Backe
 	var dec Decision
 	cands := p.Cands
 	out := append(dst[:0], cands[primary].Backend)
-	dec.Work[0] = b.work(p.Req, &cands[primary])
+	dec.Work[0] = b.work(p, &cands[primary])
 	dec.TTFT = cands[primary].TTFT
 	// Each fallback is the best below the one before it in (score, then
 	// earlier index) order, so no candidate is taken twice.
@@ -361,7 +367,7 @@ func (b *Balancer) order(p *PickInfo, primary int, total []float64, dst []*Backe
 		if best < 0 {
 			break
 		}
-		dec.Work[len(out)] = b.work(p.Req, &cands[best])
+		dec.Work[len(out)] = b.work(p, &cands[best])
 		out = append(out, cands[best].Backend)
 		prev = best
 	}

@@ -8,11 +8,14 @@ type policy struct {
 	picker    Picker
 	index     PrefixIndex // nil: no block matching
 	sizeIndex bool        // size the index's LRUs from KV capacity
-	tree      TextTree
-	oracle    Oracle
-	events    CacheEvents // the engines' KV events, for the presets with llmlb's own index
-	admission bool        // llmlb's saturation filter and admission queue apply
-	userKeyed bool        // keyed on Request.UserText, or the prompt's bytes ([Preset.UserKeyed])
+	// learnTokens: llmlb's own index, sized and matched at each backend's
+	// learned bytes per token ([tokenRate]).
+	learnTokens bool
+	tree        TextTree
+	oracle      Oracle
+	events      CacheEvents // the engines' KV events, for the presets with llmlb's own index
+	admission   bool        // llmlb's saturation filter and admission queue apply
+	userKeyed   bool        // keyed on Request.UserText, or the prompt's bytes ([Preset.UserKeyed])
 }
 
 // weighted is one of a policy's scorers and its weight in the total.

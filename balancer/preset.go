@@ -279,6 +279,7 @@ func newPolicy(cfg Config, d Deps) (*policy, error) {
 	if pr.Index != nil {
 		pol.index = d.Index
 		pol.sizeIndex = d.Index != nil && !pr.Index.FixedEntries
+		pol.learnTokens = d.Index != nil && pr.Index.Own
 	}
 	if pr.TrueCache {
 		pol.oracle = d.Oracle

@@ -217,6 +217,9 @@ func runAll(c Cluster, w *Workload) (Result, []*balancer.Balancer, error) {
 		c.Engine = "vllm"
 	}
 	c.Replicas = max(1, c.Replicas)
+	if c.KVEvents && c.Perturb.tokenizer() != sim.BytesPerToken {
+		return Result{}, nil, fmt.Errorf("bench: --kv-events takes the engines' tokenizer at %d bytes a token, not %d", sim.BytesPerToken, c.Perturb.tokenizer())
+	}
 	engines, err := scrape.NewEngineSet(nil)
 	if err != nil {
 		return Result{}, nil, err

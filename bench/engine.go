@@ -77,6 +77,6 @@ func (r *run) newEngine(srv *server, preset string) error {
 	default:
 		return checkEngineModel(r.c.EngineModel)
 	}
-	srv.block = srv.blockTokens * sim.BytesPerToken
+	srv.block = srv.blockTokens * r.c.Perturb.tokenizer()
 	return nil
 }

@@ -144,7 +144,7 @@ func (r *run) dispatch(f *flight) bool {
 	}
 	f.seq = &sim.Seq{
 		Hashes:       slices.Clone(r.engineHashes(f.breq.Model, s.block)),
-		PromptTokens: f.req.Tokens(),
+		PromptTokens: r.c.Perturb.engineTokens(f.req.Tokens()),
 		MaxTokens:    f.req.MaxTokens,
 	}
 	if f.req.Model != "" {

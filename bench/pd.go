@@ -48,7 +48,7 @@ func (r *run) prefillLeg(f *flight, dec *balancer.Decision) *pdLeg {
 	r.res.Split++
 	return &pdLeg{srv: srv, guard: pb.Guard, active: true, work: dec.Work[0], seq: &sim.Seq{
 		Hashes:       slices.Clone(r.engineHashes(f.breq.Model, r.servers[srv].block)),
-		PromptTokens: f.req.Tokens(),
+		PromptTokens: r.c.Perturb.engineTokens(f.req.Tokens()),
 		MaxTokens:    1,
 		Adapter:      f.seq.Adapter,
 		Tokens:       f.tokens,

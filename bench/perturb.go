@@ -22,6 +22,26 @@ type Perturb struct {
 	// Tokens scales the prompt tokens the balancer is told, as a tokenizer
 	// other than the engine's would count them.
 	Tokens float64
+	// Tokenizer is the bytes of prompt text one token of the engines'
+	// tokenizer reads, a whole number (0: 4, the workloads' own rate). The
+	// engines count and cache prompts at that rate while the balancer is
+	// told the proxy's estimate, 4 bytes a token, and learns the rate from
+	// the answers' usage.
+	Tokenizer float64
+}
+
+// tokenizer returns the engines' bytes per token.
+func (p Perturb) tokenizer() int {
+	if p.Tokenizer <= 0 {
+		return sim.BytesPerToken
+	}
+	return int(p.Tokenizer)
+}
+
+// engineTokens is what the engines' tokenizer counts in a prompt the
+// workload sized at n tokens of 4 bytes.
+func (p Perturb) engineTokens(n int) int {
+	return max(1, n*sim.BytesPerToken/p.tokenizer())
 }
 
 func factor(f float64) float64 {
@@ -58,15 +78,15 @@ func (p Perturb) String() string {
 	for _, f := range []struct {
 		name string
 		v    float64
-	}{{"prefill", p.Prefill}, {"request", p.Request}, {"tokens", p.Tokens}} {
-		if factor(f.v) != 1 {
+	}{{"prefill", p.Prefill}, {"request", p.Request}, {"tokens", p.Tokens}, {"tokenizer", p.Tokenizer}} {
+		if f.name == "tokenizer" && f.v > 0 && f.v != sim.BytesPerToken || f.name != "tokenizer" && factor(f.v) != 1 {
 			parts = append(parts, fmt.Sprintf("%s=%g", f.name, f.v))
 		}
 	}
 	return strings.Join(parts, ",")
 }
 
-// ParsePerturb reads "prefill=2,request=0.5,tokens=0.6".
+// ParsePerturb reads "prefill=2,request=0.5,tokens=0.6,tokenizer=7".
 func ParsePerturb(s string) (Perturb, error) {
 	var p Perturb
 	if s == "" {
@@ -85,8 +105,13 @@ func ParsePerturb(s string) (Perturb, error) {
 			p.Request = f
 		case "tokens":
 			p.Tokens = f
+		case "tokenizer":
+			if f != math.Trunc(f) || f > 16 {
+				return p, fmt.Errorf("bench: --perturb %q: the tokenizer's bytes a token is a whole number from 1 to 16", kv)
+			}
+			p.Tokenizer = f
 		default:
-			return p, fmt.Errorf("bench: --perturb: unknown cost %q (have prefill, request, tokens)", k)
+			return p, fmt.Errorf("bench: --perturb: unknown cost %q (have prefill, request, tokens, tokenizer)", k)
 		}
 	}
 	return p, nil

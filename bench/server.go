@@ -61,6 +61,7 @@ func (r *run) step(i int) {
 			}
 		}
 		if o.Done {
+			f.guard.Usage(balancer.Usage{PromptTokens: o.Seq.PromptTokens, CachedTokens: o.Seq.CachedTokens, CachedKnown: true})
 			f.guard.Release()
 			r.e2e[f.idx] = r.now - f.arrived
 			if n := o.Seq.Generated; n > 1 {

@@ -42,6 +42,10 @@ type TraceRecord struct {
 	// of the request on the chosen server ([balancer.Work]; 0 for the
 	// policies that estimate none).
 	AheadTokens float64 `json:"ahead_tokens_estimated"`
+	// UncachedTokens is the prefill the balancer estimated the request
+	// leaves the chosen server ([balancer.Work]), in that server's tokens
+	// as the balancer counts them.
+	UncachedTokens int `json:"uncached_tokens_estimated"`
 	// LeftTokens and BestLeftTokens are the prefill work truly left at the
 	// pick on the chosen server and on BestServer ([sim.Engine.PrefillLeft];
 	// requests still in a server's intake are not in it yet).
@@ -58,7 +62,7 @@ type TraceRecord struct {
 // picked for server f.srv.
 func (r *run) tracePick(f *flight, dec *balancer.Decision) {
 	t := &TraceRecord{Request: f.idx, Replica: f.rep, Server: r.servers[f.srv].id, Reason: string(dec.Reason),
-		ArrivedS: f.arrived.Seconds(), AheadTokens: dec.Work[0].AheadTokens}
+		ArrivedS: f.arrived.Seconds(), AheadTokens: dec.Work[0].AheadTokens, UncachedTokens: dec.Work[0].UncachedTokens}
 	best, least := f.srv, f.srv
 	t.LeastLeftTokens = math.MaxInt
 	for i, s := range r.servers {

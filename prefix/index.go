@@ -3,6 +3,7 @@ package prefix
 import (
 	"errors"
 	"fmt"
+	"math/bits"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -69,10 +70,12 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// BytesPerToken is llmlb's rule of thumb converting engine tokens to
-// canonical bytes: about 4 bytes of English text per token for Llama-style
-// tokenizers, and exactly 4 for token-id prompts. It is the one place
-// llmlb assumes a tokenizer's rate.
+// BytesPerToken converts engine tokens to canonical bytes until a
+// backend's own rate is learned from its answers' usage: about 4 bytes of
+// English text per token for Llama-style tokenizers, and exactly 4 for
+// token-id prompts. It also sets the auto block size's unit, a matching
+// granularity that no learned rate changes, since a new block size
+// empties the index.
 const BytesPerToken = 4
 
 // Tokens estimates the tokens in n bytes of canonical prompt, at
@@ -150,9 +153,6 @@ func autoBlockBytes(engineBlock int) int {
 
 // BlockBytes returns the current block size in bytes.
 func (x *Index) BlockBytes() int { return int(x.blockBytes.Load()) }
-
-// BlockTokens returns about how many engine tokens one block holds.
-func (x *Index) BlockTokens() int { return x.BlockBytes() / BytesPerToken }
 
 // AppendHashes appends the chained hashes of prompt's blocks at the
 // index's block size, at most MaxBlocks of them, and with Partial a last
@@ -337,14 +337,18 @@ func (x *Index) Insert(slot int, hashes []uint64) {
 }
 
 // Resize sizes slot's LRU from the backend's KV cache: blockTokens tokens
-// per engine block times numBlocks blocks, in the index's block unit. Zero
-// for either means unknown, and the slot gets FallbackEntries. With auto
-// block size, a larger engine block than any seen so far re-tunes the
-// block size, which empties the index (hashes at the old size would never
-// match again).
-func (x *Index) Resize(slot, blockTokens, numBlocks int) {
+// per engine block times numBlocks blocks, at bytesPerToken canonical
+// bytes a token (at most 0: [BytesPerToken]), in the index's block unit.
+// Zero for either count means unknown, and the slot gets FallbackEntries.
+// With auto block size, a larger engine block than any seen so far re-tunes
+// the block size, which empties the index (hashes at the old size would
+// never match again).
+func (x *Index) Resize(slot, blockTokens, numBlocks int, bytesPerToken float64) {
 	if slot < 0 {
 		return
+	}
+	if bytesPerToken <= 0 {
+		bytesPerToken = BytesPerToken
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
@@ -365,7 +369,7 @@ func (x *Index) Resize(slot, blockTokens, numBlocks int) {
 	case numBlocks > 0 && x.cfg.EntriesPerEngineBlock:
 		size = numBlocks
 	case blockTokens > 0 && numBlocks > 0:
-		size = max(1, blockTokens*numBlocks/max(1, x.BlockTokens()))
+		size = max(1, int(float64(blockTokens)*float64(numBlocks)*bytesPerToken/float64(x.BlockBytes())))
 	}
 	l := x.slotLocked(slot)
 	l.size = size
@@ -378,6 +382,25 @@ func (x *Index) Resize(slot, blockTokens, numBlocks int) {
 		l.n--
 		x.entries--
 	}
+}
+
+// Evicted reports whether slot's LRU dropped block h among its recent
+// evictions (about as many as it holds) and has not placed it again. A
+// backend found to hold such a block kept it longer than the index did.
+func (x *Index) Evicted(slot int, h uint64) bool {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if slot < 0 || slot >= len(x.slots) {
+		return false
+	}
+	l := &x.slots[slot]
+	if len(l.ghost) == 0 || l.ghost[h&uint64(len(l.ghost)-1)] != h {
+		return false
+	}
+	if id, ok := x.blocks.get(h); ok && x.recs[id].find(int32(slot)) >= 0 {
+		return false
+	}
+	return true
 }
 
 // Forget drops everything slot holds; the slot may then be reused.
@@ -454,6 +477,12 @@ func (x *Index) newRecordLocked(h uint64) int32 {
 func (x *Index) releaseLocked(slot, id int32) {
 	r := &x.recs[id]
 	r.removeAt(r.find(slot))
+	if l := &x.slots[slot]; l.size > 0 {
+		if len(l.ghost) < l.size {
+			l.ghost = make([]uint64, 1<<bits.Len(uint(l.size-1)))
+		}
+		l.ghost[r.hash&uint64(len(l.ghost)-1)] = r.hash
+	}
 	if r.n == 0 {
 		x.blocks.del(r.hash)
 		x.freeRecs = append(x.freeRecs, id)

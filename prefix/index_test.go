@@ -244,7 +244,7 @@ func runAgainstModel(t *testing.T, cfg Config, data []byte) {
 			s := next() % modelSlots
 			bt := []int{0, 1, 16, 128}[next()%4]
 			nb := []int{0, 1, 2, 3, 5, 40}[next()%6]
-			x.Resize(s, bt, nb)
+			x.Resize(s, bt, nb, 0)
 			m.resize(s, bt, nb)
 		case 4:
 			s := next() % modelSlots
@@ -311,7 +311,7 @@ func TestIndexConcurrentUse(t *testing.T) {
 				}
 				switch r.IntN(10) {
 				case 0:
-					x.Resize(r.IntN(8), 16, r.IntN(100))
+					x.Resize(r.IntN(8), 16, r.IntN(100), float64(1+r.IntN(8)))
 				case 1:
 					x.Forget(r.IntN(8))
 				case 2, 3, 4:

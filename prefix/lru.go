@@ -89,6 +89,11 @@ type slotLRU struct {
 	size       int    // capacity in blocks
 	gen        uint32 // Inserts so far, wrapping past 0 to 1
 	engBlock   int    // the engine block size reported (tokens), 0 unknown
+	// ghost remembers the blocks the slot dropped most recently,
+	// direct-mapped by hash (nil until the first): a block the backend
+	// turns out to hold after the LRU dropped it tells that the LRU is
+	// smaller than the backend's cache ([Index.Evicted]).
+	ghost []uint64
 	// With Config.TTL (timed): at[node] is when the node's block was
 	// last placed (Unix nanoseconds), and now the time of the Insert in
 	// progress. Placements go to the head, so the times fall from head to
@@ -202,4 +207,5 @@ func (l *slotLRU) reset() {
 	l.at = l.at[:0]
 	l.head, l.tail, l.free = -1, -1, -1
 	l.n = 0
+	clear(l.ghost)
 }

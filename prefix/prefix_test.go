@@ -232,7 +232,7 @@ func TestIndexSizedFromKVCapacity(t *testing.T) {
 	if x.BlockBytes() != 256 {
 		t.Fatalf("auto block bytes = %d, want 256", x.BlockBytes())
 	}
-	x.Resize(0, 16, 40) // 640 tokens = 10 of our blocks
+	x.Resize(0, 16, 40, 0) // 640 tokens = 10 of our blocks
 	hs := make([]uint64, 20)
 	for i := range hs {
 		hs[i] = uint64(i + 1)
@@ -242,12 +242,12 @@ func TestIndexSizedFromKVCapacity(t *testing.T) {
 		t.Errorf("entries = %d, want 10 (KV capacity)", n)
 	}
 	// SGLang reports page size 1: still 256-byte blocks.
-	x.Resize(1, 1, 1000)
+	x.Resize(1, 1, 1000, 0)
 	if x.BlockBytes() != 256 {
 		t.Errorf("page size 1 → block bytes %d, want 256", x.BlockBytes())
 	}
 	// A 128-token engine block re-tunes to 512 bytes and empties the index.
-	x.Resize(2, 128, 100)
+	x.Resize(2, 128, 100, 0)
 	if x.BlockBytes() != 512 || x.Resets() != 1 {
 		t.Errorf("block 128 → %d bytes, %d resets; want 512, 1", x.BlockBytes(), x.Resets())
 	}
@@ -256,9 +256,58 @@ func TestIndexSizedFromKVCapacity(t *testing.T) {
 	}
 	// A fixed block size is never re-tuned.
 	y := NewIndex(Config{BlockBytes: 64})
-	y.Resize(0, 128, 10)
+	y.Resize(0, 128, 10, 0)
 	if y.BlockBytes() != 64 {
 		t.Errorf("fixed block bytes changed to %d", y.BlockBytes())
+	}
+}
+
+// A tokenizer's rate sizes the LRU: the same 640-token cache holds 480
+// bytes of text at 3 bytes a token and 1,120 at 7.
+func TestIndexSizedAtBytesPerToken(t *testing.T) {
+	for _, c := range []struct {
+		bpt  float64
+		want int
+	}{{3, 7}, {4, 10}, {7, 17}} {
+		x := NewIndex(Config{}) // 256-byte blocks
+		x.Resize(0, 16, 40, c.bpt)
+		hs := make([]uint64, 40)
+		for i := range hs {
+			hs[i] = uint64(i + 1)
+		}
+		x.Insert(0, hs)
+		if n, _ := x.Stats(); n != c.want {
+			t.Errorf("%v bytes a token: entries = %d, want %d", c.bpt, n, c.want)
+		}
+	}
+}
+
+// Evicted names the blocks a slot's LRU dropped, until it takes them back,
+// and only for that slot.
+func TestIndexEvicted(t *testing.T) {
+	x := NewIndex(Config{BlockBytes: 64})
+	x.Resize(0, 16, 4, 4) // 4 blocks of 64 bytes
+	x.Resize(1, 16, 4, 4)
+	x.Insert(0, []uint64{1, 2, 3, 4})
+	x.Insert(1, []uint64{1, 2})
+	if x.Evicted(0, 1) {
+		t.Fatal("block 1 is held, not evicted")
+	}
+	x.Insert(0, []uint64{5, 6}) // drops the tail blocks 4 and 3
+	for _, h := range []uint64{3, 4} {
+		if !x.Evicted(0, h) {
+			t.Errorf("block %d: not reported evicted from slot 0", h)
+		}
+		if x.Evicted(1, h) {
+			t.Errorf("block %d: reported evicted from slot 1, which never held it", h)
+		}
+	}
+	if x.Evicted(0, 99) {
+		t.Error("a block never held is reported evicted")
+	}
+	x.Insert(0, []uint64{4})
+	if x.Evicted(0, 4) {
+		t.Error("block 4 placed again is still reported evicted")
 	}
 }
 

@@ -40,6 +40,12 @@ type BackendStatus struct {
 	Requests    int64              `json:"requests_total"`
 	Failures    int64              `json:"failures_total"`
 	TTFBSeconds float64            `json:"ttfb_seconds"`
+	// BytesPerToken is the prompt bytes a token of the backend covers,
+	// learned from its answers' usage; absent until learned.
+	BytesPerToken float64 `json:"bytes_per_token,omitempty"`
+	// IndexFit is the prefix index's size correction from the backend's
+	// cached_tokens (1: none).
+	IndexFit float64 `json:"index_fit"`
 }
 
 // Statuses returns every backend's live state, sorted by ID.
@@ -52,27 +58,29 @@ func Statuses(snap *balancer.Snapshot) []BackendStatus {
 			rank = &be.Rank
 		}
 		out = append(out, BackendStatus{
-			Rank:        rank,
-			ID:          be.ID,
-			Name:        be.Name,
-			URL:         be.URL.String(),
-			Engine:      be.Engine,
-			Models:      be.Models,
-			Adapters:    be.Adapters,
-			State:       be.State,
-			Reason:      be.Reason,
-			Warning:     be.Warning,
-			Labels:      be.Labels,
-			Role:        be.Role,
-			Ejections:   ej.Total,
-			Ejection:    ejectionOrNil(ej),
-			Since:       be.Since,
-			Metrics:     metricsOrNil(be.Metrics),
-			Stale:       be.Stale,
-			InFlight:    be.Ledger.InFlight(),
-			Requests:    be.Ledger.Total(),
-			Failures:    be.Ledger.Failures(),
-			TTFBSeconds: be.Ledger.TTFB().Seconds(),
+			Rank:          rank,
+			ID:            be.ID,
+			Name:          be.Name,
+			URL:           be.URL.String(),
+			Engine:        be.Engine,
+			Models:        be.Models,
+			Adapters:      be.Adapters,
+			State:         be.State,
+			Reason:        be.Reason,
+			Warning:       be.Warning,
+			Labels:        be.Labels,
+			Role:          be.Role,
+			Ejections:     ej.Total,
+			Ejection:      ejectionOrNil(ej),
+			Since:         be.Since,
+			Metrics:       metricsOrNil(be.Metrics),
+			Stale:         be.Stale,
+			InFlight:      be.Ledger.InFlight(),
+			Requests:      be.Ledger.Total(),
+			Failures:      be.Ledger.Failures(),
+			TTFBSeconds:   be.Ledger.TTFB().Seconds(),
+			BytesPerToken: be.Ledger.BytesPerToken(),
+			IndexFit:      be.Ledger.IndexFit(),
 		})
 	}
 	return out

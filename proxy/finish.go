@@ -77,6 +77,11 @@ func (s *Server) account(ex *exchange, status int) {
 		}
 	}
 	if ex.guard != nil {
+		if ex.forwarded && ex.obs != nil {
+			if u := ex.obs.Usage(); u.Known {
+				ex.guard.Usage(balancer.Usage{PromptTokens: u.Prompt, CachedTokens: u.Cached, CachedKnown: u.CachedKnown})
+			}
+		}
 		ex.guard.Release()
 	}
 	took := time.Since(ex.start)

@@ -42,6 +42,7 @@ type generation struct {
 	model     string // the name the client asked for: the base model or an adapter
 	adapter   string // the LoRA adapter that serves it, or ""
 	prompt    []byte // the prompt text as the engine tokenizes it
+	ids       bool   // prompt is token ids, 4 bytes each
 	continues string // the text the answer goes on from, or "" (see firstWord)
 	maxTokens int    // tokens to generate, at least 1
 	rank      string // the X-data-parallel-rank header, or ""
@@ -119,9 +120,18 @@ func (s *Server) lookupModel(model string) (string, *refusal) {
 	return adapter, nil
 }
 
-// promptTokens is the engines' token count for prompt text.
+// promptTokens is the engines' token count for prompt text at 4 bytes a
+// token.
 func promptTokens(text []byte) int {
 	return max(1, len(text)/BytesPerToken)
+}
+
+// bytesPerToken is the server's tokenizer's rate for text.
+func (s *Server) bytesPerToken() int {
+	if s.cfg.BytesPerToken > 0 {
+		return s.cfg.BytesPerToken
+	}
+	return BytesPerToken
 }
 
 // admitted is a generation the server took on.
@@ -136,7 +146,11 @@ type admitted struct {
 // admit refuses a generation that does not fit the model's context, as
 // vLLM does before queueing it, and numbers the others.
 func (s *Server) admit(g generation) (admitted, *refusal) {
-	prompt := promptTokens(g.prompt)
+	bpt := s.bytesPerToken()
+	if g.ids {
+		bpt = BytesPerToken
+	}
+	prompt := max(1, len(g.prompt)/bpt)
 	if prompt+g.maxTokens > s.cfg.MaxModelLen {
 		return admitted{}, badRequest("", fmt.Sprintf(
 			"This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion).",
@@ -148,7 +162,7 @@ func (s *Server) admit(g generation) (admitted, *refusal) {
 	}
 	seq := s.seq.Add(1)
 	return admitted{seq: seq, engine: engine, first: firstWord(g.continues, seq), prompt: prompt, job: Job{PromptTokens: prompt, MaxTokens: g.maxTokens,
-		Adapter: g.adapter, Prompt: g.prompt, Seed: xxhash.Sum64String(g.model)}}, nil
+		Adapter: g.adapter, Prompt: g.prompt, BytesPerToken: bpt, Seed: xxhash.Sum64String(g.model)}}, nil
 }
 
 // run generates a's tokens on the server's model, through the faults that

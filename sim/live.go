@@ -11,8 +11,7 @@ import (
 // work, sleeping each step's modelled time divided by the speed, and wakes
 // the requests whose tokens came out.
 type Live struct {
-	speed      float64
-	blockBytes int
+	speed float64
 
 	mu      sync.Mutex
 	eng     *Engine                // guarded by mu
@@ -37,14 +36,18 @@ func NewLive(cfg EngineConfig, speed float64) *Live {
 		speed = 1
 	}
 	eng := NewEngine(cfg)
-	return &Live{speed: speed, blockBytes: eng.cfg.BlockSize * BytesPerToken, eng: eng, subs: make(map[*Seq]chan struct{})}
+	return &Live{speed: speed, eng: eng, subs: make(map[*Seq]chan struct{})}
 }
 
 var _ Model = (*Live)(nil)
 
 // Run implements [Model].
 func (l *Live) Run(ctx context.Context, j Job, emit func() error) (int, error) {
-	hashes := BlockHashes(nil, j.Seed, j.Prompt, l.blockBytes)
+	bpt := j.BytesPerToken
+	if bpt <= 0 {
+		bpt = BytesPerToken
+	}
+	hashes := BlockHashes(nil, j.Seed, j.Prompt, l.eng.cfg.BlockSize*bpt)
 	s := &Seq{Hashes: hashes, PromptTokens: j.PromptTokens, MaxTokens: j.MaxTokens, Adapter: j.Adapter}
 	l.mu.Lock()
 	if l.kv != nil {
@@ -156,7 +159,7 @@ func (l *Live) Stats() Stats {
 
 // Capacity is the most tokens one request may hold: the whole KV cache.
 func (l *Live) Capacity() int {
-	return l.blockBytes / BytesPerToken * l.eng.cfg.NumBlocks // cfg is immutable
+	return l.eng.cfg.BlockSize * l.eng.cfg.NumBlocks // cfg is immutable
 }
 
 // publishKV sends one step's events; a publisher that fails (its sockets

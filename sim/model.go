@@ -14,10 +14,12 @@ type Job struct {
 	MaxTokens    int
 	Adapter      string // LoRA adapter name, or "" for the base model
 	// Prompt is the prompt text as the engine tokenizes it, BytesPerToken
-	// bytes a token; Seed seeds its block hashes (the model or adapter
-	// name), so different adapters never share cached blocks.
-	Prompt []byte
-	Seed   uint64
+	// bytes a token (0: the package's BytesPerToken); Seed seeds its
+	// block hashes (the model or adapter name), so different adapters
+	// never share cached blocks.
+	Prompt        []byte
+	BytesPerToken int
+	Seed          uint64
 }
 
 // Stats is a model's state as its /metrics page shows it.

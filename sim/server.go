@@ -38,6 +38,12 @@ type ServerConfig struct {
 	// PD makes the server one side of a disaggregated prefill/decode
 	// pair (pd.go); zero is an aggregated server.
 	PD PDConfig
+	// BytesPerToken is how many bytes of prompt text the server's
+	// tokenizer reads a token, for an emulated model whose tokenizer is
+	// not llmlb's 4; a prompt of token ids counts one token an id
+	// whatever it is. KV-cache events name tokens of 4 bytes, so they
+	// need 4. (default 4)
+	BytesPerToken int
 }
 
 // Server is an emulated model server. Its handler may be called
@@ -174,6 +180,9 @@ func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	tokens := Tokens(text)
+	if bpt := s.bytesPerToken(); bpt != BytesPerToken && !(g.Messages == nil && g.idsPrompt()) {
+		tokens = tokensAt(text, bpt)
+	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(map[string]any{"count": len(tokens), "max_model_len": s.cfg.MaxModelLen, "tokens": tokens, "token_strs": nil})
 }
@@ -301,6 +310,12 @@ func (g *genRequest) promptText(chat bool) (text []byte, continues string, err e
 
 // completionPrompt renders a completion's prompt; see
 // [genRequest.promptText].
+// idsPrompt reports whether a completion's prompt is a list of token ids.
+func (g *genRequest) idsPrompt() bool {
+	var ids []int
+	return json.Unmarshal(g.Prompt, &ids) == nil && len(ids) > 0
+}
+
 func (g *genRequest) completionPrompt() ([]byte, error) {
 	var s string
 	if json.Unmarshal(g.Prompt, &s) == nil {
@@ -365,7 +380,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		vllmError(w, http.StatusBadRequest, "BadRequestError", "max_tokens", "max_tokens must be at least 1, got "+strconv.Itoa(maxTokens)+".")
 		return
 	}
-	a, rf := s.admit(generation{model: g.Model, adapter: adapter, prompt: text, continues: continues, maxTokens: maxTokens, rank: r.Header.Get(rankHeader)})
+	a, rf := s.admit(generation{model: g.Model, adapter: adapter, prompt: text, ids: !chat && g.idsPrompt(), continues: continues, maxTokens: maxTokens, rank: r.Header.Get(rankHeader)})
 	if rf != nil {
 		writeVLLM(w, rf)
 		return

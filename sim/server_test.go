@@ -416,3 +416,39 @@ func TestStreamHeadersBeforeFirstToken(t *testing.T) {
 		t.Fatalf("stream %q, %v", body, err)
 	}
 }
+
+// TestBytesPerToken: a server whose tokenizer reads 7 bytes a token counts
+// a text prompt at that rate, in usage and /tokenize alike, and a prompt of
+// token ids one token an id.
+func TestBytesPerToken(t *testing.T) {
+	s, err := NewServer(ServerConfig{Model: "m", BytesPerToken: 7}, NewSteady(SteadyConfig{Speed: 1000}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(srv.Close)
+	text := strings.Repeat("abcdefg", 100) + "xyz" // 703 bytes: 100 tokens
+	for _, tc := range []struct {
+		prompt string
+		want   int
+	}{{`"` + text + `"`, 100}, {`[1,2,3,4,5]`, 5}} {
+		var out struct {
+			Usage struct {
+				PromptTokens int `json:"prompt_tokens"`
+			} `json:"usage"`
+			Count int `json:"count"`
+		}
+		if err := json.NewDecoder(post(t, srv.URL+"/v1/completions", `{"model":"m","max_tokens":2,"prompt":`+tc.prompt+`}`).Body).Decode(&out); err != nil {
+			t.Fatal(err)
+		}
+		if out.Usage.PromptTokens != tc.want {
+			t.Errorf("prompt %.20s: prompt_tokens %d, want %d", tc.prompt, out.Usage.PromptTokens, tc.want)
+		}
+		if err := json.NewDecoder(post(t, srv.URL+"/tokenize", `{"model":"m","prompt":`+tc.prompt+`}`).Body).Decode(&out); err != nil {
+			t.Fatal(err)
+		}
+		if out.Count != tc.want {
+			t.Errorf("prompt %.20s: /tokenize count %d, want %d", tc.prompt, out.Count, tc.want)
+		}
+	}
+}

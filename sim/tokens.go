@@ -23,6 +23,19 @@ func Tokens(text []byte) []uint32 {
 	return out
 }
 
+// tokensAt is the token ids of a tokenizer reading bpt bytes a token: the
+// first bytes of each bpt, up to four, read as a little-endian number.
+func tokensAt(text []byte, bpt int) []uint32 {
+	out := make([]uint32, 0, len(text)/bpt)
+	var buf [4]byte
+	for off := 0; off+bpt <= len(text); off += bpt {
+		clear(buf[:])
+		copy(buf[:], text[off:off+bpt])
+		out = append(out, binary.LittleEndian.Uint32(buf[:]))
+	}
+	return out
+}
+
 // BlockHashes appends to dst the chained hashes of text's full blocks of
 // blockBytes: block i's hash covers seed and every byte up to the block's
 // end, so equal hashes mean equal prefixes. The seed separates what must
