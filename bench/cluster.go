@@ -218,7 +218,10 @@ func runAll(c Cluster, w *Workload) (Result, []*balancer.Balancer, error) {
 	}
 	c.Replicas = max(1, c.Replicas)
 	if c.KVEvents && c.Perturb.tokenizer() != sim.BytesPerToken {
-		return Result{}, nil, fmt.Errorf("bench: --kv-events takes the engines' tokenizer at %d bytes a token, not %d", sim.BytesPerToken, c.Perturb.tokenizer())
+		return Result{}, nil, fmt.Errorf("bench: --kv-events takes the engines' tokenizer at %d bytes a token, not %g", sim.BytesPerToken, c.Perturb.tokenizer())
+	}
+	if c.EngineModel == LLMDSim && c.Perturb.Tokenizer == 0 && !c.KVEvents {
+		c.Perturb.Tokenizer = LLMDSimTokenizer
 	}
 	engines, err := scrape.NewEngineSet(nil)
 	if err != nil {

@@ -23,25 +23,25 @@ type Perturb struct {
 	// other than the engine's would count them.
 	Tokens float64
 	// Tokenizer is the bytes of prompt text one token of the engines'
-	// tokenizer reads, a whole number (0: 4, the workloads' own rate). The
-	// engines count and cache prompts at that rate while the balancer is
-	// told the proxy's estimate, 4 bytes a token, and learns the rate from
-	// the answers' usage.
+	// tokenizer reads (0: 4, the workloads' own rate, or llm-d-sim's
+	// [LLMDSimTokenizer]). The engines count and cache prompts at that
+	// rate while the balancer is told the proxy's estimate, 4 bytes a
+	// token, and learns the rate from the answers' usage.
 	Tokenizer float64
 }
 
 // tokenizer returns the engines' bytes per token.
-func (p Perturb) tokenizer() int {
+func (p Perturb) tokenizer() float64 {
 	if p.Tokenizer <= 0 {
 		return sim.BytesPerToken
 	}
-	return int(p.Tokenizer)
+	return p.Tokenizer
 }
 
 // engineTokens is what the engines' tokenizer counts in a prompt the
 // workload sized at n tokens of 4 bytes.
 func (p Perturb) engineTokens(n int) int {
-	return max(1, n*sim.BytesPerToken/p.tokenizer())
+	return max(1, int(float64(n*sim.BytesPerToken)/p.tokenizer()))
 }
 
 func factor(f float64) float64 {
@@ -106,8 +106,8 @@ func ParsePerturb(s string) (Perturb, error) {
 		case "tokens":
 			p.Tokens = f
 		case "tokenizer":
-			if f != math.Trunc(f) || f > 16 {
-				return p, fmt.Errorf("bench: --perturb %q: the tokenizer's bytes a token is a whole number from 1 to 16", kv)
+			if f < 1 || f > 16 {
+				return p, fmt.Errorf("bench: --perturb %q: the tokenizer's bytes a token is from 1 to 16", kv)
 			}
 			p.Tokenizer = f
 		default:
