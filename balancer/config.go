@@ -125,6 +125,10 @@ type TTFTConfig struct {
 	// (default 50µs, about a third of what a running request with a few
 	// thousand tokens of context costs a step on an H100 with an 8B model)
 	DecodeCost time.Duration `mapstructure:"decode_cost"`
+	// Off turns rules of the policy off for an ablation in the benchmark
+	// ([Config.Without]); config files cannot set it, since a rule off is
+	// an experiment, not a setting. Zero leaves every rule on.
+	Off Rules `mapstructure:"-"`
 }
 
 // SaturationConfig says when a backend is saturated, for the presets that

@@ -80,20 +80,21 @@ func (t *TTFTPicker) Choose(p *PickInfo, total []float64) (int, Reason) {
 	}
 	isCold := most == 0
 	// A conversation goes to its home, a cold prompt by its first block.
+	off := t.cfg.Off
 	conv := false
-	if p.Conversation != 0 {
+	if p.Conversation != 0 && !off.has(ruleConversations) {
 		later := p.Req.LaterTurn()
 		conv = later || t.turns.mostlyLater(p.Key)
 		if !p.Dry {
 			t.turns.note(p.Key, later)
 		}
 	}
-	if (conv || isCold) && p.Req.hasPrompt() {
+	if (conv || isCold && !off.has(ruleColdPlace)) && p.Req.hasPrompt() {
 		// A cold prompt this balancer has routed before was evicted from
 		// wherever it went. A prompt is cold the first time its start is
 		// routed, so only cold picks need noting.
 		evicted := false
-		if isCold && !conv {
+		if isCold && !conv && !off.has(ruleEvicted) {
 			evicted = t.routed.has(p.Key)
 			if !p.Dry {
 				t.routed.note(p.Key)
@@ -109,11 +110,14 @@ func (t *TTFTPicker) Choose(p *PickInfo, total []float64) (int, Reason) {
 	// ColdTieTolerance margin: its score counts for 1/(1+ColdTieTolerance)
 	// of what it is; and it is made only on a backend with no work queued.
 	copyDiscount := 1 / (1 + t.cfg.ColdTieTolerance)
+	if off.has(ruleCopyMargin) {
+		copyDiscount = 1
+	}
 	adj := func(i int) float64 {
 		switch c := &p.Cands[i]; {
 		case c.MatchedTokens == most:
 			return total[i]
-		case c.Backlog > 0:
+		case c.Backlog > 0 && !off.has(ruleBacklogCopy):
 			return 0
 		}
 		return total[i] * copyDiscount
@@ -125,7 +129,7 @@ func (t *TTFTPicker) Choose(p *PickInfo, total []float64) (int, Reason) {
 		}
 	}
 	tol := t.cfg.TieTolerance
-	if isCold {
+	if isCold && !off.has(ruleColdTie) {
 		tol = max(tol, t.cfg.ColdTieTolerance)
 	}
 	floor := adj(best) / (1 + tol)
@@ -259,13 +263,19 @@ const maxClasses = 8
 // since the classes' caches differ in size. See docs/design/ttft.md#evicted.
 func (t *TTFTPicker) place(p *PickInfo, conv, evicted bool) int {
 	var hw hwClasses
-	hw.classify(p.Cands)
+	// class is candidate i's class, or -1 when it counts as its own (past
+	// maxClasses, or every candidate with the class-time rule off).
+	class := func(int) int { return -1 }
+	if !t.cfg.Off.has(ruleClassTime) {
+		hw.classify(p.Cands)
+		class = func(i int) int { return hw.at(p.Cands, i) }
+	}
 	// own is what the candidate's own state adds to its class's time.
 	own := func(c *Candidate) float64 { return c.LoRAPenalty + c.KVPenalty }
 	var backlog [maxClasses]float64 // per class, its members' backlogs summed
 	for i := range p.Cands {
 		c := &p.Cands[i]
-		if k := hw.at(p.Cands, i); k >= 0 {
+		if k := class(i); k >= 0 {
 			hw.sum[k] += c.TTFT - c.Backlog - own(c)
 			backlog[k] += c.Backlog
 			hw.n[k]++
@@ -276,13 +286,13 @@ func (t *TTFTPicker) place(p *PickInfo, conv, evicted bool) int {
 	// penalties.
 	alone := func(i int) float64 {
 		c := &p.Cands[i]
-		if k := hw.at(p.Cands, i); k >= 0 {
+		if k := class(i); k >= 0 {
 			return hw.sum[k]/hw.n[k] + own(c)
 		}
 		return c.TTFT - c.Backlog
 	}
 	speed := func(i int) float64 {
-		if k := hw.at(p.Cands, i); k >= 0 {
+		if k := class(i); k >= 0 {
 			return alone(i) + backlog[k]/hw.n[k]
 		}
 		return p.Cands[i].TTFT

@@ -83,7 +83,11 @@ const maxUtilisation = 0.95
 // Score implements [Scorer].
 func (s *TTFTScorer) Score(p *PickInfo, out []float64) {
 	var pr priors
-	pr.learn(p)
+	if s.cfg.Off.has(rulePriors) {
+		pr.none = true
+	} else {
+		pr.learn(p)
+	}
 	k := s.consts(p)
 	best := math.Inf(1)
 	for i := range p.Cands {
@@ -180,6 +184,7 @@ type scoreConsts struct {
 	out, need                         int     // output tokens; KV tokens needed besides the uncached prompt
 	step                              float64 // StepTokens
 	least                             float64 // the fewest requests queued on any candidate
+	queued, arrivals, past            float64 // 1, or 0 for a miss term turned off ([Rules])
 }
 
 // consts converts the config's figures for p's estimates, and finds the
@@ -195,6 +200,13 @@ func (s *TTFTScorer) consts(p *PickInfo) scoreConsts {
 	}
 	k.loraCopy = k.loraLoad + k.loraWait*slotsTaken(p)
 	k.step = float64(s.cfg.StepTokens)
+	on := func(r Rules) float64 {
+		if s.cfg.Off.has(r) {
+			return 0
+		}
+		return 1
+	}
+	k.queued, k.arrivals, k.past = on(ruleMissQueued), on(ruleMissArrivals), on(ruleMissLeast)
 	k.least = math.Inf(1)
 	for i := range p.Cands {
 		if q := p.Cands[i].Queued; q < k.least {
@@ -274,6 +286,6 @@ func (s *TTFTScorer) estimate(p *PickInfo, c *Candidate, est Estimate, inv, base
 	if unc < step {
 		step = unc
 	}
-	c.MissCost = s.cfg.MissWeight * inv * (step*c.Queued + unc*rho/(1-rho) + (unc-step)*k.least)
+	c.MissCost = s.cfg.MissWeight * inv * (k.queued*step*c.Queued + k.arrivals*unc*rho/(1-rho) + k.past*(unc-step)*k.least)
 	c.Cost = c.TTFT + c.MissCost
 }

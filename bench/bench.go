@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -131,6 +132,26 @@ type TraceRun struct {
 // versions compare the shipped default.
 const DefaultPolicy = "default"
 
+// AblatedPrefix starts a policy name that runs the default with some of
+// its rules off: "default-no-" and a "+"-separated list of
+// [balancer.RuleNames], so that one sweep compares each rule's
+// absence with the full default on the same arrivals (issue 46).
+const AblatedPrefix = DefaultPolicy + "-no-"
+
+// ablated returns the rules policy turns off, and whether it names an
+// ablation of the default at all.
+func ablated(policy string) (balancer.Rules, bool, error) {
+	names, ok := strings.CutPrefix(policy, AblatedPrefix)
+	if !ok {
+		return 0, false, nil
+	}
+	off, err := balancer.ParseRules(names)
+	if err != nil {
+		return 0, true, fmt.Errorf("bench: policy %q: %w", policy, err)
+	}
+	return off, true, nil
+}
+
 // DefaultPolicies are the rows of a benchmark table: llmlb's default, every
 // other preset serve runs, and those only the simulator can run (llm-d's
 // precise profile, fed by KV events, and llmlb's scorer fed the true
@@ -196,6 +217,12 @@ func Bench(ctx context.Context, o Options) (Report, error) {
 		return Report{}, err
 	}
 	for _, p := range o.Policies {
+		if _, ok, err := ablated(p); ok {
+			if err != nil {
+				return Report{}, err
+			}
+			continue
+		}
 		if p != DefaultPolicy && !slices.Contains(DefaultPolicies(), p) {
 			if _, err := balancer.LookupPreset(p); err != nil {
 				return Report{}, fmt.Errorf("bench: unknown policy %q (have %v)", p, DefaultPolicies())

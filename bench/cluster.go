@@ -32,8 +32,8 @@ type Cluster struct {
 	// once it is computed (sim.EngineConfig.CacheOnCompute). (default
 	// "vllm")
 	Engine string
-	// Policy is the balancer policy: a preset name (balancer.Presets) or
-	// "default".
+	// Policy is the balancer policy: a preset name (balancer.Presets),
+	// "default", or the default with rules off ([AblatedPrefix]).
 	Policy string
 	// Balancer is the base balancer configuration; Policy overrides its
 	// policy. Zero means balancer.DefaultConfig().
@@ -256,7 +256,12 @@ func (r *run) build() error {
 	if r.c.Balancer != nil {
 		bcfg = *r.c.Balancer
 	}
-	if r.c.Policy != "" && r.c.Policy != DefaultPolicy {
+	if off, ok, err := ablated(r.c.Policy); ok {
+		if err != nil {
+			return err
+		}
+		bcfg = bcfg.Without(off)
+	} else if r.c.Policy != "" && r.c.Policy != DefaultPolicy {
 		bcfg.Policy = r.c.Policy
 	}
 	pr, err := balancer.LookupPreset(bcfg.Policy)
