@@ -12,7 +12,7 @@ type Rules uint32
 
 // The rules, one bit each; [ruleNames] holds their names in this order.
 const (
-	ruleCopyMargin    Rules = 1 << iota // a copy must beat the holder by ColdTieTolerance
+	ruleCopyMargin    Rules = 1 << iota // a copy must beat the holder by CopyMargin
 	ruleBacklogCopy                     // no copy onto a backend with a backlog
 	ruleColdPlace                       // cold prompts by rendezvous among the fast ([TTFTPicker.place])
 	ruleConversations                   // conversation homes
@@ -20,23 +20,20 @@ const (
 	ruleColdRoom                        // ColdRoom
 	ruleClassTime                       // place reads a hardware class's mean time
 	ruleWarmTie                         // TieTolerance
-	ruleColdTie                         // Choose's cold tie window, ColdTieTolerance
 	ruleMiss                            // MissWeight
 	ruleMissQueued                      // the miss cost's step×queued
 	ruleMissArrivals                    // the miss cost's uncached×ρ/(1−ρ)
-	ruleMissLeast                       // the miss cost's (uncached−step)×least
 	ruleKVPenalty                       // KVPenalty
 	ruleDecode                          // DecodeCost
-	ruleKeepHolders                     // saturation.keep_holders
-	ruleHolderQueue                     // saturation.holder_queue
+	ruleKeepHolders                     // saturated holders stay candidates (KeepHolders)
+	ruleHolderQueue                     // the bound on a saturated holder's queue (HolderQueue)
 	ruleSaturation                      // saturation.queue and saturation.kv
-	rulePriors                          // a fresh backend borrows its class's learned mean
 )
 
 var ruleNames = [...]string{
 	"copy-margin", "backlog-copy", "cold-place", "conversations", "evicted", "cold-room", "class-time",
-	"warm-tie", "cold-tie", "miss", "miss-queued", "miss-arrivals", "miss-least", "kv-penalty", "decode",
-	"keep-holders", "holder-queue", "saturation", "priors",
+	"warm-tie", "miss", "miss-queued", "miss-arrivals", "kv-penalty", "decode",
+	"keep-holders", "holder-queue", "saturation",
 }
 
 // RuleNames returns the names [ParseRules] reads, one a rule.
@@ -62,8 +59,8 @@ func ParseRules(s string) (Rules, error) {
 func (r Rules) has(x Rules) bool { return r&x != 0 }
 
 // Without returns c with the rules off turned off: by the knob that
-// already does it where there is one (cold_room, tie_tolerance,
-// miss_weight, kv_penalty, decode_cost and the saturation knobs), else
+// already does it where there is one (ColdRoom, TieTolerance, MissWeight,
+// KVPenalty, DecodeCost and the saturation fields), else
 // by [TTFTConfig.Off], which the scorer and picker consult where the
 // rule lives. It records every rule in Off, so the config says what
 // was ablated.

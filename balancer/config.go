@@ -42,8 +42,12 @@ type Config struct {
 	PD PDConfig `mapstructure:"pd"`
 }
 
-// TTFTConfig tunes the ttft policy. Learned values replace the first two
-// once a backend has answered a few requests.
+// TTFTConfig tunes the ttft policy. Six fields are knobs, read from
+// config.yaml: PrefillRate, LoRALoadDelay, LoRASlotWait, CopyMargin,
+// StepTokens and DefaultMaxTokens. The others are fixed at
+// [DefaultConfig]'s values, which need no tuning (docs/design/ablation.md);
+// the benchmark's ablations change them. A backend's learned rate and base
+// replace PrefillRate and BaseLatency once it has answered a few requests.
 type TTFTConfig struct {
 	// PrefillRate is the prefill throughput assumed, in tokens per second,
 	// until a backend's own is learned from the times to first token the
@@ -52,14 +56,14 @@ type TTFTConfig struct {
 	PrefillRate float64 `mapstructure:"prefill_rate"`
 	// BaseLatency is the fixed part of a first token's time assumed until
 	// learned (scheduling, one decode step, the network). (default 20ms)
-	BaseLatency time.Duration `mapstructure:"base_latency"`
+	BaseLatency time.Duration `mapstructure:"-"`
 	// KVSoft is the KV-cache use, 0..1, above which a backend is penalised
 	// in proportion, up to KVPenalty at full. (default 0.5)
-	KVSoft float64 `mapstructure:"kv_soft"`
+	KVSoft float64 `mapstructure:"-"`
 	// KVPenalty is the time added for a full KV cache, and again when this
 	// request's tokens do not fit in what is free (it would wait or preempt
 	// others). (default 1s)
-	KVPenalty time.Duration `mapstructure:"kv_penalty"`
+	KVPenalty time.Duration `mapstructure:"-"`
 	// LoRALoadDelay is the time to load an adapter into a free slot: a
 	// copy from host memory, tens of milliseconds for a rank-16 adapter of
 	// an 8B model. (default 25ms)
@@ -76,22 +80,19 @@ type TTFTConfig struct {
 	// TieTolerance makes estimates within this fraction of the best a tie,
 	// broken by a hash of the prompt's first block and the backend, so that
 	// balancer replicas that do not share state choose alike. (default 0.05)
-	TieTolerance float64 `mapstructure:"tie_tolerance"`
-	// ColdTieTolerance is TieTolerance for a cold request, one whose prompt
-	// no candidate holds any of: among the candidates whose estimate is
-	// within this fraction of the best, the rendezvous hash of the prompt's
-	// first block chooses, so that replicas that see slightly different
-	// loads still place a new prompt on the same backend, and new prompts
-	// spread evenly. It is also the margin by which a backend holding less
-	// of a prompt than another must be cheaper to take it: a copy fills a
-	// second cache while the prompt's requests keep coming. (default 0.5)
-	ColdTieTolerance float64 `mapstructure:"cold_tie_tolerance"`
+	TieTolerance float64 `mapstructure:"-"`
+	// CopyMargin is how much cheaper a backend holding less of a prompt
+	// than another must be to take it: a copy fills a second cache while
+	// the prompt's requests keep coming. A new prompt goes by rendezvous
+	// hash among the backends whose class is within this fraction of the
+	// fastest ([TTFTPicker.place]). (default 0.5)
+	CopyMargin float64 `mapstructure:"copy_margin"`
 	// ColdRoom is the share of the most KV tokens free among a cold
 	// request's tied candidates (at the last scrape) that a candidate
 	// needs to be chosen: new prompts go where the cache has room, and
 	// the rendezvous hash chooses among those. 0 leaves it to the hash
 	// alone. (default 0.5)
-	ColdRoom float64 `mapstructure:"cold_room"`
+	ColdRoom float64 `mapstructure:"-"`
 	// ColdBacklog bounds the work a backend may have queued, as a share
 	// of the cold prompt's first token time on the fastest idle backend,
 	// for it to take the prompt by rendezvous hash among the backends as
@@ -99,12 +100,12 @@ type TTFTConfig struct {
 	// prompt alike as long as the loads they see are under the bound,
 	// however much they differ below it. 0 turns it off: the tie window
 	// alone decides. (default 1)
-	ColdBacklog float64 `mapstructure:"cold_backlog"`
+	ColdBacklog float64 `mapstructure:"-"`
 	// MissWeight scales what a candidate's uncached tokens cost the
 	// requests that share its GPU (TTFTScorer): 1 counts each such request
 	// once, 0 scores each request by its own first token time alone.
 	// (default 1)
-	MissWeight float64 `mapstructure:"miss_weight"`
+	MissWeight float64 `mapstructure:"-"`
 	// StepTokens is the prompt tokens a backend prefills in one engine
 	// step (vLLM's max_num_batched_tokens, SGLang's chunked_prefill_size,
 	// TensorRT-LLM's max_num_tokens). The miss cost charges each request
@@ -124,7 +125,7 @@ type TTFTConfig struct {
 	// batch is slow. 0 makes the estimate time to first token alone.
 	// (default 50µs, about a third of what a running request with a few
 	// thousand tokens of context costs a step on an H100 with an 8B model)
-	DecodeCost time.Duration `mapstructure:"decode_cost"`
+	DecodeCost time.Duration `mapstructure:"-"`
 	// Off turns rules of the policy off for an ablation in the benchmark
 	// ([Config.Without]); config files cannot set it, since a rule off is
 	// an experiment, not a setting. Zero leaves every rule on.
@@ -153,12 +154,12 @@ type SaturationConfig struct {
 	// the holders sends every request to a server that must prefill it
 	// all, and the misses' prefill is what overloads the fleet.
 	// (default true)
-	KeepHolders bool `mapstructure:"keep_holders"`
+	KeepHolders bool `mapstructure:"-"`
 	// HolderQueue bounds KeepHolders: a holder whose queue is past this
 	// many times the shortest queue among the candidates (or Queue, if
 	// more) is saturated like any other; 0 keeps holders whatever their
 	// queue, as does Queue 0. (default 4)
-	HolderQueue float64 `mapstructure:"holder_queue"`
+	HolderQueue float64 `mapstructure:"-"`
 }
 
 // AdmissionConfig is the bounded queue inside the balancer.
@@ -271,7 +272,7 @@ func DefaultConfig() Config {
 			LoRALoadDelay:    25 * time.Millisecond,
 			LoRASlotWait:     500 * time.Millisecond,
 			TieTolerance:     0.05,
-			ColdTieTolerance: 0.5,
+			CopyMargin:       0.5,
 			ColdRoom:         0.5,
 			ColdBacklog:      1,
 			MissWeight:       1,
@@ -309,41 +310,17 @@ func (c Config) Validate() error {
 	if t.PrefillRate <= 0 {
 		bad("ttft.prefill_rate", "must be positive, got %g", t.PrefillRate)
 	}
-	if t.BaseLatency < 0 {
-		bad("ttft.base_latency", "must not be negative, got %s", t.BaseLatency)
-	}
-	if t.KVSoft < 0 || t.KVSoft >= 1 {
-		bad("ttft.kv_soft", "must be in [0, 1), got %g", t.KVSoft)
-	}
-	if t.KVPenalty < 0 {
-		bad("ttft.kv_penalty", "must not be negative, got %s", t.KVPenalty)
-	}
 	if t.LoRALoadDelay < 0 {
 		bad("ttft.lora_load_delay", "must not be negative, got %s", t.LoRALoadDelay)
 	}
 	if t.LoRASlotWait < 0 {
 		bad("ttft.lora_slot_wait", "must not be negative, got %s", t.LoRASlotWait)
 	}
-	if t.TieTolerance < 0 || t.TieTolerance >= 1 {
-		bad("ttft.tie_tolerance", "must be in [0, 1), got %g", t.TieTolerance)
-	}
-	if t.ColdBacklog < 0 {
-		bad("ttft.cold_backlog", "must not be negative, got %g", t.ColdBacklog)
-	}
-	if t.ColdRoom < 0 || t.ColdRoom > 1 {
-		bad("ttft.cold_room", "must be in [0, 1], got %g", t.ColdRoom)
-	}
-	if t.ColdTieTolerance < 0 || t.ColdTieTolerance >= 1 {
-		bad("ttft.cold_tie_tolerance", "must be in [0, 1), got %g", t.ColdTieTolerance)
-	}
-	if t.MissWeight < 0 {
-		bad("ttft.miss_weight", "must not be negative, got %g", t.MissWeight)
+	if t.CopyMargin < 0 || t.CopyMargin >= 1 {
+		bad("ttft.copy_margin", "must be in [0, 1), got %g", t.CopyMargin)
 	}
 	if t.StepTokens < 1 {
 		bad("ttft.step_tokens", "must be positive, got %d", t.StepTokens)
-	}
-	if t.DecodeCost < 0 {
-		bad("ttft.decode_cost", "must not be negative, got %s", t.DecodeCost)
 	}
 	if t.DefaultMaxTokens < 1 {
 		bad("ttft.default_max_tokens", "must be at least 1, got %d", t.DefaultMaxTokens)
@@ -353,9 +330,6 @@ func (c Config) Validate() error {
 	}
 	if c.Saturation.KV < 0 || c.Saturation.KV > 1 {
 		bad("saturation.kv", "must be in [0, 1], got %g", c.Saturation.KV)
-	}
-	if c.Saturation.HolderQueue < 0 {
-		bad("saturation.holder_queue", "must not be negative, got %g", c.Saturation.HolderQueue)
 	}
 	if c.Admission.MaxQueue < 0 {
 		bad("admission.max_queue", "must not be negative, got %d", c.Admission.MaxQueue)

@@ -10,7 +10,7 @@ import (
 // (TTFT, Backlog, KVPenalty, LoRAPenalty), which no other scorer fills in,
 // so it runs as its own policy's only scorer as well as its picker
 // ([ttftPolicy]). Its margins are the scorer's [TTFTConfig]: TieTolerance,
-// ColdTieTolerance, ColdRoom and ColdBacklog.
+// CopyMargin, ColdRoom and ColdBacklog.
 //
 // Its rules are about where a prompt lives, not only this request's first
 // token: the index sends a prompt's later requests to whoever holds it, so
@@ -30,7 +30,7 @@ import (
 //     ColdBacklog 0 turns this rule off. See
 //     docs/design/ttft.md#rendezvous and docs/design/ttft.md#conversations.
 //   - Otherwise the highest score wins, but a candidate that holds less of
-//     the prompt than the best holder must beat it by ColdTieTolerance, and
+//     the prompt than the best holder must beat it by CopyMargin, and
 //     one with any work queued (a backlog) may not take it at all: a copy
 //     of a prompt stays in both caches while its requests keep coming to
 //     either, and behind a queue its prefill adds to the work every request
@@ -38,8 +38,7 @@ import (
 //     See docs/design/ttft.md#copy-margin and
 //     docs/design/ttft.md#no-copy-behind-a-backlog.
 //   - Candidates within TieTolerance of the best (score ≥
-//     best/(1+TieTolerance)) tie, and within ColdTieTolerance when the
-//     request is cold. A warm tie goes to the candidate holding the most of
+//     best/(1+TieTolerance)) tie. A warm tie goes to the candidate holding the most of
 //     the prompt (the same first token, less work for the fleet), then to
 //     the highest rendezvous hash of the prompt's first block and the
 //     backend ID, so that replicas, which see loads that differ by their
@@ -107,9 +106,9 @@ func (t *TTFTPicker) Choose(p *PickInfo, total []float64) (int, Reason) {
 		}
 	}
 	// A copy of what another candidate holds must beat it by the
-	// ColdTieTolerance margin: its score counts for 1/(1+ColdTieTolerance)
+	// CopyMargin: its score counts for 1/(1+CopyMargin)
 	// of what it is; and it is made only on a backend with no work queued.
-	copyDiscount := 1 / (1 + t.cfg.ColdTieTolerance)
+	copyDiscount := 1 / (1 + t.cfg.CopyMargin)
 	if off.has(ruleCopyMargin) {
 		copyDiscount = 1
 	}
@@ -128,11 +127,7 @@ func (t *TTFTPicker) Choose(p *PickInfo, total []float64) (int, Reason) {
 			best = i
 		}
 	}
-	tol := t.cfg.TieTolerance
-	if isCold && !off.has(ruleColdTie) {
-		tol = max(tol, t.cfg.ColdTieTolerance)
-	}
-	floor := adj(best) / (1 + tol)
+	floor := adj(best) / (1 + t.cfg.TieTolerance)
 	// A cold prompt goes to a tied candidate with room (unknown counts
 	// as room).
 	room := -1.0
@@ -225,7 +220,7 @@ const maxClasses = 8
 // backend is no choice to agree on): the highest rendezvous hash of the
 // key among the candidates that
 //
-//   - are as fast as the fastest, within ColdTieTolerance, by their
+//   - are as fast as the fastest, within CopyMargin, by their
 //     hardware class's time plus their own penalties (a full cache, the
 //     adapter not loaded). A class is the backends of one engine and one
 //     KV size, taken as the same GPU and model, and its time the mean of
@@ -309,7 +304,7 @@ func (t *TTFTPicker) place(p *PickInfo, conv, evicted bool) int {
 		pace = func(i int) float64 { return fastest + own(&p.Cands[i]) }
 	}
 	ok := func(i int) bool {
-		return pace(i) <= (1+t.cfg.ColdTieTolerance)*fastest && p.Cands[i].Backlog <= t.cfg.ColdBacklog*fastestAlone
+		return pace(i) <= (1+t.cfg.CopyMargin)*fastest && p.Cands[i].Backlog <= t.cfg.ColdBacklog*fastestAlone
 	}
 	free := freeKV
 	if evicted {
@@ -336,7 +331,7 @@ func (t *TTFTPicker) place(p *PickInfo, conv, evicted bool) int {
 	pick, top := -1, uint64(0)
 	for i := range p.Cands {
 		switch {
-		case conv && speed(i) > (1+t.cfg.ColdTieTolerance)*fastest:
+		case conv && speed(i) > (1+t.cfg.CopyMargin)*fastest:
 			continue
 		case !conv && (!ok(i) || !hasRoom(i)):
 			continue

@@ -8,7 +8,7 @@ import "math"
 //
 //	cost = ttft + miss
 //	ttft = base + (ahead + uncached)/rate + queued×wait + kv + lora + slowdown
-//	miss = MissWeight/rate × (step×queued + uncached×ρ/(1−ρ) + (uncached−step)×least)
+//	miss = MissWeight/rate × (step×queued + uncached×ρ/(1−ρ))
 //	step = min(uncached, StepTokens)
 //
 // ttft is the request's own time to first token:
@@ -50,14 +50,6 @@ import "math"
 //     ρ/(1−ρ) of them, the mean number of requests an M/M/1 server at
 //     utilisation ρ holds, with ρ the backend's KV-cache use (capped at
 //     0.95), the resource an inference server saturates first.
-//   - In overload the queue stands for arrivals too: wherever the
-//     request goes, at least least = the shortest candidate queue will be
-//     waiting behind the part of its prefill past the first step. So
-//     (uncached − step) × least; the shortest, since what a holder's
-//     queue holds beyond it is in the holder's own ttft. A prompt of at
-//     most one step is charged uncached × (queued + ρ/(1−ρ)); a longer
-//     one is not spread off its holder merely because every server has a
-//     queue.
 //
 // At idle miss is 0 and the rule is the fastest first token; as the fleet
 // fills, a miss costs more than a holder's queue and requests stay where
@@ -83,11 +75,7 @@ const maxUtilisation = 0.95
 // Score implements [Scorer].
 func (s *TTFTScorer) Score(p *PickInfo, out []float64) {
 	var pr priors
-	if s.cfg.Off.has(rulePriors) {
-		pr.none = true
-	} else {
-		pr.learn(p)
-	}
+	pr.learn(p)
 	k := s.consts(p)
 	best := math.Inf(1)
 	for i := range p.Cands {
@@ -183,12 +171,10 @@ type scoreConsts struct {
 	loraCopy                          float64 // a free slot's LoRA penalty: [slotsTaken]
 	out, need                         int     // output tokens; KV tokens needed besides the uncached prompt
 	step                              float64 // StepTokens
-	least                             float64 // the fewest requests queued on any candidate
-	queued, arrivals, past            float64 // 1, or 0 for a miss term turned off ([Rules])
+	queued, arrivals                  float64 // 1, or 0 for a miss term turned off ([Rules])
 }
 
-// consts converts the config's figures for p's estimates, and finds the
-// shortest candidate queue.
+// consts converts the config's figures for p's estimates.
 func (s *TTFTScorer) consts(p *PickInfo) scoreConsts {
 	out := p.Req.MaxTokens
 	if out <= 0 {
@@ -206,13 +192,7 @@ func (s *TTFTScorer) consts(p *PickInfo) scoreConsts {
 		}
 		return 1
 	}
-	k.queued, k.arrivals, k.past = on(ruleMissQueued), on(ruleMissArrivals), on(ruleMissLeast)
-	k.least = math.Inf(1)
-	for i := range p.Cands {
-		if q := p.Cands[i].Queued; q < k.least {
-			k.least = q
-		}
-	}
+	k.queued, k.arrivals = on(ruleMissQueued), on(ruleMissArrivals)
 	return k
 }
 
@@ -286,6 +266,6 @@ func (s *TTFTScorer) estimate(p *PickInfo, c *Candidate, est Estimate, inv, base
 	if unc < step {
 		step = unc
 	}
-	c.MissCost = s.cfg.MissWeight * inv * (k.queued*step*c.Queued + k.arrivals*unc*rho/(1-rho) + k.past*(unc-step)*k.least)
+	c.MissCost = s.cfg.MissWeight * inv * (k.queued*step*c.Queued + k.arrivals*unc*rho/(1-rho))
 	c.Cost = c.TTFT + c.MissCost
 }

@@ -10,12 +10,12 @@ import (
 // TestAblatedPoliciesRun runs every default-no-RULE policy on two small
 // workloads beside the default, and checks that the rules those
 // workloads exercise change where requests go when turned off. The
-// rest (the evicted rule, the miss cost's arrivals and least terms, the
-// KV penalty and the saturation knobs) act only under loads too long
-// for a unit test; they must still build and run.
+// rest (the miss cost's arrivals term, the KV penalty and the saturation
+// knobs) act only under loads too long for a unit test; they must still
+// build and run.
 func TestAblatedPoliciesRun(t *testing.T) {
 	exercised := []string{"copy-margin", "backlog-copy", "cold-place", "conversations", "cold-room", "class-time",
-		"warm-tie", "cold-tie", "miss", "miss-queued", "decode", "keep-holders", "priors"}
+		"warm-tie", "miss", "miss-queued", "decode", "keep-holders"}
 	var loads []*Workload
 	for _, name := range []string{"shared-prefix", "multi-turn"} {
 		w, err := Build(name, Params{Scale: 0.1, Rate: 4, Seed: 1})

@@ -14,7 +14,7 @@ import (
 // the server holding the prompt (the first one's). Then thirty arrive at
 // once. The holder takes the first of them, and more than the others,
 // until its queue and batch make prefilling the whole prompt elsewhere
-// cheaper by the copy margin (cold_tie_tolerance); then one second server
+// cheaper by the copy margin (copy_margin); then one second server
 // takes the overflow, and with it the prompt: the burst is not all on
 // the holder, and the prompt stays on those two.
 func TestSharedPrefixStaysThenSpills(t *testing.T) {

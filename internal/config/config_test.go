@@ -57,11 +57,9 @@ scrape:
   health_path: health
 balancer:
   ttft:
-    cold_room: 2
-    cold_backlog: -1
+    copy_margin: 2
+    cold_backlog: 1
     step_tokens: 0
-  saturation:
-    holder_queue: -1
 backends:
   - url: 127.0.0.1:8001
     engine: vlm
@@ -71,7 +69,7 @@ backends:
 		t.Fatal("validate accepted bad values")
 	}
 	for _, want := range []string{"listen:", "default_engine:", "log.level:", "proxy.max_attempts:", "proxy.retry_statuses:",
-		"scrape.health_path:", "balancer.ttft.cold_room:", "balancer.ttft.cold_backlog:", "balancer.ttft.step_tokens:", "balancer.saturation.holder_queue:", "backends[0].url:", "backends[0].engine:"} {
+		"scrape.health_path:", "balancer.ttft.copy_margin:", "balancer.ttft.cold_backlog: no longer a setting", "balancer.ttft.step_tokens:", "backends[0].url:", "backends[0].engine:"} {
 		if !strings.Contains(stderr, path+": "+want) {
 			t.Errorf("no problem reported for %s in:\n%s", want, stderr)
 		}

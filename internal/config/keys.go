@@ -72,6 +72,23 @@ func flatten(v reflect.Value, prefix string, out map[string]any) {
 	}
 }
 
+// removedKeys are keys that were knobs and are no longer: the rule they
+// tuned is fixed or gone. A config that sets one is told so, by name,
+// rather than that the key is unknown.
+var removedKeys = map[string]string{
+	"balancer.ttft.base_latency":       "fixed at 20ms until learned",
+	"balancer.ttft.kv_soft":            "fixed at 0.5",
+	"balancer.ttft.kv_penalty":         "fixed at 1s",
+	"balancer.ttft.tie_tolerance":      "fixed at 0.05",
+	"balancer.ttft.cold_tie_tolerance": "see balancer.ttft.copy_margin",
+	"balancer.ttft.cold_room":          "fixed at 0.5",
+	"balancer.ttft.cold_backlog":       "fixed at 1",
+	"balancer.ttft.miss_weight":        "fixed at 1",
+	"balancer.ttft.decode_cost":        "fixed at 50µs",
+	"balancer.saturation.keep_holders": "holders always stay candidates",
+	"balancer.saturation.holder_queue": "fixed at 4",
+}
+
 // unknownKeys walks what the file holds against the struct type t and
 // reports each key no field takes, with its full path and the nearest known
 // key.
@@ -95,6 +112,10 @@ func unknownKeys(m map[string]any, t reflect.Type, path string) []error {
 			full = path + "." + k
 		}
 		ft, ok := fields[k]
+		if why, gone := removedKeys[full]; !ok && gone {
+			errs = append(errs, fmt.Errorf("%s: no longer a setting (%s; docs/routing.md#the-default-policy-ttft)", full, why))
+			continue
+		}
 		if !ok {
 			msg := fmt.Sprintf("unknown key %q", full)
 			if near := nearest(k, fields); near != "" {
