@@ -357,3 +357,21 @@ func TestKVEventsKeepReplicasTogether(t *testing.T) {
 		t.Errorf("8 replicas reading events kept %.3f of one replica's hit rate (%.3f against %.3f); 8 without them %.3f", eightEvents/one, eightEvents, one, eight)
 	}
 }
+
+// FuzzParsePerturb: --perturb never panics, and what it accepts prints
+// back as it reads.
+func FuzzParsePerturb(f *testing.F) {
+	for _, s := range []string{"", "prefill=2", "prefill=2,request=0.5,tokens=0.6,tokenizer=7", "tokenizer=6.6", "tokenizer=17", "x=1", "prefill=-1", "tokens=NaN"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		p, err := ParsePerturb(s)
+		if err != nil {
+			return
+		}
+		q, err := ParsePerturb(p.String())
+		if err != nil || q != p {
+			t.Fatalf("ParsePerturb(%q) = %+v, printed %q, read back %+v, %v", s, p, p.String(), q, err)
+		}
+	})
+}

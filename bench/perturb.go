@@ -95,7 +95,7 @@ func ParsePerturb(s string) (Perturb, error) {
 	for _, kv := range strings.Split(s, ",") {
 		k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
 		f, err := strconv.ParseFloat(v, 64)
-		if !ok || err != nil || f <= 0 || math.IsInf(f, 0) {
+		if !ok || err != nil || !(f > 0) || math.IsInf(f, 0) { // NaN too
 			return p, fmt.Errorf("bench: --perturb %q: want name=factor with a positive factor, as prefill=2", kv)
 		}
 		switch k {

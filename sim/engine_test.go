@@ -442,3 +442,16 @@ func TestEnginePrefillLeft(t *testing.T) {
 		t.Fatalf("drained engine: %d left", n)
 	}
 }
+
+// FuzzTokensAt: a tokenizer at any rate from 1 to 16 bytes a token gives
+// one token per whole bpt bytes and never panics.
+func FuzzTokensAt(f *testing.F) {
+	f.Add([]byte("hello world, a prompt"), 7)
+	f.Add([]byte{}, 1)
+	f.Fuzz(func(t *testing.T, text []byte, bpt int) {
+		bpt = 1 + (bpt%16+16)%16
+		if got := tokensAt(text, bpt); len(got) != len(text)/bpt {
+			t.Fatalf("%d bytes at %d a token: %d tokens, want %d", len(text), bpt, len(got), len(text)/bpt)
+		}
+	})
+}
