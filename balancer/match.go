@@ -177,7 +177,9 @@ func (b *Balancer) work(p *PickInfo, c *Candidate) Work {
 	}
 	w := Work{UncachedTokens: c.UncachedTokens, DecodeTokens: decode, Adapter: c.adapter, AheadTokens: c.AheadTokens, QueuedAhead: c.Queued, SlotWait: c.slotWait,
 		PrefillSeconds: float64(c.UncachedTokens) * inv}
-	if req.Holder == "" { // a stored response's follow-up: the server counts the whole conversation
+	// A stored response's follow-up (Holder) teaches no rate: its server
+	// counts the whole stored conversation, not the bytes seen here.
+	if req.Holder == "" {
 		w.PromptBytes = req.promptBytes()
 	}
 	if idx := b.pol.index; b.pol.learnTokens && len(p.hashes) > 0 {

@@ -164,7 +164,13 @@ func (b *Balancer) learnUsage(be *Backend, w Work, u Usage) {
 	}
 	if m := be.Metrics; m.BlockSize.Known && m.NumBlocks.Known {
 		if s := t.scale(); t.resize(s) {
-			b.pol.index.Resize(be.slot, int(m.BlockSize.V), int(m.NumBlocks.V), s)
+			// Under b.mu, as Update sizes slots: a backend removed since
+			// the pick may have given its slot to another.
+			b.mu.Lock()
+			if b.ledgers[be.ID] == be.Ledger {
+				b.pol.index.Resize(be.slot, int(m.BlockSize.V), int(m.NumBlocks.V), s)
+			}
+			b.mu.Unlock()
 		}
 	}
 }
