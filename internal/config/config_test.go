@@ -154,6 +154,21 @@ func TestUnknownEnvIsAnError(t *testing.T) {
 	}
 }
 
+// TestRemovedKeysSaySo: a key that was a knob and is fixed now is refused
+// by name, from the file and from the environment, not as a typo.
+func TestRemovedKeysSaySo(t *testing.T) {
+	path := writeConfig(t, "balancer:\n  ttft:\n    cold_room: 0.3\nbackends:\n  - url: http://127.0.0.1:8001\n")
+	_, stderr, err := validate(t, config.Environ{"LLMLB_BALANCER_SATURATION_HOLDER_QUEUE=2"}, path)
+	for _, want := range []string{
+		path + ": balancer.ttft.cold_room: no longer a setting (fixed at 0.5",
+		path + ": environment: LLMLB_BALANCER_SATURATION_HOLDER_QUEUE is no longer a setting (balancer.saturation.holder_queue: fixed at 4)",
+	} {
+		if err == nil || !strings.Contains(stderr, want) {
+			t.Errorf("err %v, stderr %q, want %q", err, stderr, want)
+		}
+	}
+}
+
 // TestConfigErrorsReportEveryProblem is issue 18's sixth problem: a value of
 // the wrong type hid the file's other problems (2 of 4 reported), and
 // type errors did not repeat the value or show a good one.

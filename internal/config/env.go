@@ -57,7 +57,15 @@ func unknownEnv(env Environ, leaves map[string]any) []error {
 	}
 	sort.Strings(names)
 	errs := make([]error, 0, len(names))
+	removed := map[string]string{}
+	for key, why := range removedKeys {
+		removed[envName(key)] = key + ": " + why
+	}
 	for _, name := range names {
+		if why, ok := removed[name]; ok {
+			errs = append(errs, fmt.Errorf("environment: %s is no longer a setting (%s)", name, why))
+			continue
+		}
 		msg := fmt.Sprintf("environment: unknown variable %s", name)
 		if near := nearestName(name, known); near != "" {
 			msg += fmt.Sprintf(" (did you mean %s?)", near)
