@@ -23,15 +23,15 @@ build:
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN) .
 
 # What CI runs: go vet, the whole suite once with the race detector, a
-# 30-second soak of the race-built binary, then every fuzz target briefly.
-# vet and the soak build with -race so that they reuse the test run's
-# compiled packages: with cold caches each build configuration costs
-# minutes here.
+# 30-second soak of the race-built binary, then every fuzz target briefly
+# through its race-built test binary. All of it builds with -race, so that
+# vet, the soak and the fuzzing reuse the test run's compiled packages:
+# with cold caches each build configuration costs minutes here.
 test:
 	$(GO) vet -race ./...
 	$(GO) test -race -count=1 ./...
 	$(MAKE) soak-short
-	$(MAKE) fuzz FUZZTIME=$(TEST_FUZZTIME)
+	$(MAKE) fuzz FUZZTIME=$(TEST_FUZZTIME) FUZZ_BUILD=-race
 
 # The inner loop, under a minute with warm caches: formatting, vet,
 # staticcheck and the tests that -short keeps (it skips the long
@@ -43,13 +43,24 @@ check:
 	$(GO) test -short -count=1 ./...
 
 # Runs each Fuzz* function of every package for FUZZTIME, one at a time
-# (go test -fuzz takes one target per run, and fuzzes on every core).
+# (a fuzzing run takes one target, and fuzzes on every core). Each
+# package's test binary is built once, with FUZZ_BUILD's flags, and run
+# per target from the package's directory with go test's corpus cache.
+# By default the binary is built with -fuzz, which instruments every
+# package it links for coverage guidance, as `go test -fuzz` does; make
+# test builds it with -race instead, reusing the race suite's packages:
+# its fuzzing mutates the corpus without guidance, under the race detector.
+FUZZ_BUILD ?= -fuzz .
 fuzz:
-	@grep -rl --include='*_test.go' '^func Fuzz' . | xargs -n1 dirname | sort -u | \
-		xargs -I{} sh -c 'for t in $$(sed -n "s/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p" {}/*_test.go); do \
-			echo "fuzz {} $$t ($(FUZZTIME))"; \
-			$(GO) test -run "^$$" -fuzz "^$$t$$" -fuzztime $(FUZZTIME) {} || exit 255; \
-		done'
+	@cache=$$($(GO) env GOCACHE); mkdir -p bin/fuzz; \
+	for d in $$(grep -rl --include='*_test.go' '^func Fuzz' . | xargs -n1 dirname | sort -u); do \
+		pkg=$$($(GO) list $$d) && bin=$(abspath bin/fuzz)/$$(echo $${d#./} | tr / _).test && \
+		$(GO) test -c $(FUZZ_BUILD) -o $$bin $$d || exit 1; \
+		for t in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$d/*_test.go); do \
+			echo "fuzz $$d $$t ($(FUZZTIME))"; \
+			(cd $$d && $$bin -test.run '^$$' -test.fuzz "^$$t\$$" -test.fuzztime $(FUZZTIME) -test.fuzzcachedir "$$cache/fuzz/$$pkg") || exit 1; \
+		done; \
+	done
 
 # SOAK_STREAMS concurrent streams for SOAK through the llmlb binary against
 # four emulated servers, one killed halfway and started again; prints

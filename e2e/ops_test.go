@@ -425,3 +425,57 @@ func (l *lockedBuffer) String() string {
 	defer l.mu.Unlock()
 	return l.b.String()
 }
+
+// TestAccessLineSaysWhyItFailed: a request llmlb answers with a 502
+// because its server cut the connection carries the transport error on its
+// access line; a client's bad request carries none.
+func TestAccessLineSaysWhyItFailed(t *testing.T) {
+	s, err := sim.NewServer(sim.ServerConfig{Model: testModel}, sim.NewSteady(sim.SteadyConfig{Speed: 100}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(s.Handler())
+	srv.Listener = s.Listener(srv.Listener)
+	srv.Start()
+	t.Cleanup(srv.Close)
+	cfg := testConfig([]string{srv.URL})
+	cfg.Log.Level, cfg.Log.Format = "info", "json"
+	logs := &lockedBuffer{}
+	inst, err := serve.Start(t.Context(), cfg, nil, logs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e2etest.WaitBackends(t, inst.AdminAddr, 1)
+	faults, err := sim.ParseFaults("close")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetFaults(faults)
+	b, _ := json.Marshal(map[string]any{"model": testModel, "prompt": "hello", "max_tokens": 2})
+	for _, body := range [][]byte{b, []byte(`{"model":`)} {
+		resp, err := http.Post("http://"+inst.Addr+"/v1/completions", "application/json", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	// The access line is written as the handler returns, which can be
+	// after the client has read the whole answer.
+	var got map[float64]map[string]any
+	for deadline := time.Now().Add(10 * time.Second); len(got) < 2 && time.Now().Before(deadline); e2etest.PollPause() {
+		got = map[float64]map[string]any{}
+		for _, l := range strings.Split(logs.String(), "\n") {
+			var rec map[string]any
+			if json.Unmarshal([]byte(l), &rec) == nil && rec["msg"] == "request" {
+				got[rec["status"].(float64)] = rec
+			}
+		}
+	}
+	if e, ok := got[502]["error"].(string); !ok || e == "" {
+		t.Errorf("the 502's access line has no error: %v (lines by status: %v)", got[502], got)
+	}
+	if _, ok := got[400]["error"]; ok || got[400] == nil {
+		t.Errorf("the 400's access line: %v, want one without an error", got[400])
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -78,8 +79,8 @@ func TestSoak(t *testing.T) {
 admin:
   listen: 127.0.0.1:%s
 log:
-  level: warn
-  access: false
+  level: info
+  format: json
 balancer:
   admission:             # room for every stream: a soak, not a refusal test
     max_queue: %d
@@ -88,7 +89,9 @@ backends:
 %s`, ports[4], ports[5], 2*streams, backends.String())), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	lb := startProc(t, bin, "serve", "--config", cfgPath)
+	// Its warnings, and the access lines of requests it failed with a 5xx
+	// (they say why), go to the test's output; the rest are dropped.
+	lb := startProcTo(t, &failedLines{w: os.Stderr}, bin, "serve", "--config", cfgPath)
 	addr, admin := "127.0.0.1:"+ports[4], "http://127.0.0.1:"+ports[5]
 	e2etest.WaitBackends(t, "127.0.0.1:"+ports[5], 4)
 	victimHeader := e2etest.BackendHeader(t, "127.0.0.1:"+ports[5], victimURL)
@@ -405,8 +408,14 @@ func freePorts(t *testing.T, n int) []string {
 // startProc starts bin with args until the test ends.
 func startProc(t *testing.T, bin string, args ...string) *exec.Cmd {
 	t.Helper()
+	return startProcTo(t, os.Stderr, bin, args...)
+}
+
+// startProcTo is startProc with the process's stderr to w.
+func startProcTo(t *testing.T, w io.Writer, bin string, args ...string) *exec.Cmd {
+	t.Helper()
 	cmd := exec.Command(bin, args...)
-	cmd.Stderr = os.Stderr
+	cmd.Stderr = w
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "LLMLB_") { // llmlb reads those as config
 			cmd.Env = append(cmd.Env, kv)
@@ -428,4 +437,32 @@ func startProc(t *testing.T, bin string, args ...string) *exec.Cmd {
 		}
 	})
 	return cmd
+}
+
+// failedLines passes to w the lines of llmlb's JSON log that are not access
+// lines of requests answered below 500.
+type failedLines struct {
+	w    io.Writer
+	line []byte // a line not yet ended
+}
+
+func (f *failedLines) Write(p []byte) (int, error) {
+	f.line = append(f.line, p...)
+	for {
+		i := bytes.IndexByte(f.line, '\n')
+		if i < 0 {
+			return len(p), nil
+		}
+		l := f.line[:i+1]
+		var rec struct {
+			Msg    string `json:"msg"`
+			Status int    `json:"status"`
+		}
+		if json.Unmarshal(l, &rec) != nil || rec.Msg != "request" || rec.Status >= 500 {
+			if _, err := f.w.Write(l); err != nil {
+				return len(p), err
+			}
+		}
+		f.line = f.line[:copy(f.line, f.line[i+1:])]
+	}
 }
