@@ -27,11 +27,16 @@ build:
 # through its race-built test binary. All of it builds with -race, so that
 # vet, the soak and the fuzzing reuse the test run's compiled packages:
 # with cold caches each build configuration costs minutes here.
+#
+# A race-built process sleeps a second as it exits (the race runtime's
+# atexit_sleep_ms) to catch races at exit, in C destructors; make test's
+# test binaries exit once their tests have returned, and its fuzzing
+# starts three such processes a target, each of which would wait it out.
 test:
 	$(GO) vet -race ./...
-	$(GO) test -race -count=1 ./...
+	GORACE="atexit_sleep_ms=0 $(GORACE)" $(GO) test -race -count=1 ./...
 	$(MAKE) soak-short
-	$(MAKE) fuzz FUZZTIME=$(TEST_FUZZTIME) FUZZ_BUILD=-race
+	GORACE="atexit_sleep_ms=0 $(GORACE)" $(MAKE) fuzz FUZZTIME=$(TEST_FUZZTIME) FUZZ_BUILD=-race
 
 # The inner loop, under a minute with warm caches: formatting, vet,
 # staticcheck and the tests that -short keeps (it skips the long
