@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/llmlb/llmlb/sim"
 )
 
 // TestBenchDeterministic: the same seed gives the same table twice, over
@@ -376,4 +378,32 @@ func FuzzParsePerturb(f *testing.F) {
 			t.Fatalf("ParsePerturb(%q) = %+v, printed %q, read back %+v, %v", s, p, p.String(), q, err)
 		}
 	})
+}
+
+// TestSameStatsReadsEveryField: a scrape reuses the last reading only when
+// every field of the stats a page is rendered from is unchanged, so a field
+// added to sim.Stats and not compared fails here.
+func TestSameStatsReadsEveryField(t *testing.T) {
+	var base sim.Stats
+	if !sameStats(&base, &base) {
+		t.Fatal("equal stats are not the same")
+	}
+	typ := reflect.TypeFor[sim.Stats]()
+	for i := range typ.NumField() {
+		other := base
+		f := reflect.ValueOf(&other).Elem().Field(i)
+		switch f.Kind() {
+		case reflect.Int, reflect.Int64:
+			f.SetInt(1)
+		case reflect.Float64:
+			f.SetFloat(0.5)
+		case reflect.Slice:
+			f.Set(reflect.ValueOf([]string{"a"}))
+		default:
+			t.Fatalf("sim.Stats.%s: a %s, which this test cannot vary", typ.Field(i).Name, f.Kind())
+		}
+		if sameStats(&base, &other) {
+			t.Errorf("sim.Stats.%s differs and sameStats says the page is the same", typ.Field(i).Name)
+		}
+	}
 }

@@ -28,6 +28,19 @@ type server struct {
 	gen    uint64 // the scheduled step's: a step event of another is stale
 	served int
 	kv     []kvBatch // KV events on their way to the balancers, oldest first
+	last   scraped   // the server's last scrape, by any replica
+}
+
+// scraped is a server's scrape: the stats its page was rendered from and
+// what the scraper read of it. Without adapters a page is a function of
+// the stats alone, so a scrape that finds them unchanged (an idle server,
+// or another replica's scrape a moment before) takes that reading rather
+// than rendering and parsing the same page again.
+type scraped struct {
+	ok      bool
+	st      sim.Stats
+	metrics balancer.Metrics
+	err     error
 }
 
 // kvBatch is one step's KV events and when they reach the balancers.
@@ -96,11 +109,16 @@ func (r *run) step(i int) {
 // and reads it with the real scrape code into replica rep's balancer.
 func (r *run) scrapeServer(rep, i int) {
 	s := r.servers[i]
-	page := sim.RenderMetrics(r.c.Engine, Model, len(r.w.Adapters) > 0, s.eng.Stats(), r.clock())
-	reading, err := r.scraper.Extract([]byte(page), r.clock())
+	st, lora := s.eng.Stats(), len(r.w.Adapters) > 0
+	if lora || !s.last.ok || !sameStats(&st, &s.last.st) {
+		page := sim.RenderMetrics(r.c.Engine, Model, lora, st, r.clock())
+		reading, err := r.scraper.Extract([]byte(page), r.clock())
+		s.last = scraped{ok: true, st: st, metrics: reading.Metrics, err: err}
+	}
 	spec := balancer.Spec{ID: s.id, URL: s.url, Engine: r.c.Engine, Models: r.models, Adapters: r.adapts, State: balancer.StateReady, Role: s.role}
-	if err == nil {
-		spec.Metrics = reading.Metrics
+	if s.last.err == nil {
+		spec.Metrics = s.last.metrics
+		spec.Metrics.At = r.clock()
 	} else {
 		spec.Stale = true
 	}
@@ -165,4 +183,14 @@ func (r *run) engineHashes(model string, block int) []uint64 {
 		r.hashBlock = block
 	}
 	return r.hashes
+}
+
+// sameStats reports whether a and b render the same page.
+func sameStats(a, b *sim.Stats) bool {
+	return a.Waiting == b.Waiting && a.Running == b.Running && a.KVUsage == b.KVUsage &&
+		a.BlockSize == b.BlockSize && a.NumBlocks == b.NumBlocks && a.PromptTokens == b.PromptTokens &&
+		a.GenerationTokens == b.GenerationTokens && a.PrefixQueries == b.PrefixQueries &&
+		a.PrefixHits == b.PrefixHits && a.Preemptions == b.Preemptions && a.CachedBlocks == b.CachedBlocks &&
+		a.MaxLoRA == b.MaxLoRA && slices.Equal(a.RunningAdapters, b.RunningAdapters) &&
+		slices.Equal(a.WaitingAdapters, b.WaitingAdapters)
 }
