@@ -72,6 +72,22 @@ func TestFaultMetricsHuge(t *testing.T) {
 func TestFaultMetricsHang(t *testing.T) { runFault(t, faultCase{spec: "metrics-hang"}) }
 func TestFaultHealthFlap(t *testing.T)  { runFault(t, faultCase{spec: "health-flap:gap=500ms"}) }
 
+// faultableSim starts an emulated vLLM on a listener of its own, so that
+// faults set on it (SetFaults) reach its connections, and returns it and
+// its URL.
+func faultableSim(t *testing.T, sc sim.SteadyConfig) (*sim.Server, string) {
+	t.Helper()
+	s, err := sim.NewServer(sim.ServerConfig{Model: testModel}, sim.NewSteady(sc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(s.Handler())
+	srv.Listener = s.Listener(srv.Listener)
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return s, srv.URL
+}
+
 // faultSeconds is how long each fault test's fault lasts.
 func faultSeconds(t *testing.T) time.Duration {
 	s := os.Getenv("LLMLBTEST_FAULT_SECONDS")
@@ -106,15 +122,8 @@ func runFault(t *testing.T, fc faultCase) {
 	var urls []string
 	var faulty *sim.Server
 	for i := range 3 {
-		s, err := sim.NewServer(sim.ServerConfig{Model: testModel}, sim.NewSteady(sim.SteadyConfig{DecodeTokensPerSecond: 100}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		srv := httptest.NewUnstartedServer(s.Handler())
-		srv.Listener = s.Listener(srv.Listener)
-		srv.Start()
-		t.Cleanup(srv.Close)
-		urls = append(urls, srv.URL)
+		s, url := faultableSim(t, sim.SteadyConfig{DecodeTokensPerSecond: 100})
+		urls = append(urls, url)
 		if i == 2 {
 			faulty = s
 		}

@@ -430,15 +430,8 @@ func (l *lockedBuffer) String() string {
 // because its server cut the connection carries the transport error on its
 // access line; a client's bad request carries none.
 func TestAccessLineSaysWhyItFailed(t *testing.T) {
-	s, err := sim.NewServer(sim.ServerConfig{Model: testModel}, sim.NewSteady(sim.SteadyConfig{Speed: 100}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewUnstartedServer(s.Handler())
-	srv.Listener = s.Listener(srv.Listener)
-	srv.Start()
-	t.Cleanup(srv.Close)
-	cfg := testConfig([]string{srv.URL})
+	s, url := faultableSim(t, sim.SteadyConfig{Speed: 100})
+	cfg := testConfig([]string{url})
 	cfg.Log.Level, cfg.Log.Format = "info", "json"
 	logs := &lockedBuffer{}
 	inst, err := serve.Start(t.Context(), cfg, nil, logs)
