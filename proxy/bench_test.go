@@ -174,3 +174,61 @@ func BenchmarkObserver(b *testing.B) {
 		})
 	}
 }
+
+// streamEvents is a vLLM chat stream of n content events, each carrying
+// "usage": null (vLLM with include_usage), then its usage chunk and
+// [DONE], as llmlb forwards them.
+func streamEvents(n int) string {
+	var s strings.Builder
+	s.WriteString(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"target","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"usage":null}` + "\n\n")
+	for i := range n {
+		finish := "null"
+		if i == n-1 {
+			finish = `"length"`
+		}
+		fmt.Fprintf(&s, `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"target","choices":[{"index":0,"delta":{"content":" tok"},"logprobs":null,"finish_reason":%s}],"usage":null}`+"\n\n", finish)
+	}
+	fmt.Fprintf(&s, `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"target","choices":[],"usage":{"prompt_tokens":12,"total_tokens":%d,"completion_tokens":%d,"prompt_tokens_details":{"cached_tokens":8}}}`+"\n\ndata: [DONE]\n\n", 12+n, n)
+	return s.String()
+}
+
+// BenchmarkStreamEvent reads a 50-event chat stream through every stage a
+// streamed answer passes on its way to the client (continuation
+// bookkeeping, the model name's rewrite, usage, timing and the usage
+// strip), in 16 KB reads as ReverseProxy makes them; ns/event is the cost
+// of one event.
+func BenchmarkStreamEvent(b *testing.B) {
+	const events = 50
+	in := streamEvents(events)
+	buf := make([]byte, 16<<10)
+	b.SetBytes(int64(len(in)))
+	b.ReportAllocs()
+	for b.Loop() {
+		r, usage := streamPipeline(io.NopCloser(strings.NewReader(in)))
+		for {
+			if _, err := r.Read(buf); err != nil {
+				break
+			}
+		}
+		if u := usage(); !u.Known || u.TokenEvents < events {
+			b.Fatalf("usage %+v", u)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*(events+3)), "ns/event")
+}
+
+// streamPipeline wraps src in the stream stages as the proxy does for a
+// continuable chat stream whose model was routed to another name and whose
+// usage chunk llmlb asked for.
+func streamPipeline(src io.ReadCloser) (io.Reader, func() Usage) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	req := &Request{Kind: KindChat, Model: "public", Stream: true}
+	ex := &exchange{req: req, client: context.Background()}
+	t := &retryTransport{}
+	hreq, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://x/v1/chat/completions", nil)
+	ab := &attemptBody{ReadCloser: src, ctx: ctx, cancel: cancel, ex: ex}
+	var r io.ReadCloser = newContinuer(t, hreq, ex, ab, 2)
+	r = newLineRewriter(r, modelEdit("target", "public"))
+	o := newObserver(r, KindChat, true, true, time.Now, func(time.Duration) {})
+	return o, o.Usage
+}
