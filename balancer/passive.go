@@ -21,10 +21,12 @@ import (
 // check answers again; scrape's loop probes it for that.
 type PassiveConfig struct {
 	// EjectAfter is the number of failed requests in a row that ejects a
-	// backend: a refused connection, a 5xx or 429 answer, a stream whose
+	// backend: a broken connection, a 5xx or 429 answer, a stream whose
 	// headers did not come within proxy.stream_first_byte_timeout, one
 	// that went silent for proxy.stream_idle_timeout, or one cut after
-	// its first byte. 0 disables ejection on failures. (default 5)
+	// its first byte. A refused connection ([FailRefused]) ejects at
+	// once. 0 disables ejection on failures, refusals included.
+	// (default 5)
 	EjectAfter int `mapstructure:"eject_after"`
 	// EjectBackoff is how long the first ejection lasts; each further one
 	// in a row doubles it, up to EjectBackoffMax, whatever the health
@@ -116,8 +118,9 @@ type Failure int
 
 // The failures the proxy reports with [Balancer.Failed].
 const (
-	// FailConnect: the connection was refused, reset or closed before any
-	// answer.
+	// FailConnect: the connection failed before any answer, other than
+	// by a refusal: reset or closed, a dial that timed out or found no
+	// route.
 	FailConnect Failure = iota
 	// FailStatus: the backend answered 5xx.
 	FailStatus
@@ -129,6 +132,16 @@ const (
 	FailStall
 	// FailCut: a stream ended without its end, after its first byte.
 	FailCut
+	// FailRefused: the dial was refused (ECONNREFUSED): nothing listens
+	// at the backend's address, as after its process died. Unlike the
+	// other kinds it ejects the backend at its first occurrence, not
+	// after EjectAfter in a row: a refusal says the server is gone, not
+	// that one request went wrong, and every pick until its ejection
+	// would try it again, most of all when the live backends look
+	// saturated and it, unloaded, is the only candidate left (issue 53).
+	// nginx's upstream max_fails counts connect errors and defaults to 1
+	// (nginx.org/en/docs/http/ngx_http_upstream_module.html#server).
+	FailRefused
 
 	failureKinds
 )
@@ -136,7 +149,13 @@ const (
 // reasonOutlier indexes ejections by TTFT outlier among the failure kinds.
 const reasonOutlier = int(failureKinds)
 
-var ejectReasons = [...]string{"connect", "5xx", "429", "first-byte-timeout", "stall", "stream-cut", "ttft-outlier"}
+// ejectReasons names each [Failure], in order, and then reasonOutlier:
+// the ejection metric's reason label.
+var ejectReasons = [...]string{"connect", "5xx", "429", "first-byte-timeout", "stall", "stream-cut", "refused", "ttft-outlier"}
+
+// A Failure added without its name, or a name without its Failure, makes
+// this index constant out of range and the package fail to compile.
+var _ = [1]struct{}{}[len(ejectReasons)-reasonOutlier-1]
 
 // String returns the failure's name, as the ejection metric's reason
 // label shows it.
@@ -214,15 +233,21 @@ func skipEjected(be *Backend, ex *Explanation) bool {
 }
 
 // Failed counts a failed request on be, and ejects be when EjectAfter
-// failures come in a row. The proxy calls it for every failure it sees; it
-// may be called concurrently.
+// failures come in a row, or at once when f is [FailRefused]; the
+// ejection cap (MaxEjectionPercent) bounds both. The proxy calls it for
+// every failure it sees; it may be called concurrently.
 func (b *Balancer) Failed(be *Backend, f Failure) {
 	n := be.Ledger.ObserveFailure()
 	pc := b.cfg.Passive
-	if pc.EjectAfter <= 0 || n < int64(pc.EjectAfter) || be.Ledger.Ejected() {
+	if pc.EjectAfter <= 0 || be.Ledger.Ejected() {
 		return
 	}
-	b.eject(be, int(f), fmt.Sprintf("%d failed requests in a row, the last %s", n, f))
+	switch {
+	case f == FailRefused:
+		b.eject(be, int(f), "the connection was refused: nothing listens at its address")
+	case n >= int64(pc.EjectAfter):
+		b.eject(be, int(f), fmt.Sprintf("%d failed requests in a row, the last %s", n, f))
+	}
 }
 
 // Succeeded records a request on be that did not fail, ending its failure

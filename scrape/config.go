@@ -119,7 +119,8 @@ type Config struct {
 	ScrapeTimeout time.Duration `mapstructure:"scrape_timeout"`
 	// StaleAfter is the age past which a backend's metrics are not
 	// trusted: it gets requests only when no backend with fresh metrics
-	// can serve. (default 2s)
+	// can serve. A scrape whose connection is refused, or whose page
+	// cannot be read, makes them stale at once. (default 2s)
 	StaleAfter time.Duration `mapstructure:"stale_after"`
 	// DNSInterval is how often DNS names in `backends:` are resolved again.
 	// (default 10s)

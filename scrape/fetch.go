@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -26,9 +27,10 @@ func (e *scrapeError) Error() string { return e.err.Error() }
 func (e *scrapeError) Unwrap() error { return e.err }
 
 // scrape reads the metrics page once. A readable page replaces the
-// backend's metrics; an unreadable one (garbage, empty, too large) marks
-// them stale at once; a page that could not be fetched leaves the last
-// reading until it is older than StaleAfter. A backend whose engine is not
+// backend's metrics; an unreadable one (garbage, empty, too large), or a
+// refused connection, marks them stale at once; a page that could not be
+// fetched otherwise (a timeout, a reset) leaves the last reading until it
+// is older than StaleAfter. A backend whose engine is not
 // known yet is detected instead, and one whose row reads nothing from its
 // page (or whose page is JSON) is checked against the other rows.
 func (t *Target) scrape(ctx context.Context) {
@@ -73,8 +75,13 @@ func (t *Target) failed(err error) {
 		t.logger.Warn("metrics scrape failing", "backend", t.spec.ID, "err", err)
 	}
 	t.scrapeErr = err.Error()
-	if reason != "connect" {
-		t.lastGood = time.Time{} // what the server says cannot be read: do not trust the old reading
+	if reason != "connect" || errors.Is(err, syscall.ECONNREFUSED) {
+		// What the server says cannot be read, or nothing listens at its
+		// address: do not trust the old reading. A killed server's last
+		// one says it is idle, and kept fresh it drew every pick while
+		// the live servers looked saturated (issue 53). A timeout keeps
+		// it: a busy server may answer its metrics late.
+		t.lastGood = time.Time{}
 	}
 	t.spec.Stale = t.lastGood.IsZero() || t.now().Sub(t.lastGood) > t.cfg.StaleAfter
 }

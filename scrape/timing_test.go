@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strconv"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -16,17 +19,22 @@ import (
 )
 
 // handlerTransport serves requests with an in-process handler, so a whole
-// target runs inside a synctest bubble; down makes it refuse like a dead
-// server.
+// target runs inside a synctest bubble; down makes it fail like a server
+// that does not answer, refused like one whose process died.
 type handlerTransport struct {
 	h        http.Handler
 	down     atomic.Bool
+	refused  atomic.Bool
 	genFails atomic.Bool // completions answer 500 while health answers
 }
 
 func (ht *handlerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if ht.down.Load() {
-		return nil, errors.New("connect: connection refused")
+		return nil, errors.New("dial tcp: i/o timeout")
+	}
+	if ht.refused.Load() {
+		// What net.Dialer returns when nothing listens.
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
 	}
 	if ht.genFails.Load() && req.URL.Path == "/v1/completions" {
 		rec := httptest.NewRecorder()
@@ -121,6 +129,35 @@ func TestStaleness(t *testing.T) {
 		advance(150 * time.Millisecond)
 		if !backend(bal).Stale {
 			t.Fatal("an unreadable page did not mark the metrics stale at once")
+		}
+	})
+}
+
+// TestRefusedScrapeMarksStaleAtOnce: a scrape whose connection is refused
+// (the server's process died) makes the backend's metrics stale at once,
+// not after stale_after: its last reading says it is idle, and fresh it
+// drew the picks while the live servers looked saturated (issue 53). A
+// reading once the server listens again makes them fresh.
+func TestRefusedScrapeMarksStaleAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var queue atomic.Int64
+		var page atomic.Value
+		tr := &handlerTransport{h: fakeVLLM(&queue, &page)}
+		bal, cancel := bubbleTarget(t, tr)
+		defer cancel()
+		synctest.Wait()
+		if backend(bal).Stale {
+			t.Fatal("stale after the first scrape")
+		}
+		tr.refused.Store(true)
+		advance(150 * time.Millisecond) // one jittered interval (90-110ms) and then some
+		if !backend(bal).Stale {
+			t.Fatal("a refused scrape left the last reading fresh, want stale at once")
+		}
+		tr.refused.Store(false)
+		advance(150 * time.Millisecond)
+		if backend(bal).Stale {
+			t.Fatal("a reading after the refusal did not clear staleness")
 		}
 	})
 }
