@@ -16,6 +16,7 @@ import (
 
 	"github.com/llmlb/llmlb/balancer"
 	"github.com/llmlb/llmlb/internal/tracing"
+	"github.com/llmlb/llmlb/proxy/stream"
 )
 
 // chatBody returns a chat request whose user message is about tokens tokens
@@ -142,36 +143,22 @@ func BenchmarkAuthenticate(b *testing.B) {
 	}
 }
 
-// BenchmarkObserver reads a backend's answer through the observer as the
-// proxy does: a 50-token stream whose every chunk carries "usage": null
-// (vLLM with include_usage), then its usage chunk, stripped; and a JSON
-// completion with its usage.
+// BenchmarkObserver reads a JSON completion with its usage through the
+// JSON answer's observer, as the proxy does.
 func BenchmarkObserver(b *testing.B) {
-	var stream strings.Builder
-	for range 50 {
-		stream.WriteString(`data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":" tok","logprobs":null,"finish_reason":null}],"usage":null}` + "\n\n")
-	}
-	stream.WriteString(`data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":12,"total_tokens":62,"completion_tokens":50,"prompt_tokens_details":{"cached_tokens":8}}}` + "\n\ndata: [DONE]\n\n")
 	body := `{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":" ok","logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":12,"total_tokens":13,"completion_tokens":1,"prompt_tokens_details":null}}`
 	buf := make([]byte, 16<<10)
-	for _, tc := range []struct {
-		name, in string
-		sse      bool
-	}{{"stream-50-events", stream.String(), true}, {"json", body, false}} {
-		b.Run(tc.name, func(b *testing.B) {
-			b.ReportAllocs()
-			for b.Loop() {
-				o := newObserver(io.NopCloser(strings.NewReader(tc.in)), KindChat, tc.sse, tc.sse, time.Now, nil)
-				for {
-					if _, err := o.Read(buf); err != nil {
-						break
-					}
-				}
-				if !o.Usage().Known {
-					b.Fatal("usage not read")
-				}
+	b.ReportAllocs()
+	for b.Loop() {
+		o := newJSONObserver(io.NopCloser(strings.NewReader(body)), stream.Completions)
+		for {
+			if _, err := o.Read(buf); err != nil {
+				break
 			}
-		})
+		}
+		if !o.Usage().Known {
+			b.Fatal("usage not read")
+		}
 	}
 }
 
@@ -220,15 +207,8 @@ func BenchmarkStreamEvent(b *testing.B) {
 // streamPipeline wraps src in the stream stages as the proxy does for a
 // continuable chat stream whose model was routed to another name and whose
 // usage chunk llmlb asked for.
-func streamPipeline(src io.ReadCloser) (io.Reader, func() Usage) {
-	ctx, cancel := context.WithCancelCause(context.Background())
-	req := &Request{Kind: KindChat, Model: "public", Stream: true}
-	ex := &exchange{req: req, client: context.Background()}
-	t := &retryTransport{}
-	hreq, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://x/v1/chat/completions", nil)
-	ab := &attemptBody{ReadCloser: src, ctx: ctx, cancel: cancel, ex: ex}
-	var r io.ReadCloser = newContinuer(t, hreq, ex, ab, 2)
-	r = newLineRewriter(r, modelEdit("target", "public"))
-	o := newObserver(r, KindChat, true, true, time.Now, func(time.Duration) {})
-	return o, o.Usage
+func streamPipeline(src io.ReadCloser) (io.Reader, func() stream.Usage) {
+	r := stream.NewReader(src, stream.Options{API: stream.Chat, Strip: true, Edit: modelEdit("target", "public"),
+		OnGap: func(time.Duration) {}, Resume: &resumer{}, Continuations: 2})
+	return r, r.Usage
 }

@@ -22,8 +22,13 @@ type cutEngine struct {
 	cutAfter int
 	errEvent bool // send an error event and end, instead of cutting
 	cutAtEnd bool // cut after the last token, before usage and [DONE]
-	mu       sync.Mutex
-	bodies   []map[string]any
+	// end is how the stream ends at cutAfter: "" cuts the connection
+	// mid-body; "clean" ends the chunked body cleanly, without [DONE];
+	// "close" ends a body delimited by the connection (no chunked
+	// framing) by shutting it.
+	end    string
+	mu     sync.Mutex
+	bodies []map[string]any
 }
 
 func (e *cutEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -36,12 +41,23 @@ func (e *cutEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	max := int(body["max_tokens"].(float64))
 	cont := body["continue_final_message"] == true || !chat && strings.HasSuffix(body["prompt"].(string), " ")
 	w.Header().Set("Content-Type", "text/event-stream")
+	var out io.Writer = w
+	flush := w.(http.Flusher).Flush
+	if e.end == "close" && !cont {
+		conn, buf, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			panic(err)
+		}
+		defer conn.Close()
+		fmt.Fprint(buf, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
+		out, flush = buf, func() { buf.Flush() }
+	}
 	id, created := "cmpl-"+e.name, 1000+len(e.name)
 	send := func(v map[string]any) {
 		v["id"], v["created"], v["model"] = id, created, testModel
 		b, _ := json.Marshal(v)
-		fmt.Fprintf(w, "data: %s\n\n", b)
-		w.(http.Flusher).Flush()
+		fmt.Fprintf(out, "data: %s\n\n", b)
+		flush()
 	}
 	piece := func(i int, finish any) map[string]any {
 		word := fmt.Sprintf("w%d ", i)
@@ -58,6 +74,9 @@ func (e *cutEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			if e.errEvent {
 				fmt.Fprint(w, `data: {"error":{"message":"engine died","type":"InternalServerError","param":null,"code":500}}`+"\n\n")
 				return
+			}
+			if e.end != "" {
+				return // the body ends, cleanly to HTTP
 			}
 			panic(http.ErrAbortHandler) // the connection is cut
 		}

@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/llmlb/llmlb/balancer"
+	"github.com/llmlb/llmlb/proxy/stream"
 )
 
 // exchange is one client request from its arrival to its last byte: the one
@@ -82,7 +83,10 @@ type exchange struct {
 	// stripUsage: llmlb asked for the stream's usage chunk, the client
 	// did not, so the observer drops it.
 	stripUsage bool
-	obs        *observer // the answering backend's body, once it answered 200
+	obs        usageReader // the answering backend's body, once it answered 200
+	// resumer continues the answer's stream on another server; nil
+	// unless the answer is a stream.
+	resumer *resumer
 	// streamErr is why the proxy cut the answering backend's stream
 	// (errStreamStalled), nil if it did not.
 	streamErr error
@@ -91,7 +95,7 @@ type exchange struct {
 	failure *HTTPError // what llmlb answered itself (status 499: nothing), nil if it did not
 	ended   bool       // the handler returned: the answer the client got is whole
 	backend string     // the answering backend's ID, "" if none
-	usage   Usage
+	usage   stream.Usage
 	ttft    time.Duration // streams: to the first token event; 0 if none
 }
 

@@ -8,6 +8,7 @@ import (
 
 	"github.com/llmlb/llmlb/balancer"
 	"github.com/llmlb/llmlb/prefix"
+	"github.com/llmlb/llmlb/proxy/stream"
 )
 
 // status is the request's status as counted and logged, decided here and
@@ -91,7 +92,7 @@ func (s *Server) account(ex *exchange, status int) {
 		if ex.forwarded {
 			reason = "no backend answered"
 		}
-		s.picks.add(pickEntry{At: time.Now(), ID: ex.id, Model: ex.model(), Backend: "-", Reason: reason, Status: status, Duration: took}, Usage{})
+		s.picks.add(pickEntry{At: time.Now(), ID: ex.id, Model: ex.model(), Backend: "-", Reason: reason, Status: status, Duration: took}, stream.Usage{})
 	}
 	s.metrics.requests.WithLabelValues(model, target, backendLabel, statusLabel(status)).Inc()
 	if backendLabel != "none" {
@@ -165,7 +166,7 @@ func (s *Server) observed(ex *exchange, backend, model string, status int, took 
 		return
 	}
 	ex.backend = backend
-	var u Usage
+	var u stream.Usage
 	if ex.obs != nil {
 		u = ex.obs.Usage()
 	}

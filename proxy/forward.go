@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,11 +14,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/llmlb/llmlb/balancer"
+	"github.com/llmlb/llmlb/proxy/stream"
 )
 
 // retryTransport tries the exchange's candidates in order until one answers
@@ -40,34 +43,61 @@ type retryTransport struct {
 
 // RoundTrip tries the exchange's candidates in order, one [retryTransport.attempt]
 // each, until [retryTransport.verdict] takes an answer or an error as final.
+// A request that reached no server (the connection was never made) is
+// never failed while another could take it: when the pick's candidates
+// are spent on connect failures, it picks again, away from the last that
+// failed, within max_attempts.
 func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
 	ex := exchangeFrom(ctx)
-	cands := ex.dec.Candidates
-	if len(cands) > t.maxAttempts {
-		cands = cands[:t.maxAttempts]
+	for {
+		cands := ex.dec.Candidates[:min(len(ex.dec.Candidates), t.maxAttempts-ex.attempts)]
+		var lastErr error
+		for i, be := range cands {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			ex.attempts++
+			a := try{ex: ex, be: be}
+			// Each attempt has its own context: the first-byte and stall
+			// timers cancel it with their cause, and closing the response
+			// body releases it.
+			a.ctx, a.cancel = context.WithCancelCause(ctx)
+			resp, err := t.attempt(req, &a, i, ex.body)
+			end := i == len(cands)-1
+			repick := end && err != nil && isDialError(err) && ex.attempts < t.maxAttempts && ex.pd == nil
+			resp, retry, err := t.verdict(req, a, resp, err, end && !repick)
+			if !retry {
+				return resp, err
+			}
+			if err != nil {
+				lastErr = err
+			}
+			if repick && t.repick(req, ex, be) != nil {
+				return nil, &dialError{backend: be.ID, err: lastErr}
+			}
+		}
+		if len(cands) == 0 || !isDialError(lastErr) || ex.attempts >= t.maxAttempts {
+			return nil, lastErr
+		}
 	}
-	var lastErr error
-	for i, be := range cands {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		ex.attempts = i + 1
-		a := try{ex: ex, be: be}
-		// Each attempt has its own context: the first-byte and stall
-		// timers cancel it with their cause, and closing the response
-		// body releases it.
-		a.ctx, a.cancel = context.WithCancelCause(ctx)
-		resp, err := t.attempt(req, &a, i, ex.body)
-		resp, retry, err := t.verdict(req, a, resp, err, i == len(cands)-1)
-		if !retry {
-			return resp, err
-		}
-		if err != nil {
-			lastErr = err
-		}
+}
+
+// repick replaces the exchange's decision with a fresh pick by model and
+// load that avoids failed, the backend that could not be reached: under
+// load the first pick may have kept only it (the others saturated), and
+// passive health may not have ejected it yet.
+func (t *retryTransport) repick(req *http.Request, ex *exchange, failed *balancer.Backend) error {
+	breq := *ex.breq
+	breq.Prompt, breq.Parts, breq.UserText, breq.TokenBlocks = nil, nil, nil, nil // the canonical prompt was given back
+	breq.Avoid, breq.Guard = failed.ID, ex.guard
+	dec, err := t.bal.PickWait(req.Context(), &breq, nil)
+	if err != nil {
+		t.debug(req.Context(), "no backend to try after a connect failure", failed, err)
+		return err
 	}
-	return nil, lastErr
+	ex.dec = dec
+	return nil
 }
 
 // try is one attempt: the exchange, the candidate it goes to, and the
@@ -122,7 +152,7 @@ func (t *retryTransport) verdict(req *http.Request, a try, resp *http.Response, 
 		if ctx.Err() != nil {
 			return nil, false, err
 		}
-		kind := balancer.FailConnect
+		kind := failKind(err)
 		if firstByte {
 			err = fmt.Errorf("backend %s sent no headers within %s: %w", be.ID, t.firstByte, errFirstByteTimeout)
 		}
@@ -169,19 +199,86 @@ func (t *retryTransport) verdict(req *http.Request, a try, resp *http.Response, 
 	if failed {
 		t.bal.Failed(be, kind)
 	}
+	if resp.StatusCode == http.StatusOK && a.ex.req.Kind.generates() && !isSSE(resp) {
+		if err := t.hold(a, resp); err != nil {
+			// Cut short: nothing reached the client, so the next
+			// candidate can answer whole.
+			t.bal.Failed(be, balancer.FailCut)
+			endAttempt(a.span, resp.StatusCode, err)
+			a.cancel(nil)
+			if ctx.Err() != nil {
+				return nil, false, ctx.Err()
+			}
+			err = fmt.Errorf("backend %s: %w", be.ID, err)
+			if !last {
+				t.metrics.retries.WithLabelValues(be.ID).Inc()
+				t.debug(ctx, "backend's answer was cut short, trying next", be, err)
+				return nil, true, err
+			}
+			return nil, false, err
+		}
+	}
 	return t.answer(req, a, resp, !failed), false, nil
 }
 
+// errAnswerCut is an answer whose JSON ended before it was whole.
+var errAnswerCut = errors.New("answer cut short")
+
+// hold reads a JSON answer whole before any of it reaches the client, and
+// hands it on only if it parses: an answer cut short can still go to the
+// next candidate. An answer longer than maxJSONBody is passed on as it
+// comes, unchecked.
+func (t *retryTransport) hold(a try, resp *http.Response) error {
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxJSONBody+1))
+	switch {
+	case err != nil:
+		resp.Body.Close()
+		return fmt.Errorf("%w: %w", errAnswerCut, err)
+	case len(body) > maxJSONBody:
+		resp.Body = &heldAnswer{Reader: io.MultiReader(bytes.NewReader(body), resp.Body), src: resp.Body}
+		return nil
+	case !json.Valid(body):
+		resp.Body.Close()
+		return fmt.Errorf("%w: %d bytes of JSON, not whole", errAnswerCut, len(body))
+	}
+	resp.Body = &heldAnswer{Reader: bytes.NewReader(body), src: resp.Body}
+	resp.ContentLength = int64(len(body))
+	return nil
+}
+
+// heldAnswer is an answer read ahead: it reads from Reader and closes the
+// backend's body.
+type heldAnswer struct {
+	io.Reader
+	src io.Closer
+}
+
+func (h *heldAnswer) Close() error { return h.src.Close() }
+
+// isSSE reports whether resp is an event stream.
+func isSSE(resp *http.Response) bool {
+	return strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+}
+
+// failKind is the passive-health failure of an attempt that got no
+// response: err.
+func failKind(err error) balancer.Failure {
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return balancer.FailRefused
+	}
+	return balancer.FailConnect
+}
+
 // answer wraps the body of the response that goes to the client in an
-// [attemptBody], and a good stream that can be continued on another
-// server if this one dies in a [continuer].
+// [attemptBody]. A good stream's is read by the stream pipeline
+// ([Server.streamAnswer]), which judges it by its API's protocol and can
+// continue it on another server through the exchange's resumer.
 func (t *retryTransport) answer(req *http.Request, a try, resp *http.Response, judge bool) *http.Response {
 	sb := t.attemptBody(a, resp, judge)
 	resp.Body = sb
-	ex := a.ex
-	if judge && t.continuations > 0 && ex.req.Stream && (ex.req.Kind == KindCompletion || ex.req.Kind == KindChat) &&
-		strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		resp.Body = newContinuer(t, req, ex, sb, t.continuations)
+	if ex := a.ex; judge && ex.req.Stream && ex.req.Kind.generates() && isSSE(resp) {
+		sb.byProtocol = true
+		ex.resumer = &resumer{t: t, req: req, ex: ex, cur: sb}
 	}
 	return resp
 }
@@ -299,7 +396,7 @@ func singleJoin(a, b string) string {
 // 504.
 var (
 	errFirstByteTimeout = errors.New("stream first byte timeout")
-	errStreamStalled    = errors.New("stream stalled")
+	errStreamStalled    = stream.ErrStalled
 )
 
 // attemptBody is the answering backend's response body. Closing it
@@ -325,6 +422,30 @@ type attemptBody struct {
 	status int
 	first  bool // a byte was read
 	end    error
+	// byProtocol: the stream pipeline judges the stream's end by its
+	// API's terminator ([attemptBody.Ended]), not the body's EOF.
+	byProtocol bool
+}
+
+var _ stream.Judged = (*attemptBody)(nil)
+
+// Ended tells passive health how the stream ended by its API's protocol:
+// whole (reason ""), or broken. A cut or a stall was judged as it was
+// read; an error event counts as a failed answer, a body that ended
+// before its terminator as a cut.
+func (b *attemptBody) Ended(reason string) {
+	if !b.judge {
+		return
+	}
+	b.judge = false
+	switch reason {
+	case "":
+		b.bal.Succeeded(b.be)
+	case stream.BreakError:
+		b.bal.Failed(b.be, balancer.FailStatus)
+	default:
+		b.bal.Failed(b.be, balancer.FailCut)
+	}
 }
 
 func (b *attemptBody) Read(p []byte) (int, error) {
@@ -351,7 +472,7 @@ func (b *attemptBody) Read(p []byte) (int, error) {
 	if stalled && b.ex.streamErr == nil {
 		b.ex.streamErr = fmt.Errorf("backend %s sent nothing for %s: %w", b.be.ID, b.idle, errStreamStalled)
 	}
-	if b.judge {
+	if b.judge && !(err == io.EOF && b.byProtocol) {
 		b.judge = false
 		switch {
 		case err == io.EOF:

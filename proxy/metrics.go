@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/llmlb/llmlb/balancer"
+	"github.com/llmlb/llmlb/proxy/stream"
 )
 
 // metrics are the balancer's own request metrics, registered on the admin
@@ -78,10 +79,10 @@ func newMetrics(reg prometheus.Registerer, bal *balancer.Balancer) *metrics {
 	}
 	m.continuations = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "llmlb_stream_continuations_total",
-		Help: "Streams that broke after their first byte, by why (cut, stall, error: an error event) and what came of it (continued on another server, not_continued: it could not be, failed: no server took it).",
+		Help: "Streams that broke after their first byte, by why (cut, stall, error: an error event, truncated: the body ended cleanly before the API's terminator) and what came of it (continued on another server; completed: every token had reached the client and llmlb sent the terminator; not_continued: it could not be, failed: no server took it; both end the client's stream with an error event).",
 	}, []string{"reason", "result"})
-	for _, reason := range []string{breakCut, breakStall, breakError} {
-		for _, result := range []string{"continued", "not_continued", "failed"} {
+	for _, reason := range []string{stream.BreakCut, stream.BreakStall, stream.BreakError, stream.BreakTruncated} {
+		for _, result := range []string{stream.OutcomeContinued, stream.OutcomeCompleted, stream.OutcomeNotContinued, stream.OutcomeFailed} {
 			m.continuations.WithLabelValues(reason, result) // at 0 from the start, so rates see the first break
 		}
 	}

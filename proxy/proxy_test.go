@@ -32,12 +32,18 @@ const testModel = "llama-3.1-8b"
 type testFront struct {
 	*httptest.Server
 	bal         *balancer.Balancer
+	px          *Server
 	handlerDone chan struct{}
 }
 
 func newFront(t *testing.T, cfg Config, backendURLs ...string) *testFront {
 	t.Helper()
-	bal := newTestBalancer(t, backendURLs...)
+	return newFrontOn(t, cfg, newTestBalancer(t, backendURLs...))
+}
+
+// newFrontOn is a proxy in front of bal's backends.
+func newFrontOn(t *testing.T, cfg Config, bal *balancer.Balancer) *testFront {
+	t.Helper()
 	px := newServer(t, Options{Config: cfg, Balancer: bal, Registerer: prometheus.NewRegistry()})
 	h := px.Handler()
 	done := make(chan struct{}, 1024)
@@ -46,7 +52,13 @@ func newFront(t *testing.T, cfg Config, backendURLs ...string) *testFront {
 		h.ServeHTTP(w, r)
 	}))
 	t.Cleanup(srv.Close)
-	return &testFront{Server: srv, bal: bal, handlerDone: done}
+	return &testFront{Server: srv, bal: bal, px: px, handlerDone: done}
+}
+
+// metric returns the front's metrics.
+func (f *testFront) metric(t *testing.T) *metrics {
+	t.Helper()
+	return f.px.metrics
 }
 
 // newServer is [New] for a test: an invalid o fails it.
@@ -63,7 +75,19 @@ func newServer(tb testing.TB, o Options) *Server {
 // testModel.
 func newTestBalancer(tb testing.TB, backendURLs ...string) *balancer.Balancer {
 	tb.Helper()
-	bal := newBal(tb, "least-request")
+	return newTestBalancerCandidates(tb, 3, backendURLs...)
+}
+
+// newTestBalancerCandidates is newTestBalancer with picks of at most n
+// candidates.
+func newTestBalancerCandidates(tb testing.TB, n int, backendURLs ...string) *balancer.Balancer {
+	tb.Helper()
+	cfg := balancer.DefaultConfig()
+	cfg.Policy, cfg.MaxCandidates = "least-request", n
+	bal, err := balancer.New(cfg, balancer.Deps{Index: prefix.NewIndex(prefix.DefaultConfig()), Tree: prefix.NewTree(1 << 20)}, nil, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
 	var specs []balancer.Spec
 	for _, u := range backendURLs {
 		pu, err := url.Parse(u)

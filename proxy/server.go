@@ -21,6 +21,7 @@ import (
 	"github.com/llmlb/llmlb/balancer"
 	"github.com/llmlb/llmlb/kvevents"
 	"github.com/llmlb/llmlb/prefix"
+	"github.com/llmlb/llmlb/proxy/stream"
 )
 
 // Header names llmlb sets on every proxied response.
@@ -489,10 +490,21 @@ func (s *Server) modifyResponse(resp *http.Response) error {
 		resp.Header.Set(HeaderBackend, be.Name)
 		resp.Header.Set(HeaderReason, ex.reason())
 	}
-	if edit := s.responseEdit(ex, be); edit != nil {
+	edit := s.responseEdit(ex, be)
+	generated := resp.StatusCode == http.StatusOK && ex.req.Kind.generates()
+	switch {
+	case generated && ex.resumer != nil:
+		resp.Body = s.streamAnswer(ex, resp.Body, edit, be)
+		resp.ContentLength = -1
+		resp.Header.Del("Content-Length")
+	case edit != nil:
 		resp.Body = newLineRewriter(resp.Body, edit)
 		resp.ContentLength = -1
 		resp.Header.Del("Content-Length")
+	}
+	if generated && ex.resumer == nil {
+		o := newJSONObserver(resp.Body, streamAPI(ex.req.Kind))
+		ex.obs, resp.Body = o, o
 	}
 	resp.Body = &firstByteBody{ReadCloser: resp.Body, onFirst: func() {
 		d := ex.guard.FirstByte(time.Now())
@@ -501,17 +513,30 @@ func (s *Server) modifyResponse(resp *http.Response) error {
 			s.metrics.pdLegTTFB.WithLabelValues(legDecode).Observe(d.Seconds())
 		}
 	}}
-	if resp.StatusCode == http.StatusOK && ex.req.Kind.generates() {
-		sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
-		itl := s.metrics.itl.WithLabelValues(be.ID, ex.req.Model)
-		ex.obs = newObserver(resp.Body, ex.req.Kind, sse, sse && ex.stripUsage, time.Now, func(d time.Duration) { itl.Observe(d.Seconds()) })
-		resp.Body = ex.obs
-		if ex.stripUsage {
-			resp.ContentLength = -1
-			resp.Header.Del("Content-Length")
-		}
-	}
 	return nil
+}
+
+// streamAnswer is the stream pipeline of a good streamed answer: src's
+// events go to the client whole, rewritten by edit, timed and counted, and
+// a stream that breaks is continued on another server or ended with an
+// error event in its API's shape.
+func (s *Server) streamAnswer(ex *exchange, src io.ReadCloser, edit func(dst, seg []byte) []byte, be *balancer.Backend) io.ReadCloser {
+	itl := s.metrics.itl.WithLabelValues(be.ID, ex.req.Model)
+	c := ex.resumer
+	r := stream.NewReader(src, stream.Options{
+		API:           streamAPI(ex.req.Kind),
+		Strip:         ex.stripUsage,
+		Edit:          edit,
+		Now:           time.Now,
+		OnGap:         func(d time.Duration) { itl.Observe(d.Seconds()) },
+		Resume:        c,
+		Continuations: c.t.continuations,
+		Uncontinuable: ex.req.Uncontinuable,
+		Gone:          c.gone,
+		OnBreak:       c.broke,
+	})
+	ex.obs = r
+	return r
 }
 
 // responseEdit is how the answer of backend be is edited on its way to

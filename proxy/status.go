@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb/balancer"
+	"github.com/llmlb/llmlb/proxy/stream"
 )
 
 // recentPicks is how many picks the status page lists.
@@ -47,7 +48,7 @@ func newPickLog() *pickLog {
 // add records a finished request: answered by a backend, or by llmlb
 // itself (a rejection, or no backend could answer). Only answers from a
 // backend count towards the picks by reason.
-func (p *pickLog) add(e pickEntry, u Usage) {
+func (p *pickLog) add(e pickEntry, u stream.Usage) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.ring[p.next] = e
