@@ -62,10 +62,16 @@ func (s *Server) logAccess(ex *exchange, r *http.Request, status int) {
 			attrs = append(attrs, slog.Int("continuations", ex.continuations))
 		}
 	}
-	if f := ex.failure; f != nil && f.Err != nil && status >= 500 {
-		// Why llmlb failed it: a transport error, a timeout. Errors of 4xx
-		// come from the client's own input and are not echoed.
-		attrs = append(attrs, slog.String("error", f.Err.Error()))
+	if status >= 500 {
+		// Why llmlb failed it: a transport error, a timeout, a stream
+		// that broke. Errors of 4xx come from the client's own input and
+		// are not echoed.
+		switch f := ex.failure; {
+		case f != nil && f.Err != nil:
+			attrs = append(attrs, slog.String("error", f.Err.Error()))
+		case ex.streamErr != nil:
+			attrs = append(attrs, slog.String("error", ex.streamErr.Error()))
+		}
 	}
 	if ex.pd != nil && ex.pd.prefill != "" {
 		attrs = append(attrs, slog.String("prefill_backend", ex.pd.prefill))

@@ -147,7 +147,7 @@ var (
 	backendEjectionsDesc = prometheus.NewDesc("llmlb_backend_ejections_total",
 		"Times passive health took each backend out of rotation.", []string{"backend"}, nil)
 	ejectionsDesc = prometheus.NewDesc("llmlb_ejections_total",
-		"Passive ejections by reason: the last failure of the streak (connect, 5xx, 429, first-byte-timeout, stall, stream-cut) or ttft-outlier.",
+		"Passive ejections by reason: the last failure of the streak (connect, 5xx, 429, first-byte-timeout, stall, stream-cut: cut or ended before its terminator), a refused connection (refused, which ejects at once) or ttft-outlier.",
 		[]string{"reason"}, nil)
 	cappedDesc = prometheus.NewDesc("llmlb_ejections_capped_total",
 		"Ejections passive health wanted but balancer.passive.max_ejection_percent refused.", nil, nil)

@@ -138,7 +138,7 @@ dl{display:grid;grid-template-columns:max-content auto;gap:.1em 1em;color:#555;m
 <dt>engine</dt><dd>the engine row the backend's metrics are read with (auto: not detected yet), and its labels from config (gpu=...)</dd>
 <dt>queued, running, KV use</dt><dd>from the backend's own metrics page; - when unknown, stale when too old to trust</dd>
 <dt>in flight, requests, failures</dt><dd>counted by llmlb: sent and not finished, sent since start, answered with a connect failure or a 5xx</dd>
-<dt>ejections</dt><dd>times passive health took the backend out of rotation: failed requests in a row (refused, 5xx, 429, streams timed out, stalled or cut) or a time to first token far beyond the fleet's</dd>
+<dt>ejections</dt><dd>times passive health took the backend out of rotation: one refused connection, failed requests in a row (other connect failures, 5xx, 429, streams timed out, stalled, cut or ended before their terminator) or a time to first token far beyond the fleet's</dd>
 <dt>TTFT, prefix hits</dt><dd>smoothed time to first byte; share of prompt tokens the backend reported served from its cache</dd>
 <dt>LoRA</dt><dd>adapters running / waiting / max</dd>
 </dl>
