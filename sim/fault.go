@@ -1,10 +1,12 @@
 package sim
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"slices"
@@ -30,14 +32,33 @@ const (
 	// FaultClose accepts each request and closes the connection without
 	// an answer.
 	FaultClose FaultKind = "close"
-	// FaultDieMidStream cuts the connection after Events tokens: a stream
-	// after its first Events content chunks, with the events an API sends
-	// along with them (chat's role chunk before the first, the Responses
-	// and Messages APIs' opening events) and none after (no finish_reason,
-	// usage or [DONE]); a non-streaming request before any answer. It
-	// takes each request that begins while it shows, so
-	// "die-mid-stream:events=3" cuts every stream after its third chunk.
-	// An answer of Events tokens or fewer ends whole.
+	// FaultDieMidStream ends an answer after Events tokens: a stream after
+	// its first Events content chunks, with the events an API sends along
+	// with them (chat's role chunk before the first, the Responses and
+	// Messages APIs' opening events) and none after (no finish_reason or
+	// usage, and no terminator: no [DONE], message_stop or
+	// response.completed). Framing says how the body ends (issue 53):
+	//
+	//   - cut (the default): the connection is cut, so the chunked body
+	//     ends without its last chunk, as a killed worker's does; a
+	//     non-streamed request gets no answer at all.
+	//   - clean: the handler returns, so the chunked body ends with its
+	//     last chunk, whole to HTTP though its stream has no terminator. A
+	//     non-streamed answer is the first half of its JSON's bytes, with
+	//     a Content-Length of that half: a clean body of broken JSON.
+	//   - close: the answer's headers have Connection: close and neither
+	//     Transfer-Encoding nor Content-Length, so the body is delimited by
+	//     the connection, which is closed after the Events tokens (a
+	//     non-streamed answer: after the first half of its JSON's bytes).
+	//     HTTP/2 has no such framing: there close cuts, as cut does.
+	//
+	// It takes the requests that begin while it shows, Share of them (see
+	// [Fault.Share]), so "die-mid-stream:events=3" cuts every stream after
+	// its third chunk and "die-mid-stream:events=3,framing=clean,share=0.2"
+	// ends every fifth stream cleanly after its third. An answer of Events
+	// tokens or fewer ends whole (under close, delimited by the
+	// connection). A background response's generation stops after Events
+	// tokens whatever the framing, and the response is stored failed.
 	FaultDieMidStream FaultKind = "die-mid-stream"
 	// FaultHang never sends response headers.
 	FaultHang FaultKind = "hang"
@@ -68,6 +89,27 @@ func FaultKinds() []FaultKind {
 		Fault5xx, Fault429, FaultMetricsGarbage, FaultMetricsHuge, FaultMetricsHang, FaultHealthFlap}
 }
 
+// Framing is how the die-mid-stream fault ends the body of an answer it
+// takes; see [FaultDieMidStream].
+type Framing string
+
+// The framings of die-mid-stream.
+const (
+	// FramingCut cuts the connection: a chunked body without its last
+	// chunk.
+	FramingCut Framing = "cut"
+	// FramingClean ends the chunked body with its last chunk, or a
+	// non-streamed answer's with its Content-Length, before the answer
+	// is whole.
+	FramingClean Framing = "clean"
+	// FramingClose sends a body delimited by the connection, and closes
+	// the connection before the answer is whole.
+	FramingClose Framing = "close"
+)
+
+// Framings lists die-mid-stream's framings, the default first.
+func Framings() []Framing { return []Framing{FramingCut, FramingClean, FramingClose} }
+
 // Fault is one fault and when it shows.
 type Fault struct {
 	Kind FaultKind
@@ -87,6 +129,32 @@ type Fault struct {
 	// Bytes is what metrics-huge adds to the page. (default 48 MiB, over
 	// the 32 MiB llmlb reads of a page)
 	Bytes int64
+	// Framing is how die-mid-stream ends a body; "" is FramingCut.
+	// (default cut)
+	Framing Framing
+	// Share is the fraction of requests die-mid-stream takes, above 0 and
+	// at most 1; 0 is 1. The server numbers the generations it admits
+	// from 1, and takes the n-th when ceil(n*Share) > ceil((n-1)*Share):
+	// spread evenly, the first taken, the same on every run, so
+	// share=0.25 takes the 1st, 5th, 9th and so on. (default 1)
+	Share float64
+}
+
+// framing is f's Framing, FramingCut when unset.
+func (f Fault) framing() Framing {
+	if f.Framing == "" {
+		return FramingCut
+	}
+	return f.Framing
+}
+
+// takes reports whether die-mid-stream takes the server's n-th
+// generation, counted from 1; see [Fault.Share].
+func (f Fault) takes(n int64) bool {
+	if f.Share <= 0 || f.Share >= 1 {
+		return true
+	}
+	return math.Ceil(float64(n)*f.Share) > math.Ceil(float64(n-1)*f.Share)
 }
 
 // String writes f as [ParseFaults] reads it.
@@ -99,7 +167,15 @@ func (f Fault) String() string {
 		params = append(params, "for="+f.For.String())
 	}
 	switch f.Kind {
-	case FaultDieMidStream, FaultStall:
+	case FaultDieMidStream:
+		params = append(params, "events="+strconv.Itoa(f.Events))
+		if f.framing() != FramingCut {
+			params = append(params, "framing="+string(f.Framing))
+		}
+		if f.Share > 0 && f.Share < 1 {
+			params = append(params, "share="+strconv.FormatFloat(f.Share, 'g', -1, 64))
+		}
+	case FaultStall:
 		params = append(params, "events="+strconv.Itoa(f.Events))
 	case FaultDrip, FaultHealthFlap:
 		params = append(params, "gap="+f.Gap.String())
@@ -130,9 +206,11 @@ func (fs Faults) String() string {
 // optional parameters after a colon, also separated by commas, for
 // example "die-mid-stream:after=5s,for=10s,events=3,metrics-garbage". A
 // word with "=" belongs to the kind before it. Parameters: after and for
-// (durations, every kind), events (die-mid-stream, stall), gap (drip,
-// health-flap), status (5xx), bytes (metrics-huge). An empty string is no
-// fault.
+// (durations, every kind), events (die-mid-stream, stall), framing (cut,
+// clean or close) and share (a fraction above 0 and at most 1), both
+// die-mid-stream's, gap (drip, health-flap), status (5xx), bytes
+// (metrics-huge). [Fault.String] leaves out a framing of cut and a share
+// of 1, the defaults. An empty string is no fault.
 func ParseFaults(s string) (Faults, error) {
 	var fs Faults
 	var errs []error
@@ -177,7 +255,7 @@ func (Faults) kinds() string {
 }
 
 func defaultFault(k FaultKind) Fault {
-	f := Fault{Kind: k, Events: 2, Status: http.StatusInternalServerError, Bytes: 48 << 20}
+	f := Fault{Kind: k, Events: 2, Status: http.StatusInternalServerError, Bytes: 48 << 20, Framing: FramingCut, Share: 1}
 	f.Gap = time.Second
 	if k == FaultDrip {
 		f.Gap = 3 * time.Second
@@ -230,6 +308,26 @@ func (f *Fault) set(param string) error {
 			return fmt.Errorf("fault %s: events=%q is not a count", f.Kind, value)
 		}
 		f.Events = n
+		return nil
+	case "framing":
+		if err := only(FaultDieMidStream); err != nil {
+			return err
+		}
+		if !slices.Contains(Framings(), Framing(value)) {
+			return fmt.Errorf("fault %s: framing=%q is not cut, clean or close", f.Kind, value)
+		}
+		f.Framing = Framing(value)
+		return nil
+	case "share":
+		if err := only(FaultDieMidStream); err != nil {
+			return err
+		}
+		// !(x > 0) also refuses NaN.
+		x, err := strconv.ParseFloat(value, 64)
+		if err != nil || !(x > 0) || x > 1 {
+			return fmt.Errorf("fault %s: share=%q is not a fraction above 0 and at most 1", f.Kind, value)
+		}
+		f.Share = x
 		return nil
 	case "status":
 		if err := only(Fault5xx); err != nil {
@@ -383,12 +481,18 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 // errDie ends a generation that the die-mid-stream fault cuts.
 var errDie = errors.New("emulated server died")
 
-// faultyEmit wraps a generation's emit with the drip, stall and
-// die-mid-stream faults showing when the request began.
-func (s *Server) faultyEmit(ctx context.Context, emit func() error) func() error {
+// faultyEmit wraps a's emit with the drip and stall faults showing when
+// the request began, and with the die-mid-stream fault that took it, if
+// any. A non-streamed answer that die-mid-stream frames clean or close
+// runs whole: [writeAnswer] cuts its JSON.
+func (s *Server) faultyEmit(ctx context.Context, a admitted, emit func() error) func() error {
 	drip, dripping := s.fault(FaultDrip)
 	stall, stalling := s.fault(FaultStall)
-	die, dying := s.fault(FaultDieMidStream)
+	var die Fault
+	dying := a.die != nil && (a.stream || a.die.framing() == FramingCut)
+	if dying {
+		die = *a.die
+	}
 	if !dripping && !stalling && !dying {
 		return emit
 	}
@@ -409,6 +513,31 @@ func (s *Server) faultyEmit(ctx context.Context, emit func() error) func() error
 		n++
 		return emit()
 	}
+}
+
+// hijackRaw takes over w's connection for an answer delimited by it
+// (die-mid-stream's close framing): it writes the status line 200 and
+// w's header with Connection: close and neither Transfer-Encoding nor
+// Content-Length, so that the body written after them ends where the
+// connection does (RFC 9112 section 6.3, rule 8), as an HTTP/1.0-style
+// server's or a proxy's that drops chunking. The caller writes the body to
+// the returned writer, flushes it and closes the connection. It returns
+// nil when w's connection cannot be taken over, as over HTTP/2.
+func hijackRaw(w http.ResponseWriter) (net.Conn, *bufio.Writer) {
+	conn, rw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		return nil, nil
+	}
+	h := w.Header().Clone()
+	h.Del("Transfer-Encoding")
+	h.Del("Content-Length")
+	h.Set("Connection", "close")
+	h.Set("Date", time.Now().UTC().Format(http.TimeFormat))
+	bw := rw.Writer
+	_, _ = bw.WriteString("HTTP/1.1 200 OK\r\n")
+	_ = h.Write(bw)
+	_, _ = bw.WriteString("\r\n")
+	return conn, bw
 }
 
 // generationFault answers a generation that a 5xx, 429 or hang fault

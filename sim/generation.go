@@ -8,6 +8,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -46,6 +48,7 @@ type generation struct {
 	continues string // the text the answer goes on from, or "" (see firstWord)
 	maxTokens int    // tokens to generate, at least 1
 	rank      string // the X-data-parallel-rank header, or ""
+	stream    bool   // the answer streams, or runs apart from the request (a background response)
 }
 
 // rankHeader pins a request to a data-parallel rank; vLLM reads it as
@@ -141,10 +144,13 @@ type admitted struct {
 	first  int   // the vocabulary index of the answer's first word
 	prompt int   // prompt tokens
 	job    Job
+	stream bool   // generation.stream
+	die    *Fault // the die-mid-stream fault that takes the request, or nil
 }
 
 // admit refuses a generation that does not fit the model's context, as
-// vLLM does before queueing it, and numbers the others.
+// vLLM does before queueing it, and numbers the others; a die-mid-stream
+// fault showing now takes those its share picks.
 func (s *Server) admit(g generation) (admitted, *refusal) {
 	bpt := s.bytesPerToken()
 	if g.ids {
@@ -161,8 +167,12 @@ func (s *Server) admit(g generation) (admitted, *refusal) {
 		return admitted{}, rf
 	}
 	seq := s.seq.Add(1)
-	return admitted{seq: seq, engine: engine, first: firstWord(g.continues, seq), prompt: prompt, job: Job{PromptTokens: prompt, MaxTokens: g.maxTokens,
-		Adapter: g.adapter, Prompt: g.prompt, BytesPerToken: bpt, Seed: xxhash.Sum64String(g.model)}}, nil
+	a := admitted{seq: seq, engine: engine, first: firstWord(g.continues, seq), prompt: prompt, job: Job{PromptTokens: prompt, MaxTokens: g.maxTokens,
+		Adapter: g.adapter, Prompt: g.prompt, BytesPerToken: bpt, Seed: xxhash.Sum64String(g.model)}, stream: g.stream}
+	if f, ok := s.fault(FaultDieMidStream); ok && f.takes(seq) {
+		a.die = &f
+	}
+	return a, nil
 }
 
 // run generates a's tokens on the server's model, through the faults that
@@ -171,41 +181,120 @@ func (s *Server) admit(g generation) (admitted, *refusal) {
 // [Model.Run]'s, errDie among them.
 func (s *Server) run(ctx context.Context, a admitted, token func(text string) error) (cached int, err error) {
 	n := 0
-	return s.ranks[a.engine].Run(ctx, a.job, s.faultyEmit(ctx, func() error {
+	return s.ranks[a.engine].Run(ctx, a.job, s.faultyEmit(ctx, a, func() error {
 		t := word(a.first, n)
 		n++
 		return token(t)
 	}))
 }
 
-// abortOnDie cuts the connection with no further answer when err is the
-// die-mid-stream fault's, as a dying server's connection ends.
+// abortOnDie cuts the connection of a non-streamed request with no answer
+// when err is the die-mid-stream fault's, as a dying server's connection
+// ends. (Only cut stops a non-streamed generation; see [writeAnswer].)
 func abortOnDie(err error) {
 	if errors.Is(err, errDie) {
 		panic(http.ErrAbortHandler)
 	}
 }
 
+// writeAnswer answers 200 with a's non-streamed answer v as JSON, as
+// writeJSON does, unless the die-mid-stream fault took a with the clean or
+// close framing. Then, if the answer has more than the fault's Events
+// tokens, only the first half of the JSON's bytes goes out; with a
+// Content-Length of what goes out (clean), or delimited by the
+// connection, which is then closed (close; over HTTP/2, which cannot, the
+// connection is cut with no answer).
+func writeAnswer(w http.ResponseWriter, a admitted, v any) {
+	die := a.die
+	if die == nil || die.framing() == FramingCut {
+		writeJSON(w, v)
+		return
+	}
+	var buf bytes.Buffer
+	_ = json.NewEncoder(&buf).Encode(v) // the bytes writeJSON writes
+	b := buf.Bytes()
+	if a.job.MaxTokens > die.Events {
+		b = b[:len(b)/2]
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if die.framing() == FramingClose {
+		conn, bw := hijackRaw(w)
+		if conn == nil {
+			panic(http.ErrAbortHandler)
+		}
+		defer conn.Close()
+		_, _ = bw.Write(b)
+		_ = bw.Flush()
+		return
+	}
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	_, _ = w.Write(b)
+}
+
 // sseStream writes a server-sent event stream, flushing each event so it
 // leaves at once, as the engines' streaming answers do.
 type sseStream struct {
-	w http.ResponseWriter
-	f http.Flusher // nil when w cannot flush
+	w     io.Writer
+	flush func() error // nil when w cannot flush
+	// conn is the connection that delimits the stream (die-mid-stream's
+	// close framing), which close closes; nil for a chunked stream.
+	conn net.Conn
+	// framing is that of the die-mid-stream fault that took the stream;
+	// "" when none did.
+	framing Framing
 }
 
 // startSSE sends a stream's headers at once, before the first token: a
 // real server's do (vLLM answers with Starlette's StreamingResponse, which
 // sends http.response.start before iterating the body), and llmlb's
-// first-byte timeout for streams reads them.
-func startSSE(w http.ResponseWriter) *sseStream {
-	f, _ := w.(http.Flusher)
+// first-byte timeout for streams reads them. die is the die-mid-stream
+// fault that took the stream, or nil; under its close framing the stream
+// is delimited by the connection, and the caller must call
+// [sseStream.close] when done.
+func startSSE(w http.ResponseWriter, die *Fault) *sseStream {
 	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-cache")
-	w.WriteHeader(http.StatusOK)
-	if f != nil {
-		f.Flush()
+	var framing Framing
+	if die != nil {
+		framing = die.framing()
 	}
-	return &sseStream{w: w, f: f}
+	if framing == FramingClose {
+		if conn, bw := hijackRaw(w); conn != nil {
+			e := &sseStream{w: bw, flush: bw.Flush, conn: conn, framing: framing}
+			_ = e.flush()
+			return e
+		}
+	}
+	e := &sseStream{w: w, framing: framing}
+	if f, ok := w.(http.Flusher); ok {
+		e.flush = func() error { f.Flush(); return nil }
+	}
+	w.WriteHeader(http.StatusOK)
+	if e.flush != nil {
+		_ = e.flush()
+	}
+	return e
+}
+
+// abortOnDie ends the stream when err is the die-mid-stream fault's, as
+// its framing says: cut (and close where the connection could not be
+// taken over) aborts the handler, so the chunked body ends without its
+// last chunk; clean and close return, and so does the caller, which ends
+// the chunked body with its last chunk (clean) or closes the connection
+// (close, by [sseStream.close]).
+func (e *sseStream) abortOnDie(err error) {
+	if errors.Is(err, errDie) && e.framing != FramingClean && e.conn == nil {
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// close ends a stream delimited by its connection by closing it; it does
+// nothing to a chunked stream, which the handler's return ends.
+func (e *sseStream) close() {
+	if e.conn != nil {
+		_ = e.flush()
+		_ = e.conn.Close()
+	}
 }
 
 // send writes v as one event; see [sseFrame].
@@ -222,8 +311,8 @@ func (e *sseStream) write(frames []byte) error {
 	if _, err := e.w.Write(frames); err != nil {
 		return err
 	}
-	if e.f != nil {
-		e.f.Flush()
+	if e.flush != nil {
+		return e.flush()
 	}
 	return nil
 }

@@ -238,7 +238,8 @@ func (s *Server) createMessage(w http.ResponseWriter, r *http.Request) {
 		writeAnthropic(w, badRequest("messages", err.Error()))
 		return
 	}
-	a, rf := s.admit(generation{model: req.Model, adapter: adapter, prompt: renderChat(turns), maxTokens: *req.MaxTokens, rank: r.Header.Get(rankHeader)})
+	a, rf := s.admit(generation{model: req.Model, adapter: adapter, prompt: renderChat(turns), maxTokens: *req.MaxTokens,
+		rank: r.Header.Get(rankHeader), stream: req.Stream})
 	if rf != nil {
 		writeAnthropic(w, rf)
 		return
@@ -256,7 +257,7 @@ func (s *Server) createMessage(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return // the client left
 		}
-		writeJSON(w, map[string]any{
+		writeAnswer(w, a, map[string]any{
 			"id": id, "type": "message", "role": "assistant", "model": req.Model,
 			"content":     []any{map[string]any{"type": "text", "text": text.String()}},
 			"stop_reason": stopReason, "stop_sequence": nil, "usage": usage,
@@ -266,7 +267,8 @@ func (s *Server) createMessage(w http.ResponseWriter, r *http.Request) {
 
 	// vLLM converts chat's stream, whose first chunk comes with the first
 	// token, so message_start does too.
-	sse := startSSE(w)
+	sse := startSSE(w, a.die)
+	defer sse.close()
 	block := func(ev map[string]any) map[string]any { ev["index"] = 0; return ev }
 	n := 0
 	_, err = s.run(r.Context(), a, func(t string) error {
@@ -287,7 +289,7 @@ func (s *Server) createMessage(w http.ResponseWriter, r *http.Request) {
 		return sse.send("content_block_delta", block(map[string]any{"type": "content_block_delta",
 			"delta": map[string]any{"type": "text_delta", "text": t}}))
 	})
-	abortOnDie(err) // cut the stream: no message_stop
+	sse.abortOnDie(err) // end the stream early: no message_stop
 	if err != nil {
 		return
 	}

@@ -147,17 +147,18 @@ func (s *Server) createResponse(w http.ResponseWriter, r *http.Request) {
 	case req.Background:
 		s.startBackground(w, r, a, rec, req.Stream)
 	case req.Stream:
-		sse := startSSE(w)
+		sse := startSSE(w, a.die)
+		defer sse.close()
 		_, err := s.respond(r.Context(), a, rec.resp, func(name string, ev map[string]any) error { return sse.send(name, ev) },
 			func(final responseObject) { s.keep(rec, final, store) })
-		abortOnDie(err) // cut the stream: no response.completed
+		sse.abortOnDie(err) // end the stream early: no response.completed
 	default:
 		final, err := s.respond(r.Context(), a, rec.resp, nil, func(final responseObject) { s.keep(rec, final, store) })
 		abortOnDie(err)
 		if err != nil {
 			return // the client left
 		}
-		writeJSON(w, final)
+		writeAnswer(w, a, final)
 	}
 }
 
@@ -219,7 +220,10 @@ func (s *Server) admitResponse(req *responsesRequest, store bool, rank string) (
 	if maxTokens < 1 {
 		return nil, admitted{}, badRequest("max_output_tokens", "max_output_tokens must be at least 1, got "+strconv.Itoa(maxTokens)+".")
 	}
-	a, rf := s.admit(generation{model: req.Model, adapter: adapter, prompt: renderChat(turns), maxTokens: maxTokens, rank: rank})
+	// A background response runs apart from its request: die-mid-stream
+	// stops it as it stops a stream.
+	a, rf := s.admit(generation{model: req.Model, adapter: adapter, prompt: renderChat(turns), maxTokens: maxTokens, rank: rank,
+		stream: req.Stream || req.Background})
 	if rf != nil {
 		return nil, admitted{}, rf
 	}

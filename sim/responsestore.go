@@ -247,7 +247,7 @@ func (l *eventLog) read(i int) ([][]byte, bool, <-chan struct{}) {
 // followEvents streams l's events from number from on until the log ends
 // or the client leaves.
 func followEvents(w http.ResponseWriter, r *http.Request, l *eventLog, from int) {
-	sse := startSSE(w)
+	sse := startSSE(w, nil)
 	for {
 		frames, done, wake := l.read(from)
 		for _, f := range frames {

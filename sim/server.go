@@ -380,7 +380,8 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		vllmError(w, http.StatusBadRequest, "BadRequestError", "max_tokens", "max_tokens must be at least 1, got "+strconv.Itoa(maxTokens)+".")
 		return
 	}
-	a, rf := s.admit(generation{model: g.Model, adapter: adapter, prompt: text, ids: !chat && g.idsPrompt(), continues: continues, maxTokens: maxTokens, rank: r.Header.Get(rankHeader)})
+	a, rf := s.admit(generation{model: g.Model, adapter: adapter, prompt: text, ids: !chat && g.idsPrompt(), continues: continues, maxTokens: maxTokens,
+		rank: r.Header.Get(rankHeader), stream: g.Stream})
 	if rf != nil {
 		writeVLLM(w, rf)
 		return
@@ -409,8 +410,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		} else {
 			choice["text"] = text.String()
 		}
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(map[string]any{
+		writeAnswer(w, a, map[string]any{
 			"id": rid, "object": object, "created": time.Now().Unix(), "model": g.Model,
 			"choices": []any{choice}, "usage": usage(cached),
 		})
@@ -418,7 +418,8 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 
 	includeUsage := g.StreamOptions != nil && g.StreamOptions.IncludeUsage
-	sse := startSSE(w)
+	sse := startSSE(w, a.die)
+	defer sse.close()
 	chunk := func(choices []any) map[string]any {
 		c := map[string]any{"id": rid, "object": chunkObject, "created": time.Now().Unix(), "model": g.Model, "choices": choices}
 		if includeUsage {
@@ -448,7 +449,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		n++
 		return sse.send("", chunk([]any{choice}))
 	})
-	abortOnDie(err) // cut the stream: no final chunk, no [DONE]
+	sse.abortOnDie(err) // end the stream early: no final chunk, no [DONE]
 	if err != nil {
 		return
 	}
