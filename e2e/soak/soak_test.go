@@ -229,6 +229,11 @@ backends:
 	fmt.Printf("soak: after   %s (%s after the run)\n", after, time.Since(start.Add(dur)).Round(time.Second))
 	fmt.Printf("soak: per stream: %.1f KiB of RSS, %.2f goroutines\n",
 		float64(during.rssKiB-before.rssKiB)/float64(streams), float64(during.goroutines-before.goroutines)/float64(streams))
+	conts, err := continuations(admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Printf("soak: streams continued or ended by llmlb: %s\n", conts)
 
 	if lost != 0 {
 		t.Errorf("%d requests lost (neither completed nor failed)", lost)
@@ -239,6 +244,9 @@ backends:
 	}
 	if outcomes[completed].Load() == 0 {
 		t.Errorf("no request completed")
+	}
+	if conts.truncated == 0 {
+		t.Errorf("llmlb counted no stream truncated (llmlb_stream_continuations_total{reason=\"truncated\"}): the truncating server's fault did not show, and the soak tested none")
 	}
 	if after.inFlight != 0 {
 		t.Errorf("ledger in flight %d after the run, want 0", after.inFlight)
@@ -252,6 +260,50 @@ backends:
 // goroutineSlack is the goroutines llmlb may have above its start once a
 // soak is over: timers and pollers that come and go.
 const goroutineSlack = 16
+
+// continuationCounts is llmlb_stream_continuations_total's samples that
+// are not 0, as the page writes them, and those of reason "truncated"
+// summed.
+type continuationCounts struct {
+	samples   []string
+	truncated float64
+}
+
+func (c continuationCounts) String() string {
+	if len(c.samples) == 0 {
+		return "none"
+	}
+	return strings.Join(c.samples, ", ")
+}
+
+// continuations reads llmlb_stream_continuations_total from llmlb's admin
+// metrics page.
+func continuations(admin string) (continuationCounts, error) {
+	var c continuationCounts
+	resp, err := http.Get(admin + "/metrics")
+	if err != nil {
+		return c, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		labels, ok := strings.CutPrefix(sc.Text(), "llmlb_stream_continuations_total")
+		if !ok {
+			continue
+		}
+		i := strings.LastIndexByte(labels, ' ')
+		v, err := strconv.ParseFloat(labels[i+1:], 64)
+		if err != nil || v == 0 {
+			continue
+		}
+		c.samples = append(c.samples, strings.TrimSpace(labels))
+		if strings.Contains(labels, `reason="truncated"`) {
+			c.truncated += v
+		}
+	}
+	return c, sc.Err()
+}
 
 // truncateFault is the truncating server's fault: a fifth of its streams
 // end cleanly after their third chunk, the chunked body ended with its
