@@ -68,8 +68,9 @@ fuzz:
 	done
 
 # SOAK_STREAMS concurrent streams for SOAK through the llmlb binary against
-# four emulated servers, one killed halfway and started again; prints
-# requests completed, failed and lost, and llmlb's memory, goroutines and
+# five emulated servers, one killed halfway and started again, one ending a
+# fifth of its streams early; prints requests completed, failed, broken,
+# silently truncated and lost, and llmlb's memory, goroutines and
 # file descriptors before, during and after. The test is a package of its
 # own, built with build's flags, so that it compiles little beyond what
 # build already compiled.
@@ -83,8 +84,9 @@ soak-short:
 	$(GO) build -race -o bin/llmlb-race .
 	LLMLBTEST_SOAK=30s LLMLBTEST_SOAK_STREAMS=500 LLMLBTEST_BIN=$(abspath bin/llmlb-race) GORACE=halt_on_error=1 $(GO) test -race -count=1 -vet=off -run '^TestSoak$$' -v -timeout 0 ./e2e/soak
 
-# Four emulated vLLM servers (one slower), the balancer, 24 streaming
-# clients and a live per-backend view for 20 seconds.
+# Four emulated vLLM servers (one slower, ending a tenth of its streams
+# early), the balancer, 24 streaming clients and a live per-backend view
+# for 20 seconds.
 demo:
 	$(GO) run . demo
 

@@ -27,7 +27,7 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	maxLoRA := fs.Int("max-lora", 0, "adapters a batch may use at once (0: the preset's)")
 	bpt := fs.Int("bytes-per-token", 4, "bytes of prompt text the emulated tokenizer reads a token, 1-16 (token ids count one each; KV-cache events need 4)")
 	kinds := strings.ReplaceAll(strings.Trim(fmt.Sprint(sim.FaultKinds()), "[]"), " ", ", ") // a list of one-word names
-	faultSpec := fs.String("fault", "", "faults to show, e.g. die-mid-stream:after=5s,for=10s (kinds: "+kinds+"); switch them at runtime with PUT /sim/faults")
+	faultSpec := fs.String("fault", "", "faults to show, e.g. die-mid-stream:after=5s,for=10s or die-mid-stream:events=3,framing=clean,share=0.2 (kinds: "+kinds+"); switch them at runtime with PUT /sim/faults")
 	faultOnList := fs.String("fault-on", "0", "comma-separated indexes (from 0) of the servers --fault applies to")
 	if err := fs.Parse(args); err != nil {
 		return err

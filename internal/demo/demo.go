@@ -1,11 +1,13 @@
 package demo
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -52,6 +54,12 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 			return err
 		}
 		fc.Engines = append(fc.Engines, ecfg)
+	}
+	if o.Backends > 1 {
+		// The older server also ends a tenth of its streams early, cleanly
+		// to HTTP but without [DONE], as a failing engine can: llmlb
+		// continues each on another server and no client sees it.
+		fc.Faults, fc.FaultOn = sim.Faults{truncating}, []int{o.Backends - 1}
 	}
 	fleet, err := sim.StartFleet(fc)
 	if err != nil {
@@ -127,13 +135,41 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) error {
 		}
 	}
 	frame()
+	continued := continuedStreams(client, "http://"+inst.AdminAddr+"/metrics")
 	stopLB()
 	if err := inst.Wait(); err != nil {
 		return err
 	}
 	r := load.Results()
-	fmt.Fprintf(stdout, "\nllmlb demo: done; %d requests served over %d backends, %d failed\n", r.OK, len(r.ByBackend), r.Failed)
+	fmt.Fprintf(stdout, "\nllmlb demo: done; %d requests served over %d backends, %d failed; %d streams a server ended early continued on another\n",
+		r.OK, len(r.ByBackend), r.Failed, continued)
 	return nil
+}
+
+// truncating is the fault of the demo's older server: a tenth of its
+// streams end after 8 tokens, the chunked body whole, without [DONE].
+var truncating = sim.Fault{Kind: sim.FaultDieMidStream, Events: 8, Framing: sim.FramingClean, Share: 0.1}
+
+// continuedStreams reads from llmlb's metrics page how many streams it
+// continued on another server; 0 if it cannot.
+func continuedStreams(client *http.Client, url string) int {
+	resp, err := client.Get(url)
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	n := 0.0
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "llmlb_stream_continuations_total{") && strings.Contains(line, `result="continued"`) {
+			if i := strings.LastIndexByte(line, ' '); i >= 0 {
+				v, _ := strconv.ParseFloat(line[i+1:], 64)
+				n += v
+			}
+		}
+	}
+	return int(n)
 }
 
 // waitReady polls url until it answers 200, ctx ends or limit passes.

@@ -45,6 +45,10 @@ func TestDemoViewShowsStatusPresetsAndLegend(t *testing.T) {
 	if logs.Len() > 0 {
 		t.Errorf("the demo logged at warn level or above (LoRA warnings, say):\n%s", logs.String())
 	}
+	done := regexp.MustCompile(`done; (\d+) requests served over \d+ backends, 0 failed; (\d+) streams a server ended early continued on another`).FindStringSubmatch(out.String())
+	if done == nil {
+		t.Fatalf("no done line with 0 failed and the streams continued:\n%s", out.String())
+	}
 }
 
 // TestDemoStatusPortInUse: the fixed status address taken is an error
