@@ -203,12 +203,12 @@ func (t *retryTransport) verdict(req *http.Request, a try, resp *http.Response, 
 		if err := t.hold(a, resp); err != nil {
 			// Cut short: nothing reached the client, so the next
 			// candidate can answer whole.
-			t.bal.Failed(be, balancer.FailCut)
 			endAttempt(a.span, resp.StatusCode, err)
 			a.cancel(nil)
 			if ctx.Err() != nil {
 				return nil, false, ctx.Err()
 			}
+			t.bal.Failed(be, balancer.FailCut)
 			err = fmt.Errorf("backend %s: %w", be.ID, err)
 			if !last {
 				t.metrics.retries.WithLabelValues(be.ID).Inc()

@@ -267,13 +267,13 @@ func (r *Reader) broke(cause error, reason string) {
 		r.err = cause
 		return
 	}
-	if r.finished && r.complete() {
-		r.report(reason, OutcomeCompleted, cause)
-		return
-	}
 	if r.failed { // the server's error event reached the client
 		r.report(reason, OutcomeNotContinued, cause)
 		r.err = cause
+		return
+	}
+	if r.finished && r.complete() {
+		r.report(reason, OutcomeCompleted, cause)
 		return
 	}
 	if why := r.continuable(); why != "" {

@@ -404,3 +404,15 @@ func FuzzParseChunk(f *testing.F) {
 		}
 	})
 }
+
+// TestReaderServerErrorAfterFinishIsNotCompleted: a server's error event
+// after the last token leaves the stream failed: llmlb does not end it
+// with a [DONE] after the error.
+func TestReaderServerErrorAfterFinishIsNotCompleted(t *testing.T) {
+	in := cutAt(vllmStream, 2) + "data: {\"error\":{\"message\":\"boom\"}}\n\n"
+	r := NewReader(io.NopCloser(strings.NewReader(in)), Options{API: Completions, Now: fakeClock()})
+	got, err := io.ReadAll(r)
+	if err == nil || strings.Contains(string(got), "[DONE]") || !strings.HasSuffix(string(got), "data: {\"error\":{\"message\":\"boom\"}}\n\n") {
+		t.Errorf("the client got\n%s\n(%v); want the server's error event last and the stream failed", got, err)
+	}
+}
