@@ -434,6 +434,9 @@ var _ stream.Judged = (*attemptBody)(nil)
 // read; an error event counts as a failed answer, a body that ended
 // before its terminator as a cut.
 func (b *attemptBody) Ended(reason string) {
+	if reason != "" && b.end == nil {
+		b.end = fmt.Errorf("stream broke (%s)", reason) // the attempt's span says so
+	}
 	if !b.judge {
 		return
 	}

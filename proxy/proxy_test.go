@@ -44,7 +44,12 @@ func newFront(t *testing.T, cfg Config, backendURLs ...string) *testFront {
 // newFrontOn is a proxy in front of bal's backends.
 func newFrontOn(t *testing.T, cfg Config, bal *balancer.Balancer) *testFront {
 	t.Helper()
-	px := newServer(t, Options{Config: cfg, Balancer: bal, Registerer: prometheus.NewRegistry()})
+	return newFrontOf(t, newServer(t, Options{Config: cfg, Balancer: bal, Registerer: prometheus.NewRegistry()}), bal)
+}
+
+// newFrontOf serves px, a proxy in front of bal's backends.
+func newFrontOf(t *testing.T, px *Server, bal *balancer.Balancer) *testFront {
+	t.Helper()
 	h := px.Handler()
 	done := make(chan struct{}, 1024)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

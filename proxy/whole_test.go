@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -8,7 +9,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+
+	"github.com/llmlb/llmlb/internal/tracing"
 )
 
 // A Responses stream as vLLM sends it (vllm/entrypoints/openai/responses):
@@ -207,4 +212,46 @@ func TestConnectFailureIsPickedAgain(t *testing.T) {
 		}
 	}
 	f.checkLedgerZero(t)
+}
+
+// TestTruncatedStreamSpansAreErrors: a stream that ended before its
+// terminator is an error in its trace: the request span's status (502)
+// and the attempt's.
+func TestTruncatedStreamSpansAreErrors(t *testing.T) {
+	backend := httptest.NewServer(cannedStream(messagesStream, 2))
+	defer backend.Close()
+	rcv := &otlpReceiver{}
+	collector := httptest.NewServer(rcv)
+	defer collector.Close()
+	tp, shutdown, err := tracing.Start(tracing.Config{Endpoint: collector.URL, SampleRatio: 1, Propagate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bal := newTestBalancer(t, backend.URL)
+	px := newServer(t, Options{Config: DefaultConfig(), Balancer: bal, Registerer: prometheus.NewRegistry(), Tracer: tp})
+	f := newFrontOf(t, px, bal)
+	resp, err := http.Post(f.URL+"/v1/messages", "application/json", strings.NewReader(
+		`{"model":"`+testModel+`","max_tokens":16,"stream":true,"messages":[{"role":"user","content":"Hi"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	f.waitHandler(t, 1)
+	if err := shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	byName := map[string]*tracepb.Span{}
+	for _, sp := range rcv.spans {
+		byName[sp.Name] = sp
+	}
+	for _, name := range []string{"llmlb.request", "llmlb.attempt"} {
+		sp := byName[name]
+		if sp == nil || sp.Status.GetCode() != tracepb.Status_STATUS_CODE_ERROR {
+			t.Errorf("span %s: %v; want status error", name, sp)
+		}
+	}
+	if g := attr(byName["llmlb.request"], "http.response.status_code"); g != "502" {
+		t.Errorf("request span status code %q, want 502", g)
+	}
 }
