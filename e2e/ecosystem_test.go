@@ -369,7 +369,12 @@ func nodeSDK(t *testing.T) string {
 	cmd := exec.CommandContext(t.Context(), npm, "install", "--no-package-lock", "--no-audit", "--no-fund")
 	cmd.Dir = dir
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("npm install in %s: %v\n%s", dir, err, out)
+		// No registry reachable is a tool missing, not a failure of
+		// llmlb's; CI requires the tool and so fails here.
+		if os.Getenv("LLMLBTEST_REQUIRE_NODE") != "" {
+			t.Fatalf("npm install in %s: %v\n%s", dir, err, out)
+		}
+		t.Skipf("the SDKs could not be installed (npm install in %s: %v)", dir, err)
 	}
 	return dir
 }

@@ -100,14 +100,14 @@ func TestStatusPageInChromium(t *testing.T) {
 	// leave the slower A100 idle for a while (a loaded make test run gave
 	// it no request in 20 s).
 	deadline := time.Now().Add(20 * time.Second)
-	var ids []string
+	var ids, names []string
 	for {
 		bs, err := proxy.FetchBackends(http.DefaultClient, strings.TrimSuffix(admin, "/"))
 		if err == nil {
-			ids = ids[:0]
+			ids, names = ids[:0], names[:0]
 			ready, served := 0, 0
 			for _, b := range bs {
-				ids = append(ids, b.ID)
+				ids, names = append(ids, b.ID), append(names, b.Name)
 				if b.State == balancer.StateReady && b.Engine == "vllm" {
 					ready++
 				}
@@ -129,10 +129,12 @@ func TestStatusPageInChromium(t *testing.T) {
 	if got := strings.Count(dom, `<tr class="backend">`); got != 4 {
 		t.Errorf("page shows %d backend rows, want 4:\n%s", got, dom)
 	}
-	for _, id := range ids {
-		row := regexp.MustCompile(`(?s)<tr class="backend">\s*<td class="l wrap">` + regexp.QuoteMeta(id) + `</td><td class="l">vllm( <span class="sub">gpu=[ah]100-8b</span>)?</td>\s*<td class="l"><span class="ready">ready</span>`)
+	// Each row names the backend as clients see it (x-llmlb-backend),
+	// its URL beneath.
+	for i, id := range ids {
+		row := regexp.MustCompile(`(?s)<tr class="backend">\s*<td class="l wrap">` + regexp.QuoteMeta(names[i]) + `<br><span class="sub">` + regexp.QuoteMeta(id) + `</span></td><td class="l">vllm( <span class="sub">gpu=[ah]100-8b</span>)?</td>\s*<td class="l"><span class="ready">ready</span>`)
 		if !row.MatchString(dom) {
-			t.Errorf("no ready vllm row for %s", id)
+			t.Errorf("no ready vllm row for %s (%s)", names[i], id)
 		}
 	}
 	for _, want := range []string{"Picks by reason", "Recent requests", "llama-3.1-8b"} {

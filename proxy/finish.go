@@ -71,10 +71,10 @@ func (s *Server) dropCanonical(ex *exchange) {
 
 // account releases the exchange's guard and counts the request.
 func (s *Server) account(ex *exchange, status int) {
-	backendLabel := "none"
+	backendLabel, backendName := "none", ""
 	if ex.forwarded {
 		if be := ex.guard.Backend(); be != nil { // read before Release detaches it
-			backendLabel = be.ID
+			backendLabel, backendName = be.ID, be.Name
 		}
 	}
 	if ex.guard != nil {
@@ -99,7 +99,7 @@ func (s *Server) account(ex *exchange, status int) {
 		s.metrics.duration.WithLabelValues(backendLabel, model).Observe(took.Seconds())
 	}
 	if ex.forwarded {
-		s.observed(ex, backendLabel, model, status, took)
+		s.observed(ex, backendLabel, backendName, model, status, took)
 	}
 	if t := ex.tenant; t != nil {
 		s.authMetrics.requests.WithLabelValues(t.name, statusLabel(status)).Inc()
@@ -128,12 +128,12 @@ func (ex *exchange) model() string {
 
 // labels are the exchange's model and target_model metric labels: the
 // names as routed once the balancer was asked, [unknownModel] for a model
-// nobody serves, and for a request refused before that the name when it
-// is known here (see [Server.modelLabel]).
+// nobody serves or one not read, and for a request refused before that
+// the name when it is known here (see [Server.modelLabel]).
 func (s *Server) labels(ex *exchange) (model, target string) {
 	switch {
-	case ex.req == nil:
-		return "", ""
+	case ex.req == nil: // refused before its model was read (401, 413, 415, a body that is not JSON)
+		return unknownModel, unknownModel
 	case ex.failure != nil && errors.Is(ex.failure, balancer.ErrUnknownModel):
 		return unknownModel, unknownModel
 	case ex.picked:
@@ -161,7 +161,7 @@ func (s *Server) modelLabel(name string) string {
 // observed records what the observer saw of the answering backend's
 // response: time to first token, tokens from usage, and the prefix match
 // the balancer predicted against the cache hits the backend reported.
-func (s *Server) observed(ex *exchange, backend, model string, status int, took time.Duration) {
+func (s *Server) observed(ex *exchange, backend, name, model string, status int, took time.Duration) {
 	if backend == "none" || ex.attempts == 0 {
 		return
 	}
@@ -175,7 +175,7 @@ func (s *Server) observed(ex *exchange, backend, model string, status int, took 
 		ex.ttft = u.FirstToken.Sub(ex.sentAt)
 		s.metrics.ttft.WithLabelValues(backend, model).Observe(ex.ttft.Seconds())
 	}
-	s.picks.add(pickEntry{At: time.Now(), ID: ex.id, Model: model, Backend: backend, Reason: ex.reason(), Status: status, TTFT: ex.ttft, Duration: took}, u)
+	s.picks.add(pickEntry{At: time.Now(), ID: ex.id, Model: model, Backend: backend, BackendName: name, Reason: ex.reason(), Status: status, TTFT: ex.ttft, Duration: took}, u)
 	if !u.Known {
 		return
 	}

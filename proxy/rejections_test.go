@@ -60,13 +60,16 @@ func TestRejectionsListedAndCountedByModel(t *testing.T) {
 		{testModel, "400", 1},
 		{unknownModel, "400", 1},
 		{unknownModel, "404", 1},
+		{unknownModel, "415", 1}, // refused before its model was read
 	} {
 		if got := testutil.ToFloat64(px.metrics.requests.WithLabelValues(c.model, c.model, "none", c.status)); got != c.want {
 			t.Errorf("llmlb_requests_total{model=%q,status=%s} = %v, want %v", c.model, c.status, got, c.want)
 		}
 	}
-	if got := testutil.ToFloat64(px.metrics.requests.WithLabelValues("", "", "none", "400")); got != 0 {
-		t.Errorf(`llmlb_requests_total{model="",status="400"} = %v, want 0`, got)
+	for _, status := range []string{"400", "415"} {
+		if got := testutil.ToFloat64(px.metrics.requests.WithLabelValues("", "", "none", status)); got != 0 {
+			t.Errorf(`llmlb_requests_total{model="",status=%q} = %v, want 0`, status, got)
+		}
 	}
 	var listed []string
 	for _, e := range recent {

@@ -32,10 +32,13 @@ type pickEntry struct {
 	At      time.Time
 	ID      string
 	Model   string
-	Backend string
-	Reason  string
-	Status  int
-	TTFT    time.Duration // streams: to the first token; 0 otherwise
+	Backend string // its ID, "-" when llmlb answered itself
+	// BackendName is the backend's name, as x-llmlb-backend gives it;
+	// "" when llmlb answered itself.
+	BackendName string
+	Reason      string
+	Status      int
+	TTFT        time.Duration // streams: to the first token; 0 otherwise
 	// Duration is from the request's arrival to its last byte, so a
 	// non-streaming request, which has no TTFT, still shows its time.
 	Duration time.Duration
@@ -93,14 +96,14 @@ type reasonCount struct {
 
 // statusRow is one backend's line on the status page.
 type statusRow struct {
-	ID, Engine, Labels, State, Reason, Warning string
-	Role                                       string // prefill or decode; "" for both
-	Queued, Running, KV                        string
-	InFlight, Requests, Failures               int64
-	Ejections                                  int
-	TTFT, HitRate                              string
-	Models, LoRA                               string
-	Stale                                      bool
+	Name, ID, Engine, Labels, State, Reason, Warning string // Name is what clients see in x-llmlb-backend
+	Role                                             string // prefill or decode; "" for both
+	Queued, Running, KV                              string
+	InFlight, Requests, Failures                     int64
+	Ejections                                        int
+	TTFT, HitRate                                    string
+	Models, LoRA                                     string
+	Stale                                            bool
 }
 
 var statusPage = template.Must(template.New("status").Funcs(template.FuncMap{"ms": fmtMS}).Parse(`<!doctype html>
@@ -126,7 +129,7 @@ dl{display:grid;grid-template-columns:max-content auto;gap:.1em 1em;color:#555;m
 <table id="backends">
 <tr><th class="l">backend</th><th class="l">engine</th><th class="l">health</th><th>queued</th><th>running</th><th>KV use</th><th>in flight</th><th>requests</th><th>failures</th><th>ejections</th><th>TTFT</th><th>prefix hits</th><th class="l">models</th><th class="l">LoRA</th></tr>
 {{range .Rows}}<tr class="backend{{if or .Reason .Warning}} detail{{end}}">
-<td class="l wrap">{{.ID}}</td><td class="l">{{.Engine}}{{if .Role}} <span class="sub">{{.Role}}</span>{{end}}{{if .Labels}} <span class="sub">{{.Labels}}</span>{{end}}{{if .Warning}} <span class="warn" title="{{.Warning}}">&#9888;</span>{{end}}</td>
+<td class="l wrap">{{.Name}}<br><span class="sub">{{.ID}}</span></td><td class="l">{{.Engine}}{{if .Role}} <span class="sub">{{.Role}}</span>{{end}}{{if .Labels}} <span class="sub">{{.Labels}}</span>{{end}}{{if .Warning}} <span class="warn" title="{{.Warning}}">&#9888;</span>{{end}}</td>
 <td class="l"><span class="{{.State}}">{{.State}}</span></td>
 <td>{{.Queued}}</td><td>{{.Running}}</td><td>{{.KV}}{{if .Stale}} <span class="stale" title="metrics stale">stale</span>{{end}}</td>
 <td>{{.InFlight}}</td><td>{{.Requests}}</td><td>{{.Failures}}</td><td>{{.Ejections}}</td><td>{{.TTFT}}</td><td>{{.HitRate}}</td>
@@ -148,7 +151,7 @@ dl{display:grid;grid-template-columns:max-content auto;gap:.1em 1em;color:#555;m
 </table>
 <h2>Recent requests</h2>
 <table id="recent"><tr><th class="l">time</th><th class="l">request id</th><th class="l">model</th><th class="l">backend</th><th class="l">reason</th><th>status</th><th>TTFT</th><th>duration</th></tr>
-{{range .Recent}}<tr><td class="l">{{.At.Format "15:04:05.000"}}</td><td class="l">{{.ID}}</td><td class="l wrap">{{.Model}}</td><td class="l">{{.Backend}}</td><td class="l">{{.Reason}}</td><td>{{.Status}}</td><td>{{if .TTFT}}{{ms .TTFT}}{{else}}-{{end}}</td><td>{{ms .Duration}}</td></tr>
+{{range .Recent}}<tr><td class="l">{{.At.Format "15:04:05.000"}}</td><td class="l">{{.ID}}</td><td class="l wrap">{{.Model}}</td><td class="l">{{if .BackendName}}{{.BackendName}}{{else}}{{.Backend}}{{end}}</td><td class="l">{{.Reason}}</td><td>{{.Status}}</td><td>{{if .TTFT}}{{ms .TTFT}}{{else}}-{{end}}</td><td>{{ms .Duration}}</td></tr>
 {{else}}<tr><td class="l" colspan="8">none yet</td></tr>{{end}}
 </table>
 <p class="sub">JSON: <a href="/debug/backends">/debug/backends</a> · metrics: <a href="/metrics">/metrics</a></p>
@@ -182,7 +185,7 @@ func (s *Server) serveStatus(w http.ResponseWriter, r *http.Request) {
 			data.Ready++
 		}
 		ej := be.Ledger.Ejection()
-		row := statusRow{ID: be.ID, Engine: be.Engine, Labels: labelText(be.Labels), State: be.State.String(), Reason: be.Reason, Warning: be.Warning,
+		row := statusRow{Name: be.Name, ID: be.ID, Engine: be.Engine, Labels: labelText(be.Labels), State: be.State.String(), Reason: be.Reason, Warning: be.Warning,
 			Stale: be.Stale, InFlight: be.Ledger.InFlight(), Requests: be.Ledger.Total(), Failures: be.Ledger.Failures(), Ejections: ej.Total,
 			Queued: "-", Running: "-", KV: "-", TTFT: "-", HitRate: "-", LoRA: "-"}
 		if be.Role != balancer.RoleBoth {
