@@ -145,9 +145,16 @@ func InferenceRoutes() []string {
 }
 
 // builtinRoutes are the paths the client listener serves itself or
-// forwards by default, which extra_routes may not name again.
+// forwards by default ([clientRoutes]), which extra_routes may not name
+// again.
 func builtinRoutes() []string {
-	return append([]string{"/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens", "/v1/models", "/health", "/ready"}, InferenceRoutes()...)
+	var ps []string
+	for _, rt := range clientRoutes() {
+		if !slices.Contains(ps, rt.path) {
+			ps = append(ps, rt.path)
+		}
+	}
+	return ps
 }
 
 // DefaultConfig returns the proxy defaults.

@@ -137,6 +137,49 @@ func New(o Options) (*Server, error) {
 	return s, nil
 }
 
+// clientRoute is one route of the client listener.
+type clientRoute struct {
+	method, path string
+	handler      func(s *Server) http.HandlerFunc
+}
+
+// clientRoutes is the client listener's route table, the one list that
+// Handler serves, extra_routes may not name again and docs/http-api.md
+// documents. Only inference routes: anything else under /v1/ (LoRA
+// loading, for one) could change a server, and reaches one only when an
+// operator lists it (issue 17).
+func clientRoutes() []clientRoute {
+	model := func(k Kind) func(*Server) http.HandlerFunc {
+		return func(s *Server) http.HandlerFunc { return s.serveModel(k) }
+	}
+	stored := func(suffix string) func(*Server) http.HandlerFunc {
+		return func(s *Server) http.HandlerFunc { return s.serveStored(suffix) }
+	}
+	rs := []clientRoute{
+		{http.MethodPost, "/v1/completions", model(KindCompletion)},
+		{http.MethodPost, "/v1/chat/completions", model(KindChat)},
+		{http.MethodPost, "/v1/responses", model(KindResponses)},
+		{http.MethodGet, "/v1/responses/{id}", stored("")},
+		{http.MethodDelete, "/v1/responses/{id}", stored("")},
+		{http.MethodPost, "/v1/responses/{id}/cancel", stored("/cancel")},
+		{http.MethodGet, "/v1/responses/{id}/input_items", stored("/input_items")},
+		{http.MethodPost, "/v1/messages", model(KindMessages)},
+		{http.MethodPost, "/v1/messages/count_tokens", model(KindCountTokens)},
+		{http.MethodGet, "/v1/models", func(s *Server) http.HandlerFunc { return s.serveModels }},
+	}
+	for _, p := range InferenceRoutes() {
+		rs = append(rs, clientRoute{http.MethodPost, p, model(KindOther)})
+	}
+	return append(rs,
+		clientRoute{http.MethodGet, "/health", func(*Server) http.HandlerFunc {
+			return func(w http.ResponseWriter, r *http.Request) {
+				writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+			}
+		}},
+		clientRoute{http.MethodGet, "/ready", func(s *Server) http.HandlerFunc { return s.serveReady }},
+	)
+}
+
 // Handler returns the client-facing routes.
 func (s *Server) Handler() http.Handler {
 	r := chi.NewRouter()
@@ -147,29 +190,12 @@ func (s *Server) Handler() http.Handler {
 	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &HTTPError{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error", Msg: "Method " + r.Method + " is not allowed on " + r.URL.Path + "."})
 	})
-	r.Post("/v1/completions", s.serveModel(KindCompletion))
-	r.Post("/v1/chat/completions", s.serveModel(KindChat))
-	r.Post("/v1/responses", s.serveModel(KindResponses))
-	r.Get("/v1/responses/{id}", s.serveStored(""))
-	r.Delete("/v1/responses/{id}", s.serveStored(""))
-	r.Post("/v1/responses/{id}/cancel", s.serveStored("/cancel"))
-	r.Get("/v1/responses/{id}/input_items", s.serveStored("/input_items"))
-	r.Post("/v1/messages", s.serveModel(KindMessages))
-	r.Post("/v1/messages/count_tokens", s.serveModel(KindCountTokens))
-	r.Get("/v1/models", s.serveModels)
-	// Only inference routes: anything else under /v1/ (LoRA loading, for
-	// one) could change a server, and reaches one only when an operator
-	// lists it (issue 17).
-	for _, p := range InferenceRoutes() {
-		r.Post(p, s.serveModel(KindOther))
+	for _, rt := range clientRoutes() {
+		r.Method(rt.method, rt.path, rt.handler(s))
 	}
 	for _, p := range s.cfg.ExtraRoutes {
 		r.Post(p, s.serveModel(KindOther))
 	}
-	r.Get("/health", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-	})
-	r.Get("/ready", s.serveReady)
 	return r
 }
 
