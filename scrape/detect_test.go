@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -79,13 +80,19 @@ func autoTarget(t *testing.T, bc BackendConfig, logger *slog.Logger) (*Target, *
 
 func simServer(t *testing.T, engine string) *httptest.Server {
 	t.Helper()
+	srv := httptest.NewServer(simHandler(t, engine))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// simHandler is an emulated server of engine, serving model m.
+func simHandler(t *testing.T, engine string) http.Handler {
+	t.Helper()
 	s, err := sim.NewServer(sim.ServerConfig{Engine: engine, Model: "m"}, sim.NewSteady(sim.SteadyConfig{}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(s.Handler())
-	t.Cleanup(srv.Close)
-	return srv
+	return s.Handler()
 }
 
 // TestAutoDetectsEachEmulatedEngine: with engine auto (the default) each
@@ -166,19 +173,28 @@ func TestDeclaredEngineMismatchReportedOnce(t *testing.T) {
 // restarts the backend; the old target's mismatch series must not stay at
 // 1 beside a corrected config.
 func TestMismatchMetricGoesWithItsTarget(t *testing.T) {
-	srv := simServer(t, "vllm")
-	tg, _ := autoTarget(t, BackendConfig{URL: srv.URL, Engine: "sglang"}, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); tg.Run(ctx) }()
-	waitFor(t, "the mismatch reported", func() bool {
-		return testutil.CollectAndCount(tg.metrics.mismatch) == 1
+	synctest.Test(t, func(t *testing.T) {
+		bn := newBubbleNet(t)
+		url := bn.serve("gpu-0:8000", simHandler(t, "vllm"))
+		bal := testBalancer(t)
+		bc := BackendConfig{URL: url, Engine: "sglang"}
+		m, err := NewManager(Setup{Config: DefaultConfig(), Backends: []BackendConfig{bc}, Balancer: bal, Client: bn.client})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tg := m.running[url].target
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { defer close(done); tg.Run(ctx) }()
+		waitFor(t, "the mismatch reported", func() bool {
+			return testutil.CollectAndCount(tg.metrics.mismatch) == 1
+		})
+		cancel()
+		<-done
+		if n := testutil.CollectAndCount(tg.metrics.mismatch); n != 0 {
+			t.Errorf("llmlb_backend_engine_mismatch has %d series after the target stopped, want 0", n)
+		}
 	})
-	cancel()
-	<-done
-	if n := testutil.CollectAndCount(tg.metrics.mismatch); n != 0 {
-		t.Errorf("llmlb_backend_engine_mismatch has %d series after the target stopped, want 0", n)
-	}
 }
 
 // TestDeclaredEngineThatMatchesIsLeftAlone: a row that reads its page is

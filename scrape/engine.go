@@ -38,6 +38,10 @@ type EngineConfig struct {
 	// max_lora, running_lora_adapters and waiting_lora_adapters (comma
 	// separated), value the time of its last update; the newest series wins.
 	LoRA *string `mapstructure:"lora"`
+	// RankLabel is the label whose value is a series' data-parallel rank;
+	// "" (the default of a new row) when the engine labels none, so that
+	// its server is one backend.
+	RankLabel *string `mapstructure:"rank_label"`
 }
 
 // Engine is a compiled engine row: what to read from a backend's metrics
@@ -78,7 +82,9 @@ var builtinEngines = map[string]EngineConfig{
 	// vLLM (vllm/v1/metrics/loggers.py). One series per data-parallel
 	// engine, labels engine and model_name. kv_cache_usage_perc is a 0..1
 	// fraction despite its name; releases before the V1 engine exported
-	// gpu_cache_usage_perc instead.
+	// gpu_cache_usage_perc instead. PrometheusStatLogger labels every
+	// gauge with engine, the global DP rank (loggers.py at a6f0308c), so
+	// one port serving ranks 4-7 shows engine="4" to engine="7".
 	"vllm": {
 		MetricsPath:    ptr("/metrics"),
 		Queued:         ptr("vllm:num_requests_waiting"),
@@ -89,11 +95,17 @@ var builtinEngines = map[string]EngineConfig{
 		NumBlocks:      ptr("vllm:cache_config_info"),
 		NumBlocksLabel: ptr("num_gpu_blocks"),
 		LoRA:           ptr("vllm:lora_requests_info"),
+		RankLabel:      ptr("engine"),
 	},
 	// SGLang (python/sglang/srt/metrics/collector.py). token_usage is the
 	// used fraction of the token pool. cache_config_info{page_size,
 	// num_pages} exists only in some releases; where it is absent the
-	// block size and count are unknown.
+	// block size and count are unknown. The scheduler gauges
+	// (num_queue_reqs, num_running_reqs, token_usage) carry model_name,
+	// engine_type, tp_rank and pp_rank, and dp_rank only when the
+	// scheduler has one (init_metrics in
+	// python/sglang/srt/managers/scheduler_metrics_mixin.py at 01bb3c80),
+	// so a server without data parallelism is one backend.
 	"sglang": {
 		MetricsPath:    ptr("/metrics"),
 		Queued:         ptr("sglang:num_queue_reqs"),
@@ -104,6 +116,7 @@ var builtinEngines = map[string]EngineConfig{
 		NumBlocks:      ptr("sglang:cache_config_info"),
 		NumBlocksLabel: ptr("num_pages"),
 		LoRA:           ptr(""),
+		RankLabel:      ptr("dp_rank"),
 	},
 	// Triton with the TensorRT-LLM backend: batch manager statistics on the
 	// metrics port (8002 by default), one gauge family keyed by a type label.
@@ -220,6 +233,7 @@ func overlay(base, over EngineConfig) EngineConfig {
 		NumBlocks:      pick(base.NumBlocks, over.NumBlocks),
 		NumBlocksLabel: pick(base.NumBlocksLabel, over.NumBlocksLabel),
 		LoRA:           pick(base.LoRA, over.LoRA),
+		RankLabel:      pick(base.RankLabel, over.RankLabel),
 	}
 }
 
@@ -237,7 +251,7 @@ func compileEngine(name string, cfg EngineConfig) (*Engine, error) {
 		MetricsPath:    deref(cfg.MetricsPath),
 		BlockSizeLabel: deref(cfg.BlockSizeLabel),
 		NumBlocksLabel: deref(cfg.NumBlocksLabel),
-		RankLabel:      rankLabels[name],
+		RankLabel:      deref(cfg.RankLabel),
 		needed:         map[string]bool{},
 	}
 	if cfg.MetricsPath == nil {
@@ -269,7 +283,7 @@ func compileEngine(name string, cfg EngineConfig) (*Engine, error) {
 			e.needed[s.Name] = true
 		}
 	}
-	for _, l := range []struct{ key, v string }{{"block_size_label", e.BlockSizeLabel}, {"num_blocks_label", e.NumBlocksLabel}} {
+	for _, l := range []struct{ key, v string }{{"block_size_label", e.BlockSizeLabel}, {"num_blocks_label", e.NumBlocksLabel}, {"rank_label", e.RankLabel}} {
 		if l.v != "" && labelLen(l.v) != len(l.v) {
 			errs = append(errs, fmt.Errorf("engines.%s.%s: %q is not a label name", name, l.key, l.v))
 		}

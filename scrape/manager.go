@@ -240,7 +240,7 @@ func (m *Manager) Reload(backends []BackendConfig, engines EngineSet, defaultEng
 			delete(m.running, id)
 			continue
 		}
-		m.drainLocked(m.runCtx, id, mb)
+		m.drainLocked(m.runCtx, id, mb, reasonLeftConfig)
 	}
 	for _, g := range next {
 		switch {
@@ -376,16 +376,25 @@ func (m *Manager) reconcile(ctx context.Context, g *group, urls []string) {
 		if mb.group != g.index || mb.draining || slices.Contains(urls, id) {
 			continue
 		}
-		m.drainLocked(ctx, id, mb)
+		m.drainLocked(ctx, id, mb, reasonLeftDiscovery)
 	}
 }
 
-// drainLocked stops watching a backend that left discovery, marks it
-// draining so it takes no new requests, and removes it once its requests in
-// flight are done. It waits for nothing itself: the drain runs in a
-// goroutine of its own, once the backend's watcher has stopped. Caller must
-// hold m.mu.
-func (m *Manager) drainLocked(ctx context.Context, id string, mb *member) {
+// Why a backend drains, as /debug/backends gives its reason.
+const (
+	// reasonLeftDiscovery: its DNS or SRV name no longer gives it.
+	reasonLeftDiscovery = "left discovery"
+	// reasonLeftConfig: a reload dropped its `backends:` entry, a url: or
+	// the dns: or srv: entry that found it.
+	reasonLeftConfig = "left the config"
+)
+
+// drainLocked stops watching a backend that left discovery or the config
+// (reason says which), marks it draining so it takes no new requests, and
+// removes it once its requests in flight are done; the balancer logs the
+// removal. It waits for nothing itself: the drain runs in a goroutine of
+// its own, once the backend's watcher has stopped. Caller must hold m.mu.
+func (m *Manager) drainLocked(ctx context.Context, id string, mb *member, reason string) {
 	mb.cancel()
 	watcher := mb.done
 	mb.draining = true
@@ -407,7 +416,7 @@ func (m *Manager) drainLocked(ctx context.Context, id string, mb *member) {
 		ids := make([]string, len(specs))
 		ledgers := make([]*balancer.Ledger, len(specs))
 		for i := range specs {
-			specs[i].State, specs[i].Reason = balancer.StateDraining, "left discovery"
+			specs[i].State, specs[i].Reason = balancer.StateDraining, reason
 			ids[i], ledgers[i] = specs[i].ID, m.deps.bal.Ledger(specs[i].ID)
 		}
 		m.deps.bal.Update(specs...)
@@ -430,8 +439,7 @@ func (m *Manager) drainLocked(ctx context.Context, id string, mb *member) {
 		defer m.mu.Unlock()
 		if m.running[id] == mb && dctx.Err() == nil {
 			delete(m.running, id)
-			m.deps.bal.Remove(ids...)
-			m.deps.logger.Info("backend removed", "backend", id)
+			m.deps.bal.Remove(ids...) // which logs "backend removed" for each
 		}
 	}()
 }

@@ -12,19 +12,6 @@ import (
 	"github.com/llmlb/llmlb/balancer"
 )
 
-// rankLabels names, by engine row, the label whose value is a series'
-// data-parallel rank. vLLM's PrometheusStatLogger labels every gauge with
-// model_name and engine, the engine being the global DP rank
-// (vllm/v1/metrics/loggers.py at a6f0308c), so one port serving ranks 4-7
-// shows engine="4" to engine="7". SGLang labels its scheduler gauges
-// (num_queue_reqs, num_running_reqs, token_usage) with model_name,
-// engine_type, tp_rank and pp_rank, and adds dp_rank only when the
-// scheduler has one (init_metrics in
-// python/sglang/srt/managers/scheduler_metrics_mixin.py at 01bb3c80), so a
-// server without data parallelism has one backend and no header. Rows
-// without an entry have no ranks.
-var rankLabels = map[string]string{"vllm": "engine", "sglang": "dp_rank"}
-
 // pageRanks returns the distinct ranks the series in fams carry in e's
 // rank label, sorted; nil when none does.
 func (e *Engine) pageRanks(fams map[string]*dto.MetricFamily) []int {

@@ -2,12 +2,13 @@ package scrape
 
 import (
 	"context"
-	"net/http/httptest"
+	"maps"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/llmlb/llmlb/balancer"
@@ -54,6 +55,43 @@ func TestExtractReadsRanksApart(t *testing.T) {
 	}
 	if r.Metrics.Queued.V != 11 {
 		t.Errorf("whole server queued %g, want the sum 11", r.Metrics.Queued.V)
+	}
+}
+
+// TestEngineRowSetsItsRankLabel: the rank label is a field of the engine
+// row like its specs: a row of the operator's own can name one, vLLM's
+// can be overridden to none, and a label that is no label name is refused
+// under its key.
+func TestEngineRowSetsItsRankLabel(t *testing.T) {
+	set := engineSet(t, map[string]EngineConfig{
+		"mine":       {Queued: ptr("my:queue"), RankLabel: ptr("dp")},
+		"vllm":       {RankLabel: ptr("")},
+		"mine-no-dp": {Queued: ptr("my:queue")},
+	})
+	for _, tc := range []struct {
+		engine    string
+		page      string
+		wantRanks []int
+	}{
+		{"mine", "my:queue{dp=\"0\"} 2\nmy:queue{dp=\"1\"} 3\n", []int{0, 1}},
+		{"mine-no-dp", "my:queue{dp=\"0\"} 2\nmy:queue{dp=\"1\"} 3\n", nil},
+		{"vllm", "vllm:num_requests_waiting{engine=\"0\"} 2\nvllm:num_requests_waiting{engine=\"1\"} 3\n", nil},
+		{"sglang", "sglang:num_queue_reqs{dp_rank=\"0\"} 2\nsglang:num_queue_reqs{dp_rank=\"1\"} 3\n", []int{0, 1}},
+	} {
+		r, err := set[tc.engine].Extract([]byte(tc.page), time.Time{})
+		if err != nil {
+			t.Fatalf("%s: %v", tc.engine, err)
+		}
+		if got := slices.Sorted(maps.Keys(r.Ranks)); !slices.Equal(got, tc.wantRanks) {
+			t.Errorf("%s: ranks %v, want %v", tc.engine, got, tc.wantRanks)
+		}
+		if r.Metrics.Queued != balancer.Known(5) {
+			t.Errorf("%s: whole server queued %v, want the sum 5", tc.engine, r.Metrics.Queued)
+		}
+	}
+	_, err := NewEngineSet(map[string]EngineConfig{"mine": {RankLabel: ptr("dp-rank")}})
+	if want := `engines.mine.rank_label: "dp-rank" is not a label name`; err == nil || err.Error() != want {
+		t.Errorf("NewEngineSet with a bad rank_label: %v, want %q", err, want)
 	}
 }
 
@@ -206,47 +244,49 @@ func TestValidateBackendsDataParallel(t *testing.T) {
 // four backends once its page is read, and a reload that makes it
 // data_parallel_size 2 from rank 4 leaves ranks 4 and 5 alone.
 func TestRanksDetectedAndResized(t *testing.T) {
-	models := make([]sim.Model, 4)
-	for i := range models {
-		models[i] = sim.NewSteady(sim.SteadyConfig{})
-	}
-	s, err := sim.NewDataParallelServer(sim.ServerConfig{Model: "m", DataParallelStartRank: 4}, models)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(s.Handler())
-	defer srv.Close()
-	bal := testBalancer(t)
-	m, err := NewManager(Setup{Config: dnsConfig(), DefaultEngine: "vllm", Balancer: bal, Backends: []BackendConfig{{URL: srv.URL}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = m.Run(ctx) }()
-	defer func() { cancel(); <-done }()
-	rankIDs := func(ranks ...int) []string {
-		var out []string
-		for _, r := range ranks {
-			out = append(out, balancer.RankID(srv.URL, r))
+	synctest.Test(t, func(t *testing.T) {
+		models := make([]sim.Model, 4)
+		for i := range models {
+			models[i] = sim.NewSteady(sim.SteadyConfig{})
 		}
-		return out
-	}
-	all := func() []string {
-		var out []string
+		s, err := sim.NewDataParallelServer(sim.ServerConfig{Model: "m", DataParallelStartRank: 4}, models)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bn := newBubbleNet(t)
+		url := bn.serve("gpu-0:8000", s.Handler())
+		bal := testBalancer(t)
+		m, err := NewManager(Setup{Config: dnsConfig(), DefaultEngine: "vllm", Balancer: bal, Client: bn.client, Backends: []BackendConfig{{URL: url}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = m.Run(ctx) }()
+		defer func() { cancel(); <-done }()
+		rankIDs := func(ranks ...int) []string {
+			var out []string
+			for _, r := range ranks {
+				out = append(out, balancer.RankID(url, r))
+			}
+			return out
+		}
+		all := func() []string {
+			var out []string
+			for _, be := range bal.Snapshot().Backends {
+				out = append(out, be.ID)
+			}
+			return out
+		}
+		waitFor(t, "ranks 4-7", func() bool { return slices.Equal(all(), rankIDs(4, 5, 6, 7)) })
 		for _, be := range bal.Snapshot().Backends {
-			out = append(out, be.ID)
+			if !be.Ranked || be.ID != balancer.RankID(url, be.Rank) || !be.Metrics.Queued.Known {
+				t.Errorf("%s: ranked %v rank %d queued %+v, want its rank and its own reading", be.ID, be.Ranked, be.Rank, be.Metrics.Queued)
+			}
 		}
-		return out
-	}
-	waitFor(t, "ranks 4-7", func() bool { return slices.Equal(all(), rankIDs(4, 5, 6, 7)) })
-	for _, be := range bal.Snapshot().Backends {
-		if !be.Ranked || be.ID != balancer.RankID(srv.URL, be.Rank) || !be.Metrics.Queued.Known {
-			t.Errorf("%s: ranked %v rank %d queued %+v, want its rank and its own reading", be.ID, be.Ranked, be.Rank, be.Metrics.Queued)
+		if err := m.Reload([]BackendConfig{{URL: url, DataParallelSize: 2, DataParallelStartRank: 4}}, engineSet(t, nil), "vllm"); err != nil {
+			t.Fatal(err)
 		}
-	}
-	if err := m.Reload([]BackendConfig{{URL: srv.URL, DataParallelSize: 2, DataParallelStartRank: 4}}, engineSet(t, nil), "vllm"); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "ranks 4 and 5", func() bool { return slices.Equal(all(), rankIDs(4, 5)) })
+		waitFor(t, "ranks 4 and 5", func() bool { return slices.Equal(all(), rankIDs(4, 5)) })
+	})
 }
