@@ -46,7 +46,7 @@ func commands() []command {
 			"Serve runs the balancer: it routes OpenAI-style requests to the model servers listed in the config file, until SIGINT or SIGTERM.",
 			"llmlb serve --config config.yaml"},
 		{"validate", "check a config file and list every problem in it",
-			"Validate checks a config file as serve would load it and lists every problem, each with its key; it exits 0 and prints ok when there is none.",
+			"Validate runs the checks serve runs before it listens, on the config file and the certificate, key and CA files it names, and lists every problem, each with its key; it exits 0 and prints ok when there is none.",
 			"llmlb validate --config config.yaml"},
 		{"probe", "show what the balancer reads from a server's metrics page",
 			"Probe reads a model server's metrics page (a URL, or a saved file) with an engine's row and shows each signal the balancer would use.",

@@ -74,19 +74,26 @@ func NewCertReloader(c TLSConfig, logger *slog.Logger) (*CertReloader, error) {
 	}
 	cert, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
-		return nil, fmt.Errorf("tls: %s and %s: %w", c.CertFile, c.KeyFile, err)
+		return nil, fmt.Errorf("tls.cert_file: %s and %s: %w", c.CertFile, c.KeyFile, err)
 	}
 	r.cert.Store(&cert)
 	r.certPEM, r.keyPEM, r.checked = certPEM, keyPEM, time.Now()
 	return r, nil
 }
 
+// read returns the content of both files, or an error naming each that
+// could not be read.
 func (r *CertReloader) read() (certPEM, keyPEM []byte, err error) {
-	if certPEM, err = os.ReadFile(r.certFile); err != nil {
-		return nil, nil, fmt.Errorf("tls.cert_file: %w", err)
+	certPEM, certErr := os.ReadFile(r.certFile)
+	if certErr != nil {
+		certErr = fmt.Errorf("tls.cert_file: %w", certErr)
 	}
-	if keyPEM, err = os.ReadFile(r.keyFile); err != nil {
-		return nil, nil, fmt.Errorf("tls.key_file: %w", err)
+	keyPEM, keyErr := os.ReadFile(r.keyFile)
+	if keyErr != nil {
+		keyErr = fmt.Errorf("tls.key_file: %w", keyErr)
+	}
+	if err := errors.Join(certErr, keyErr); err != nil {
+		return nil, nil, err
 	}
 	return certPEM, keyPEM, nil
 }
@@ -140,28 +147,43 @@ func (r *CertReloader) TLSConfig() *tls.Config {
 
 // BackendTLS returns the TLS settings for HTTPS backends that c asks for:
 // the CA bundle that verifies them and the client certificate presented
-// to them; nil when c sets neither (the system roots verify them).
+// to them; nil when c sets neither (the system roots verify them). The
+// error names every file that does not load, each by its key.
 func (c Config) BackendTLS() (*tls.Config, error) {
 	if c.BackendCAFile == "" && c.BackendCertFile == "" {
 		return nil, nil
 	}
 	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	var errs []error
 	if c.BackendCAFile != "" {
 		pem, err := os.ReadFile(c.BackendCAFile)
-		if err != nil {
-			return nil, fmt.Errorf("proxy.backend_ca_file: %w", err)
-		}
 		tc.RootCAs = x509.NewCertPool()
-		if !tc.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("proxy.backend_ca_file: no PEM certificate in %s", c.BackendCAFile)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("proxy.backend_ca_file: %w", err))
+		case !tc.RootCAs.AppendCertsFromPEM(pem):
+			errs = append(errs, fmt.Errorf("proxy.backend_ca_file: no PEM certificate in %s", c.BackendCAFile))
 		}
 	}
 	if c.BackendCertFile != "" {
-		cert, err := tls.LoadX509KeyPair(c.BackendCertFile, c.BackendKeyFile)
-		if err != nil {
-			return nil, fmt.Errorf("proxy.backend_cert_file: %w", err)
+		certPEM, certErr := os.ReadFile(c.BackendCertFile)
+		if certErr != nil {
+			errs = append(errs, fmt.Errorf("proxy.backend_cert_file: %w", certErr))
 		}
-		tc.Certificates = []tls.Certificate{cert}
+		keyPEM, keyErr := os.ReadFile(c.BackendKeyFile)
+		if keyErr != nil {
+			errs = append(errs, fmt.Errorf("proxy.backend_key_file: %w", keyErr))
+		}
+		if certErr == nil && keyErr == nil {
+			cert, err := tls.X509KeyPair(certPEM, keyPEM)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("proxy.backend_cert_file: %s and %s: %w", c.BackendCertFile, c.BackendKeyFile, err))
+			}
+			tc.Certificates = []tls.Certificate{cert}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
 	}
 	return tc, nil
 }

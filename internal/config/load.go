@@ -38,6 +38,17 @@ func (e *Error) Error() string {
 // hide the others, since they are left at their defaults while the rest is
 // validated.
 func Load(path string, env Environ) (Config, error) {
+	cfg, problems, _ := load(path, env)
+	if len(problems) > 0 {
+		return Config{}, &Error{File: path, Problems: problems}
+	}
+	return cfg, nil
+}
+
+// load is [Load] returning its problems, and the config as decoded over
+// the defaults even when there are some; read reports whether the file
+// was read at all.
+func load(path string, env Environ) (cfg Config, problems []error, read bool) {
 	v := viper.New()
 	v.SetConfigFile(path)
 	v.SetConfigType("yaml")
@@ -45,9 +56,8 @@ func Load(path string, env Environ) (Config, error) {
 		if errors.Is(err, fs.ErrNotExist) {
 			err = fmt.Errorf("no such file; name the config file with --config PATH (config.yaml in llmlb's repository runs against `llmlb sim --count 3`)")
 		}
-		return Config{}, &Error{File: path, Problems: []error{err}}
+		return Config{}, []error{err}, false
 	}
-	var problems []error
 	problems = append(problems, unknownKeys(v.AllSettings(), reflect.TypeFor[Config](), "")...)
 
 	def := DefaultConfig()
@@ -67,7 +77,7 @@ func Load(path string, env Environ) (Config, error) {
 	// decoding reports the values that do not fit their field. Decoding
 	// over the defaults leaves such a field at its default, so Validate
 	// below judges the rest of the file without tripping on it.
-	cfg := def
+	cfg = def
 	err := v.Unmarshal(&cfg, viper.DecodeHook(mapstructure.ComposeDecodeHookFunc(
 		durationHook,
 		commaListHook,
@@ -82,10 +92,7 @@ func Load(path string, env Environ) (Config, error) {
 		cfg.Scrape.Interval = pr.ScrapeEvery(cfg.Scrape.Interval, explicit)
 	}
 	problems = append(problems, unjoin(cfg.Validate())...)
-	if len(problems) > 0 {
-		return Config{}, &Error{File: path, Problems: problems}
-	}
-	return cfg, nil
+	return cfg, problems, true
 }
 
 // unjoin flattens an errors.Join tree into its leaves.

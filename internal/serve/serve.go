@@ -54,6 +54,12 @@ func (in *Instance) Wait() error { return <-in.done }
 // changes.
 func Start(ctx context.Context, cfg config.Config, src *Source, stderr io.Writer) (*Instance, error) {
 	logger, level := newLogger(cfg.Log, stderr)
+	// The files cfg names, read and parsed as `llmlb validate` checks them.
+	files, err := cfg.OpenFiles(logger)
+	if err != nil {
+		return nil, err
+	}
+	backendTLS, certs := files.BackendTLS, files.Certs
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
@@ -68,16 +74,6 @@ func Start(ctx context.Context, cfg config.Config, src *Source, stderr io.Writer
 	engines, err := scrape.NewEngineSet(cfg.Engines)
 	if err != nil {
 		return nil, err
-	}
-	backendTLS, err := cfg.Proxy.BackendTLS()
-	if err != nil {
-		return nil, err
-	}
-	var certs *proxy.CertReloader
-	if cfg.TLS.Enabled() {
-		if certs, err = proxy.NewCertReloader(cfg.TLS, logger); err != nil {
-			return nil, err
-		}
 	}
 	mgr, err := scrape.NewManager(scrape.Setup{
 		TLS:           backendTLS,
