@@ -17,42 +17,47 @@ import (
 )
 
 // Config is the whole of config.yaml.
+//
+// Each section's `reload` tag says what a reload of the file does with a
+// change to it ([Sections]): "apply" applies it to the running balancer
+// at once, "restart" leaves it for the next start and the reload warns.
+// A section without the tag (log) has it on each of its fields.
 type Config struct {
 	// Listen is the address clients reach. (default 127.0.0.1:8080)
-	Listen string `mapstructure:"listen"`
+	Listen string `mapstructure:"listen" reload:"restart"`
 	// TLS serves HTTPS on Listen from certificate files reloaded when
 	// they change.
-	TLS proxy.TLSConfig `mapstructure:"tls"`
+	TLS proxy.TLSConfig `mapstructure:"tls" reload:"restart"`
 	// Admin is the operators' listener: /metrics, /debug/*.
-	Admin AdminConfig `mapstructure:"admin"`
+	Admin AdminConfig `mapstructure:"admin" reload:"restart"`
 	// ShutdownGrace is how long in-flight requests, streams included, may
 	// run after SIGINT or SIGTERM before they are cut. (default 30s)
-	ShutdownGrace time.Duration `mapstructure:"shutdown_grace"`
+	ShutdownGrace time.Duration `mapstructure:"shutdown_grace" reload:"restart"`
 	// DefaultEngine applies to backends that name no engine: an engine
 	// row, or auto to tell each backend's engine from its own metrics
 	// page. (default auto)
-	DefaultEngine string `mapstructure:"default_engine"`
+	DefaultEngine string `mapstructure:"default_engine" reload:"apply"`
 	// Log sets the log level and format.
 	Log LogConfig `mapstructure:"log"`
 	// Auth holds the API keys clients must present; none: no key asked.
-	Auth proxy.AuthConfig `mapstructure:"auth"`
+	Auth proxy.AuthConfig `mapstructure:"auth" reload:"apply"`
 	// Proxy tunes forwarding: body limit, retries, timeouts.
-	Proxy proxy.Config `mapstructure:"proxy"`
+	Proxy proxy.Config `mapstructure:"proxy" reload:"restart"`
 	// Scrape tunes health checks and model discovery.
-	Scrape scrape.Config `mapstructure:"scrape"`
+	Scrape scrape.Config `mapstructure:"scrape" reload:"restart"`
 	// Balancer chooses the routing policy and tunes saturation, admission
 	// and session affinity.
-	Balancer balancer.Config `mapstructure:"balancer"`
+	Balancer balancer.Config `mapstructure:"balancer" reload:"restart"`
 	// Prefix tunes prompt block hashing and the prefix-cache index.
-	Prefix prefix.Config `mapstructure:"prefix"`
+	Prefix prefix.Config `mapstructure:"prefix" reload:"restart"`
 	// Models are aliases and weighted splits of public model names.
-	Models []balancer.ModelRoute `mapstructure:"models"`
+	Models []balancer.ModelRoute `mapstructure:"models" reload:"apply"`
 	// Engines adds engine rows or overrides fields of the built-in ones.
-	Engines map[string]scrape.EngineConfig `mapstructure:"engines"`
+	Engines map[string]scrape.EngineConfig `mapstructure:"engines" reload:"apply"`
 	// Backends are the model servers.
-	Backends []scrape.BackendConfig `mapstructure:"backends"`
+	Backends []scrape.BackendConfig `mapstructure:"backends" reload:"apply"`
 	// Tracing exports OpenTelemetry spans and propagates trace context.
-	Tracing tracing.Config `mapstructure:"tracing"`
+	Tracing tracing.Config `mapstructure:"tracing" reload:"restart"`
 }
 
 // AdminConfig is the `admin:` section.
@@ -71,17 +76,17 @@ type AdminConfig struct {
 // LogConfig is the `log:` section.
 type LogConfig struct {
 	// Level is debug, info, warn or error. (default info)
-	Level string `mapstructure:"level"`
+	Level string `mapstructure:"level" reload:"apply"`
 	// Format is text or json. (default text)
-	Format string `mapstructure:"format"`
+	Format string `mapstructure:"format" reload:"restart"`
 	// Access writes one line per client request (health and readiness
 	// probes excepted): request id, model, backend, status, TTFT,
 	// duration, tokens, pick reason. (default true)
-	Access bool `mapstructure:"access"`
+	Access bool `mapstructure:"access" reload:"restart"`
 	// Prompts adds the prompt text (its first 2 KiB) to access lines, only
 	// when level is debug too. Prompts are never logged otherwise.
 	// (default false)
-	Prompts bool `mapstructure:"prompts"`
+	Prompts bool `mapstructure:"prompts" reload:"restart"`
 }
 
 // DefaultConfig returns every default; config.yaml overrides them.

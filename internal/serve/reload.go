@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"reflect"
 	"sync"
 	"syscall"
 	"time"
@@ -32,11 +31,13 @@ type Source struct {
 // validated in full first; a file with any problem is refused and logged
 // with every problem, and the running config keeps serving.
 //
-// Applied at once: backends (and discovery entries), engines,
-// default_engine, models, auth (API keys) and log.level; unchanged backends, requests in
-// flight and streams are untouched, backends that left are drained. Every
-// other setting (listeners, proxy, scrape, balancer, prefix, log format)
-// is logged as needing a restart.
+// What a reload applies is the `reload` tag of each section of
+// [config.Config] ([config.Sections]): backends (and discovery entries),
+// engines, default_engine, models, auth (API keys) and log.level are
+// applied at once; unchanged backends, requests in flight and streams are
+// untouched, backends that left are drained. A change to any other
+// section is compared with the config in force, not with the previous
+// file, and logged as needing a restart.
 type reloader struct {
 	src    Source
 	logger *slog.Logger
@@ -48,7 +49,7 @@ type reloader struct {
 	last   prometheus.Gauge
 
 	mu   sync.Mutex    // serialises reloads
-	cur  config.Config // guarded by mu
+	cur  config.Config // guarded by mu; the config in force: restart-only sections as started
 	hash [32]byte      // guarded by mu; of the file cur came from
 }
 
@@ -59,7 +60,7 @@ func newReloader(src Source, cfg config.Config, logger *slog.Logger, level *slog
 	r := &reloader{src: src, logger: logger, level: level, mgr: mgr, bal: bal, px: px, cur: cfg,
 		result: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmlb_config_reloads_total",
-			Help: "config.Config reloads, by result: success, or error (the file was refused and the running config kept).",
+			Help: "Config file reloads, by result: success, or error (the file was refused and the running config kept).",
 		}, []string{"result"}),
 		last: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "llmlb_config_last_reload_success_timestamp_seconds",
@@ -165,39 +166,16 @@ func (r *reloader) reload(trigger string) bool {
 	_ = r.px.SetAuth(cfg.Auth)                   // validated by Load; requests admitted keep their key
 	level, _ := config.ParseLevel(cfg.Log.Level) // validated
 	r.level.Set(level)
-	if later := restartOnly(r.cur, cfg); len(later) > 0 {
-		r.logger.Warn("config reload: these settings take effect only after a restart", "settings", later)
-	}
-	r.cur = cfg
+	applied, restart := config.Changes(r.cur, cfg)
+	r.cur = config.InForce(r.cur, cfg)
 	r.result.WithLabelValues("success").Inc()
 	r.last.SetToCurrentTime()
-	r.logger.Info("config reloaded", "file", r.src.Path, "trigger", trigger, "backends", len(cfg.Backends), "models", len(cfg.Models), "keys", len(cfg.Auth.Keys))
-	return true
-}
-
-// restartOnly names the settings that differ between old and new and that
-// a reload does not apply.
-func restartOnly(old, new config.Config) []string {
-	var out []string
-	for _, c := range []struct {
-		name string
-		a, b any
-	}{
-		{"listen", old.Listen, new.Listen},
-		{"tls", old.TLS, new.TLS},
-		{"admin", old.Admin, new.Admin},
-		{"shutdown_grace", old.ShutdownGrace, new.ShutdownGrace},
-		{"log.format", old.Log.Format, new.Log.Format},
-		{"log.access", old.Log.Access, new.Log.Access},
-		{"log.prompts", old.Log.Prompts, new.Log.Prompts},
-		{"proxy", old.Proxy, new.Proxy},
-		{"scrape", old.Scrape, new.Scrape},
-		{"balancer", old.Balancer, new.Balancer},
-		{"prefix", old.Prefix, new.Prefix},
-	} {
-		if !reflect.DeepEqual(c.a, c.b) {
-			out = append(out, c.name)
-		}
+	attrs := []any{"file", r.src.Path, "trigger", trigger, "applied", applied, "restart", restart,
+		"backends", len(cfg.Backends), "models", len(cfg.Models), "keys", len(cfg.Auth.Keys)}
+	if len(restart) > 0 {
+		r.logger.Warn("config reloaded; some changes need a restart", attrs...)
+	} else {
+		r.logger.Info("config reloaded", attrs...)
 	}
-	return out
+	return true
 }
