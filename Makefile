@@ -39,8 +39,9 @@ test:
 	GORACE="atexit_sleep_ms=0 $(GORACE)" $(MAKE) fuzz FUZZTIME=$(TEST_FUZZTIME) FUZZ_BUILD=-race
 
 # The inner loop, under a minute with warm caches: formatting, vet,
-# staticcheck and the tests that -short keeps (it skips the long
-# virtual-time replays and the real-time end-to-end runs).
+# staticcheck and the tests that -short keeps, the checks of the docs and
+# examples (internal/doccheck) among them; it skips the long virtual-time
+# replays and the real-time end-to-end runs.
 check:
 	@test -z "$$(gofmt -l .)" || { gofmt -l .; echo "gofmt needed"; exit 1; }
 	$(GO) vet ./...

@@ -192,18 +192,3 @@ backends:
 		}
 	}
 }
-
-// isLLMLBConfig tells llmlb configs from other YAML in examples/ (compose
-// files, Kubernetes manifests): ours have a top-level backends key.
-func isLLMLBConfig(t *testing.T, path string) bool {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, "backends:") {
-			return true
-		}
-	}
-	return false
-}
