@@ -84,7 +84,7 @@ func (b *Balancer) applyMatch(s *scratch, p *PickInfo) {
 	if !req.hasPrompt() {
 		return
 	}
-	bb := 16 * prefix.BytesPerToken
+	bb := prefix.EngineBlockTokens * prefix.BytesPerToken
 	if idx := b.pol.index; idx != nil {
 		bb, _, _ = idx.HashShape()
 	}

@@ -2,8 +2,11 @@ package balancer
 
 import (
 	"fmt"
+	"log/slog"
 	"slices"
 	"time"
+
+	"github.com/llmlb/llmlb/prefix"
 )
 
 // Preset is what one policy name means, defined once for `llmlb serve` and
@@ -24,14 +27,23 @@ type Preset struct {
 	// really holds (llm-d's KV-event index, or llmlb's scorer fed the
 	// truth). Only the simulator can tell it, so serve refuses the preset.
 	TrueCache bool
-	// Scenario names the published experiment a preset reproduces as it
-	// was then configured; such a preset is for `llmlb bench --scenario`,
-	// not for serve.
-	Scenario string
+	// BenchOnly: the preset reproduces a published experiment's router as
+	// it was then configured, for `llmlb bench --scenario` (whose
+	// experiments name it), not for serve.
+	BenchOnly bool
 	// ScrapeInterval is the peer's metrics refresh; 0 keeps scrape.interval.
 	ScrapeInterval time.Duration
 	// Admission: llmlb's saturation filter and admission queue apply.
 	Admission bool
+	// FollowsStored: the preset is llmlb's own, so a stored follow-up
+	// (a Responses request naming its previous response) goes to the
+	// server storing that response whatever the policy says
+	// ([Request.Holder]). A peer's preset stands for the peer deployed on
+	// its own, which routes a follow-up by its policy on the body it sees,
+	// the new input alone; the server it picks answers 404 unless it is
+	// the one storing the response. `llmlb serve` pins follow-ups under
+	// every preset, so only the benchmark reads this.
+	FollowsStored bool
 	// UserKeyed: the preset keys requests on the first user message
 	// ([Request.UserText]), or on the prompt's bytes when a request has
 	// none, so the proxy fills UserText for a chat and passes the prompt
@@ -89,12 +101,12 @@ func eppIndex(maxTokens int) *IndexSpec {
 // presets are every policy name, the default first.
 var presets = []Preset{
 	{
-		Name: "ttft", Index: &IndexSpec{Own: true}, Admission: true,
+		Name: "ttft", Index: &IndexSpec{Own: true}, Admission: true, FollowsStored: true,
 		Follows: "llmlb's own: estimated time to first token ([TTFTScorer])",
 		build:   func(cfg Config, d Deps) *policy { return ttftPolicy(cfg.TTFT) },
 	},
 	{
-		Name: "ttft-true-cache", TrueCache: true, Admission: true,
+		Name: "ttft-true-cache", TrueCache: true, Admission: true, FollowsStored: true,
 		Follows: "llmlb's ttft policy fed what each server's cache really holds, to measure the index's error; not a bound",
 		build:   func(cfg Config, d Deps) *policy { return ttftPolicy(cfg.TTFT) },
 	},
@@ -186,7 +198,7 @@ var presets = []Preset{
 		},
 	},
 	{
-		Name: "sglang-v04-cache-aware", Tree: true, Scenario: "sglang-v04-shared-prefix",
+		Name: "sglang-v04-cache-aware", Tree: true, BenchOnly: true,
 		Follows: "sglang-router as SGLang v0.4 shipped it (lmsys.org/blog/2024-12-04-sglang-v0-4): cache_threshold 0.5, balance_abs_threshold 32, balance_rel_threshold 1.0001, a miss to the smallest tree",
 		build: func(cfg Config, d Deps) *policy {
 			c := cfg.SGLang
@@ -200,21 +212,21 @@ var presets = []Preset{
 		// the time (64-byte blocks, at most 256, 31,250 entries a server)
 		// with the queue and KV scorers, each weight 1.
 		Name: "llm-d-2025-approximate", Index: &IndexSpec{BlockBytes: 64, MaxBlocks: 256, Entries: 31250, HeadFirst: true}, ScrapeInterval: 50 * time.Millisecond,
-		Scenario: "llm-d-kv-cache-wins",
-		Follows:  "llm-d/llm-d-kv-cache-manager benchmarking/73-capacity/README.md at d070ea60: estimated-scheduling, prefix 1, kv 1, queue 1",
+		BenchOnly: true,
+		Follows:   "llm-d/llm-d-kv-cache-manager benchmarking/73-capacity/README.md at d070ea60: estimated-scheduling, prefix 1, kv 1, queue 1",
 		build: func(cfg Config, d Deps) *policy {
 			return &policy{scorers: []weighted{{PrefixScorer{}, 1}, {KVScorer{}, 1}, {QueueScorer{}, 1}}, picker: &MaxScorePicker{rand: d.Rand}}
 		},
 	},
 	{
-		Name: "llm-d-2025-precise", TrueCache: true, ScrapeInterval: 50 * time.Millisecond, Scenario: "llm-d-kv-cache-wins",
+		Name: "llm-d-2025-precise", TrueCache: true, ScrapeInterval: 50 * time.Millisecond, BenchOnly: true,
 		Follows: "llm-d/llm-d-kv-cache-manager benchmarking/73-capacity/README.md at d070ea60: precise-scheduling, prefix (KV events) 3, kv 2, queue 2",
 		build: func(cfg Config, d Deps) *policy {
 			return &policy{scorers: []weighted{{PrefixScorer{}, 3}, {KVScorer{}, 2}, {QueueScorer{}, 2}}, picker: &MaxScorePicker{rand: d.Rand}}
 		},
 	},
 	{
-		Name: "llm-d-2025-load", ScrapeInterval: 50 * time.Millisecond, Scenario: "llm-d-kv-cache-wins",
+		Name: "llm-d-2025-load", ScrapeInterval: 50 * time.Millisecond, BenchOnly: true,
 		Follows: "llm-d/llm-d-kv-cache-manager benchmarking/73-capacity/README.md at d070ea60: load-scheduling, queue 1, kv 1",
 		build: func(cfg Config, d Deps) *policy {
 			return &policy{scorers: []weighted{{QueueScorer{}, 1}, {KVScorer{}, 1}}, picker: &MaxScorePicker{rand: d.Rand}}
@@ -251,7 +263,7 @@ func LookupPreset(name string) (Preset, error) {
 func PolicyNames() []string {
 	var out []string
 	for _, p := range presets {
-		if !p.TrueCache && p.Scenario == "" {
+		if !p.TrueCache && !p.BenchOnly {
 			out = append(out, p.Name)
 		}
 	}
@@ -297,4 +309,43 @@ func (p Preset) ScrapeEvery(set time.Duration, explicit bool) time.Duration {
 		return set
 	}
 	return p.ScrapeInterval
+}
+
+// IndexConfig returns the configuration of p's prefix index: own, the
+// `prefix:` section, for llmlb's own index ([IndexSpec.Own]); the peer's
+// sizes otherwise. It is meaningless for a preset with no index.
+func (p Preset) IndexConfig(own prefix.Config) prefix.Config {
+	s := p.Index
+	if s == nil || s.Own {
+		return own
+	}
+	return prefix.Config{BlockBytes: s.BlockBytes, MaxBlocks: s.MaxBlocks, FallbackEntries: s.Entries,
+		Partial: s.Partial, EntriesPerEngineBlock: s.EntriesPerEngineBlock, HeadFirst: s.HeadFirst, TTL: s.TTL}
+}
+
+// Build returns a balancer running cfg's policy with the prefix index or
+// tree its preset needs, made here, the same way for `llmlb serve` and
+// the routing benchmark. own is the `prefix:` section, for llmlb's own
+// index ([Preset.IndexConfig]); deps supplies the clock, randomness and,
+// for presets that need them, the true caches and KV events, and its
+// Index and Tree are replaced. The index is returned too (nil when the
+// preset has none), for its size metrics.
+func Build(cfg Config, own prefix.Config, deps Deps, models []ModelRoute, logger *slog.Logger) (*Balancer, *prefix.Index, error) {
+	pr, err := LookupPreset(cfg.Policy)
+	if err != nil {
+		return nil, nil, err
+	}
+	var idx *prefix.Index
+	deps.Index, deps.Tree = nil, nil
+	if pr.Index != nil {
+		ic := pr.IndexConfig(own)
+		ic.Now = deps.Now // a TTL runs on the balancer's clock, virtual in bench
+		idx = prefix.NewIndex(ic)
+		deps.Index = idx
+	}
+	if pr.Tree {
+		deps.Tree = prefix.NewTree(cfg.SGLang.MaxTreeBytes)
+	}
+	b, err := New(cfg, deps, models, logger)
+	return b, idx, err
 }

@@ -176,16 +176,16 @@ func TestPeerFollowUpsFail(t *testing.T) {
 	t.Logf("epp: %d of %d stored follow-ups failed, %d turns unsent", res.FailedFollowUps, res.FollowUps, res.Unsent)
 }
 
-// TestOwnPoliciesAreLlmlbs: the bench's list of llmlb's own presets is the
-// presets whose Follows says so, so a new one of ours is not taken for a
-// peer.
+// TestOwnPoliciesAreLlmlbs: the presets that follow stored responses as
+// llmlb's proxy does are those whose Follows says they are llmlb's own, so
+// a new one of ours is not taken for a peer.
 func TestOwnPoliciesAreLlmlbs(t *testing.T) {
 	n := 0
 	for _, p := range balancer.Presets() {
-		if own := strings.HasPrefix(p.Follows, "llmlb's"); ownPolicy(p.Name) != own {
-			t.Errorf("ownPolicy(%q) = %v, but its Follows reads %q", p.Name, !own, p.Follows)
+		if own := strings.HasPrefix(p.Follows, "llmlb's"); p.FollowsStored != own {
+			t.Errorf("preset %s: FollowsStored = %v, but its Follows reads %q", p.Name, p.FollowsStored, p.Follows)
 		}
-		if ownPolicy(p.Name) {
+		if p.FollowsStored {
 			n++
 		}
 	}

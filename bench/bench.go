@@ -160,7 +160,7 @@ func DefaultPolicies() []string {
 	out := []string{DefaultPolicy}
 	def := balancer.DefaultConfig().Policy
 	for _, p := range balancer.Presets() {
-		if p.Name != def && p.Scenario == "" {
+		if p.Name != def && !p.BenchOnly {
 			out = append(out, p.Name)
 		}
 	}

@@ -6,11 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/llmlb/llmlb/balancer"
 	"github.com/llmlb/llmlb/sim"
 )
 
@@ -250,6 +252,29 @@ func TestSweepReplicasExperiments(t *testing.T) {
 		"precise-scheduling", "542ms", "cache-aware router (v0.4)", "158596", "best first: published"} {
 		if !strings.Contains(a, want) {
 			t.Errorf("output lacks %q:\n%s", want, a)
+		}
+	}
+}
+
+// TestBenchOnlyPresetsAreExperiments: every row of a published
+// experiment runs a preset, each bench-only preset runs some row, and
+// serve accepts none of them.
+func TestBenchOnlyPresetsAreExperiments(t *testing.T) {
+	used := map[string]bool{}
+	for _, e := range Experiments() {
+		for _, row := range e.Rows {
+			if _, err := balancer.LookupPreset(row.Policy); err != nil && row.Policy != DefaultPolicy {
+				t.Errorf("experiment %s, row %s: %v", e.Name, row.Label, err)
+			}
+			used[row.Policy] = true
+		}
+	}
+	for _, p := range balancer.Presets() {
+		if p.BenchOnly && !used[p.Name] {
+			t.Errorf("preset %s is bench-only, but no experiment runs it", p.Name)
+		}
+		if p.BenchOnly && slices.Contains(balancer.PolicyNames(), p.Name) {
+			t.Errorf("preset %s is bench-only, but serve accepts it", p.Name)
 		}
 	}
 }

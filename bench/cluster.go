@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb/balancer"
-	"github.com/llmlb/llmlb/internal/serve"
 	"github.com/llmlb/llmlb/kvevents"
 	"github.com/llmlb/llmlb/prefix"
 	"github.com/llmlb/llmlb/scrape"
@@ -171,7 +170,7 @@ type run struct {
 	roles bool
 	// followsStored: the policy is llmlb's own, whose proxy sends a
 	// stored follow-up to the server storing its previous response
-	// ([ownPolicy]).
+	// ([balancer.Preset.FollowsStored]).
 	followsStored bool
 	newText       []byte // a stored follow-up's body text, for a peer's pick
 	// newOnly: the pick in progress sees only newText, so the true cache
@@ -268,10 +267,10 @@ func (r *run) build() error {
 	if err != nil {
 		return err
 	}
-	if err := bcfg.Validate(); err != nil && !pr.TrueCache && pr.Scenario == "" {
+	if err := bcfg.Validate(); err != nil && !pr.TrueCache && !pr.BenchOnly {
 		return err
 	}
-	r.followsStored = ownPolicy(pr.Name)
+	r.followsStored = pr.FollowsStored
 	pcfg := prefix.DefaultConfig()
 	if r.c.Prefix != nil {
 		pcfg = *r.c.Prefix
@@ -289,7 +288,7 @@ func (r *run) build() error {
 			}
 			deps.Events = r.kv
 		}
-		bal, _, err := serve.NewBalancer(bcfg, pcfg, deps, nil, nil)
+		bal, _, err := balancer.Build(bcfg, pcfg, deps, nil, nil)
 		if err != nil {
 			return err
 		}
@@ -372,21 +371,4 @@ func (r *run) linkTurns() error {
 		r.after[prev], r.before[i] = i, prev
 	}
 	return nil
-}
-
-// ownPolicy reports whether preset is one of llmlb's own, which `llmlb
-// serve` runs behind its proxy; the others emulate peer routers deployed
-// on their own (the llm-d endpoint picker, SGLang's gateway, nginx,
-// KubeAI and others, as their [balancer.Preset] Follows says). The line
-// matters for the Responses API's stored responses: llmlb's proxy sends
-// a follow-up to the server storing the response it continues whatever
-// the policy ([balancer.Request.Holder]), while a peer routes it by its
-// policy on the body it sees, the new input alone, and the server it
-// picks answers 404 unless it is the one storing the response.
-func ownPolicy(preset string) bool {
-	switch preset {
-	case "ttft", "ttft-true-cache":
-		return true
-	}
-	return false
 }

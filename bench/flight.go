@@ -40,7 +40,7 @@ func (r *run) arrive(i int) {
 	}
 	f := &flight{req: req, idx: i, rep: rep, arrived: r.now}
 	f.breq = balancer.Request{Model: model, Seed: prefix.Seed(model, ""), PromptTokens: r.c.Perturb.tokens(req.Tokens()), MaxTokens: req.MaxTokens,
-		UserText: req.AppendUserText(nil, 100)}
+		UserText: req.AppendUserText(nil, r.reps[rep].bal.Config().ConsistentHash.PrefixBytes)}
 	f.breq.FirstUser, f.breq.FirstTurn = req.FirstTurn()
 	if req.Stored > 0 {
 		r.res.FollowUps++
@@ -71,7 +71,7 @@ func (r *run) arrive(i int) {
 // balancer sees it: the body holds only the new input, with no user
 // message, and names the previous response. llmlb's proxy pins it to the
 // server storing that response, with no prompt to match; a peer routes
-// it on the new input ([ownPolicy]).
+// it on the new input ([balancer.Preset.FollowsStored]).
 func (r *run) storedFollowUp(f *flight) {
 	f.holder = r.answeredBy[r.before[f.idx]]
 	f.breq.PromptTokens = r.c.Perturb.tokens(f.req.NewTokens())
@@ -152,7 +152,15 @@ func (r *run) dispatch(f *flight) bool {
 	}
 	f.seq.Tokens = f.tokens // the engine records KV events of what it has tokens of
 	f.guard = f.breq.Guard
-	if f.pd = r.prefillLeg(f, &dec); f.pd != nil {
+	if f.pd, err = r.prefillLeg(f, &dec); err != nil {
+		// It must split but cannot: the proxy fails it.
+		f.guard.Release()
+		f.breq.Prompt = nil
+		r.res.Failed++
+		r.ended(f.idx, false)
+		return true
+	}
+	if f.pd != nil {
 		f.breq.Prompt = nil
 		r.intake(f, f.pd.srv, f.pd.seq)
 		return true

@@ -20,39 +20,31 @@ type pdLeg struct {
 	work balancer.Work
 }
 
-// prefillLeg decides, as the proxy's planPD does, whether f, just picked
-// onto its decode server dec.Candidates[0], takes a prefill leg, and if
-// so picks its prefill server and returns the leg; nil answers f in one
-// leg. Only a fleet with declared roles splits, and a stored follow-up
-// never does (the proxy pins it to its holder).
-func (r *run) prefillLeg(f *flight, dec *balancer.Decision) *pdLeg {
+// prefillLeg asks f's balancer whether f, just picked onto its decode
+// server dec.Candidates[0], takes a prefill leg, as the proxy's planPD
+// does ([balancer.Balancer.PlanPrefill]), and if so returns the leg on
+// the prefill server it picked. It returns nil for a request answered in
+// one leg, with a nil error; an error for one that must split but cannot,
+// which the proxy fails. Only a fleet with declared roles splits, and a
+// stored follow-up never does (the proxy pins it to its holder).
+func (r *run) prefillLeg(f *flight, dec *balancer.Decision) (*pdLeg, error) {
 	rep := r.reps[f.rep]
 	if !r.roles || f.req.Stored > 0 {
-		return nil
+		return nil, nil
 	}
-	decode := dec.Candidates[0]
-	split, _ := rep.bal.Config().PD.Split(decode, dec.Uncached, f.breq.PromptTokens)
-	if !split {
-		return nil
+	plan, err := rep.bal.PlanPrefill(&f.breq, dec)
+	if plan == nil || err != nil {
+		return nil, err
 	}
-	pb := f.breq
-	pb.Role, pb.Session, pb.MaxTokens = balancer.RolePrefill, "", 1
-	pb.NearHost = decode.URL.Hostname()
-	pb.Guard = rep.bal.NewGuard()
-	pdec, err := rep.bal.Pick(&pb, nil)
-	if err != nil || pdec.Candidates[0] == decode {
-		pb.Guard.Release()
-		return nil
-	}
-	srv := r.byID[pdec.Candidates[0].ID]
+	srv := r.byID[plan.Decision.Candidates[0].ID]
 	r.res.Split++
-	return &pdLeg{srv: srv, guard: pb.Guard, active: true, work: dec.Work[0], seq: &sim.Seq{
+	return &pdLeg{srv: srv, guard: plan.Guard, active: true, work: dec.Work[0], seq: &sim.Seq{
 		Hashes:       slices.Clone(r.engineHashes(f.breq.Model, r.servers[srv].block)),
 		PromptTokens: r.c.Perturb.engineTokens(f.req.Tokens()),
 		MaxTokens:    1,
 		Adapter:      f.seq.Adapter,
 		Tokens:       f.tokens,
-	}}
+	}}, nil
 }
 
 // prefilled ends f's prefill leg, whose one token o is: its guard is
@@ -72,11 +64,10 @@ func (r *run) prefilled(f *flight, o sim.Output) {
 }
 
 // transferred starts f's decode leg once its KV cache has arrived: the
-// decode server's work is now a request with nothing to prefill, as the
-// proxy's decodeWork makes it, and it enters after the server's intake.
+// decode server's work is now a request prefilled elsewhere
+// ([balancer.Work.Prefilled]), as the proxy's decodeWork makes it, and it
+// enters after the server's intake.
 func (r *run) transferred(f *flight) {
-	w := f.pd.work
-	w.UncachedTokens, w.PrefillSeconds, w.AheadTokens, w.QueuedAhead, w.Remote = 0, 0, 0, 0, true
-	f.guard.Rework(w, r.clock())
+	f.guard.Rework(f.pd.work.Prefilled(), r.clock())
 	r.intake(f, f.srv, f.seq)
 }

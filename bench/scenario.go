@@ -63,8 +63,9 @@ func (r ExperimentRow) MarshalJSON() ([]byte, error) {
 
 var nan = math.NaN()
 
-// Scenarios lists the published experiments `llmlb bench --scenario`
-// replays.
+// Experiments lists the published experiments `llmlb bench --scenario`
+// replays; the presets of their rows that serve does not run are
+// [balancer.Preset.BenchOnly].
 func Experiments() []Experiment {
 	return []Experiment{
 		{

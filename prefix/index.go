@@ -78,6 +78,10 @@ func (c Config) Validate() error {
 // empties the index.
 const BytesPerToken = 4
 
+// EngineBlockTokens is an engine's KV-cache block, in tokens, until a
+// backend reports its own: vLLM's default block size.
+const EngineBlockTokens = 16
+
 // Tokens estimates the tokens in n bytes of canonical prompt, at
 // [BytesPerToken], rounding up.
 func Tokens(n int) int { return (n + BytesPerToken - 1) / BytesPerToken }
@@ -137,7 +141,7 @@ func NewIndex(cfg Config) *Index {
 	x := &Index{cfg: cfg}
 	bb := cfg.BlockBytes
 	if bb == 0 {
-		bb = autoBlockBytes(16)
+		bb = autoBlockBytes(EngineBlockTokens)
 	}
 	x.blockBytes.Store(int64(bb))
 	return x
@@ -146,7 +150,7 @@ func NewIndex(cfg Config) *Index {
 func autoBlockBytes(engineBlock int) int {
 	unit := engineBlock * BytesPerToken
 	if unit <= 0 {
-		unit = 16 * BytesPerToken
+		unit = EngineBlockTokens * BytesPerToken
 	}
 	return (minAutoBlockBytes + unit - 1) / unit * unit
 }
@@ -355,7 +359,7 @@ func (x *Index) Resize(slot, blockTokens, numBlocks int, bytesPerToken float64) 
 	x.growLocked(slot)
 	x.slots[slot].engBlock = blockTokens
 	if x.cfg.BlockBytes == 0 {
-		largest := 16
+		largest := EngineBlockTokens
 		for i := range x.slots {
 			largest = max(largest, x.slots[i].engBlock)
 		}

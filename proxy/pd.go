@@ -124,63 +124,28 @@ func (pd *pdPlan) decodeFailed() error {
 	return nil
 }
 
-// planPD decides whether the picked request takes a prefill leg, and if so
-// picks its prefill server into ex.pd, preferring among ties one on the
-// decode server's host. Only completions and chats on a fleet with
-// declared roles qualify, and only when [balancer.PDConfig.Split] says
-// so: vLLM router's P/D bypass chooses the decode worker first and skips
-// the prefill stage when its uncached tokens are few, where a KV transfer
-// would cost more than prefilling in place. A request with no prefill
-// server to take it, whose prefill pick is its decode server (role both)
-// or runs another engine, is answered in one leg, unless Split says it
-// must split: then it fails.
+// planPD decides, by [balancer.Balancer.PlanPrefill], whether the picked
+// request takes a prefill leg, and if so picks its prefill server into
+// ex.pd. Only completions and chats on a fleet with declared roles
+// qualify, and no request a stored response pins to its holder. A
+// request that must split but cannot fails.
 func (s *Server) planPD(ex *exchange, breq *balancer.Request) error {
 	k := ex.req.Kind
 	if k != KindCompletion && k != KindChat || ex.holder != nil || !s.bal.Snapshot().Disaggregated(breq.Model) {
 		return nil
 	}
-	decode := ex.dec.Candidates[0]
-	split, must := s.bal.Config().PD.Split(decode, ex.dec.Uncached, breq.PromptTokens)
-	if !split {
-		s.metrics.pdRequests.WithLabelValues(pdLocal).Inc()
-		return nil
+	plan, err := s.bal.PlanPrefill(breq, &ex.dec)
+	if err != nil {
+		return err
 	}
-	pb := *breq
-	pb.Role, pb.Session, pb.MaxTokens = balancer.RolePrefill, "", 1
-	pb.NearHost = decode.URL.Hostname()
-	pb.Guard = s.bal.NewGuard()
-	dec, err := s.bal.Pick(&pb, nil)
-	if err == nil && !samePair(&dec, decode) {
-		err = fmt.Errorf("prefill server %s runs %s, decode server %s %s", dec.Candidates[0].ID, dec.Candidates[0].Engine, decode.ID, decode.Engine)
-	}
-	if err != nil || dec.Candidates[0] == decode {
-		pb.Guard.Release()
-		if must {
-			return fmt.Errorf("prefill leg for decode server %s: %w", decode.ID, cmp.Or(err, balancer.ErrNoBackend))
-		}
+	if plan == nil {
 		s.metrics.pdRequests.WithLabelValues(pdLocal).Inc()
 		return nil
 	}
 	s.metrics.pdRequests.WithLabelValues(pdSplit).Inc()
-	ex.pd = &pdPlan{dec: dec, guard: pb.Guard, sglang: decode.Engine == "sglang" && dec.Candidates[0].Engine == "sglang"}
+	// The prefill candidates run the decode server's engine.
+	ex.pd = &pdPlan{dec: plan.Decision, guard: plan.Guard, sglang: ex.dec.Candidates[0].Engine == "sglang"}
 	return nil
-}
-
-// samePair keeps, of a prefill pick's candidates, those that can pair
-// with decode: the same engine (the protocol is the engine's), and not
-// decode itself, and reports whether the first is still the pick's
-// primary, the one its guard is attached to.
-func samePair(dec *balancer.Decision, decode *balancer.Backend) bool {
-	primary := dec.Candidates[0]
-	n := 0
-	for i, be := range dec.Candidates {
-		if be.Engine == decode.Engine && be != decode {
-			dec.Candidates[n], dec.Work[n] = be, dec.Work[i]
-			n++
-		}
-	}
-	dec.Candidates = dec.Candidates[:n]
-	return n > 0 && dec.Candidates[0] == primary
 }
 
 // forwardPD runs a disaggregated request: its prefill leg, by the
@@ -221,14 +186,11 @@ func (s *Server) forwardPD(ex *exchange, r *http.Request) {
 }
 
 // decodeWork makes the decode leg's work that of a request prefilled
-// elsewhere, for each decode candidate: no prompt tokens to prefill, and
-// a first byte (which waits on the prefill leg and the KV transfer) that
-// teaches no estimate. The guard's clock restarts: the decode leg is sent
-// now.
+// elsewhere ([balancer.Work.Prefilled]), for each decode candidate. The
+// guard's clock restarts: the decode leg is sent now.
 func decodeWork(ex *exchange) {
 	for i := range ex.dec.Work {
-		w := &ex.dec.Work[i]
-		w.UncachedTokens, w.PrefillSeconds, w.AheadTokens, w.QueuedAhead, w.Remote = 0, 0, 0, 0, true
+		ex.dec.Work[i] = ex.dec.Work[i].Prefilled()
 	}
 	ex.guard.Rework(ex.dec.Work[0], time.Now())
 }
@@ -482,12 +444,11 @@ func (s *Server) explainPD(breq *balancer.Request, decode balancer.Explanation) 
 	}
 	cfg := s.bal.Config().PD
 	rt := &pdRoute{Decision: pdLocal, MinUncachedTokens: cfg.MinUncachedTokens, MinUncachedRatio: cfg.MinUncachedRatio}
-	pb := *breq
-	pb.Role, pb.Session, pb.MaxTokens = balancer.RolePrefill, "", 1
+	var pb balancer.Request
 	split := false
 	for _, bd := range decode.Backends {
 		if bd.ID == decode.Chosen[0] && bd.Candidate != nil {
-			rt.UncachedTokens, pb.NearHost = bd.UncachedTokens, bd.Backend.URL.Hostname()
+			rt.UncachedTokens, pb = bd.UncachedTokens, breq.PrefillLeg(bd.Backend)
 			split, _ = cfg.Split(bd.Backend, bd.UncachedTokens, breq.PromptTokens)
 		}
 	}

@@ -257,6 +257,38 @@ func TestShortPromptSkipsPrefillLeg(t *testing.T) {
 	f.checkLedgerZero(t)
 }
 
+// TestPrefillOfAnotherEngineAnswersInOneLeg: a vLLM decode server has no
+// prefill server to pair with when the prefill servers run SGLang (the
+// KV transfer's protocol is the engine's), so a long chat is answered by
+// the decode server alone. (The plan once named the prefill pick after
+// dropping it, and panicked.)
+func TestPrefillOfAnotherEngineAnswersInOneLeg(t *testing.T) {
+	e := &pdEngines{}
+	f, _, decode := pdFront(t, e, false)
+	var specs []balancer.Spec
+	for _, be := range f.bal.Snapshot().Backends {
+		sp := balancer.Spec{ID: be.ID, URL: be.URL, Engine: be.Engine, Models: []string{testModel}, State: balancer.StateReady, Role: be.Role}
+		if be.Role == balancer.RolePrefill {
+			sp.Engine = "sglang"
+		}
+		specs = append(specs, sp)
+	}
+	f.bal.Update(specs...)
+	resp := post(context.Background(), t, f.URL+"/v1/chat/completions", pdChatBody(100, false))
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	f.waitHandler(t, 1)
+	if resp.StatusCode != http.StatusOK || resp.Header.Get(HeaderPrefillBackend) != "" {
+		t.Fatalf("status %d, prefill backend %q: %s; want 200 and none", resp.StatusCode, resp.Header.Get(HeaderPrefillBackend), b)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.legs) != 1 || !contains(decode, e.legs[0].server) {
+		t.Errorf("legs %v, want one to a decode server", e.legs)
+	}
+	f.checkLedgerZero(t)
+}
+
 // TestVLLMPrefillFailureFailsCleanly: when every prefill server fails,
 // the request is a 502 in OpenAI shape, no decode leg is sent, and the
 // ledger returns to zero.
