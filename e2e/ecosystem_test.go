@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmlb/llmlb/internal/doccheck"
 	"github.com/llmlb/llmlb/internal/serve"
 	"github.com/llmlb/llmlb/proxy"
 	"github.com/llmlb/llmlb/sim"
@@ -156,33 +157,7 @@ func TestPromtoolCheckMetrics(t *testing.T) {
 // dashboard in examples/, with its panel title.
 func dashboardQueries(t *testing.T) [][2]string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "examples", "grafana-dashboard.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var d struct {
-		Panels []struct {
-			Title   string `json:"title"`
-			Targets []struct {
-				Expr string `json:"expr"`
-			} `json:"targets"`
-		} `json:"panels"`
-	}
-	if err := json.Unmarshal(b, &d); err != nil {
-		t.Fatalf("grafana-dashboard.json: %v", err)
-	}
-	var out [][2]string
-	for _, p := range d.Panels {
-		for _, tg := range p.Targets {
-			if tg.Expr != "" {
-				out = append(out, [2]string{p.Title, tg.Expr})
-			}
-		}
-	}
-	if len(out) == 0 {
-		t.Fatal("the dashboard has no queries")
-	}
-	return out
+	return doccheck.DashboardQueries(t, filepath.Join("..", "examples", "grafana-dashboard.json"))
 }
 
 // freePort returns a loopback port nothing listens on now.

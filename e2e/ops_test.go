@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"regexp"
 	"slices"
 	"strconv"
@@ -18,6 +17,7 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb/balancer"
+	"github.com/llmlb/llmlb/internal/doccheck"
 	"github.com/llmlb/llmlb/internal/e2etest"
 	"github.com/llmlb/llmlb/internal/serve"
 	"github.com/llmlb/llmlb/scrape"
@@ -35,18 +35,7 @@ const metricsPage = "../docs/operations.md"
 // docs/operations.md.
 func documentedMetrics(t *testing.T) []string {
 	t.Helper()
-	b, err := os.ReadFile(metricsPage)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, m := range regexp.MustCompile("(?m)^\\| `(llmlb_[a-z_]+)` \\| (counter|gauge|histogram) \\|").FindAllSubmatch(b, -1) {
-		names = append(names, string(m[1]))
-	}
-	if len(names) < 20 {
-		t.Fatalf("%s: the metrics table has %d rows", metricsPage, len(names))
-	}
-	return names
+	return doccheck.DocumentedMetrics(t, metricsPage)
 }
 
 // sample is one line of a metrics page.

@@ -102,7 +102,9 @@ type statusRow struct {
 	InFlight, Requests, Failures                     int64
 	Ejections                                        int
 	TTFT, HitRate                                    string
-	Models, LoRA                                     string
+	Addr                                             string   // ID without "http://": the URL, short enough not to wrap
+	Models                                           []string // and adapters
+	LoRA                                             string
 	Stale                                            bool
 }
 
@@ -117,6 +119,7 @@ h1{font-size:1.3em;margin:0 0 .2em} h2{font-size:1.05em;margin:1.4em 0 .4em}
 table{border-collapse:collapse;max-width:100%} th,td{padding:.25em .6em;border-bottom:1px solid #ddd;text-align:right;white-space:nowrap}
 th{background:#f4f4f4} td.l,th.l{text-align:left}
 td.wrap{white-space:normal;overflow-wrap:anywhere;max-width:16em}
+td.addr{min-width:8.5em} td.models{min-width:6.5em}
 tr.backend.detail td{border-bottom-color:transparent}
 tr.why td{white-space:normal;overflow-wrap:anywhere;text-align:left;padding-top:0;color:#555}
 .ready{color:#08702a;font-weight:600} .down{color:#b00020;font-weight:600} .draining{color:#a65e00;font-weight:600} .unknown{color:#666}
@@ -129,11 +132,11 @@ dl{display:grid;grid-template-columns:max-content auto;gap:.1em 1em;color:#555;m
 <table id="backends">
 <tr><th class="l">backend</th><th class="l">engine</th><th class="l">health</th><th>queued</th><th>running</th><th>KV use</th><th>in flight</th><th>requests</th><th>failures</th><th>ejections</th><th>TTFT</th><th>prefix hits</th><th class="l">models</th><th class="l">LoRA</th></tr>
 {{range .Rows}}<tr class="backend{{if or .Reason .Warning}} detail{{end}}">
-<td class="l wrap">{{.Name}}<br><span class="sub">{{.ID}}</span></td><td class="l">{{.Engine}}{{if .Role}} <span class="sub">{{.Role}}</span>{{end}}{{if .Labels}} <span class="sub">{{.Labels}}</span>{{end}}{{if .Warning}} <span class="warn" title="{{.Warning}}">&#9888;</span>{{end}}</td>
+<td class="l wrap addr">{{.Name}}<br><span class="sub">{{.Addr}}</span></td><td class="l">{{.Engine}}{{if .Role}} <span class="sub">{{.Role}}</span>{{end}}{{if .Labels}} <span class="sub">{{.Labels}}</span>{{end}}{{if .Warning}} <span class="warn" title="{{.Warning}}">&#9888;</span>{{end}}</td>
 <td class="l"><span class="{{.State}}">{{.State}}</span></td>
 <td>{{.Queued}}</td><td>{{.Running}}</td><td>{{.KV}}{{if .Stale}} <span class="stale" title="metrics stale">stale</span>{{end}}</td>
 <td>{{.InFlight}}</td><td>{{.Requests}}</td><td>{{.Failures}}</td><td>{{.Ejections}}</td><td>{{.TTFT}}</td><td>{{.HitRate}}</td>
-<td class="l wrap">{{.Models}}</td><td class="l wrap">{{.LoRA}}</td></tr>
+<td class="l wrap models">{{range $i, $m := .Models}}{{if $i}}, {{end}}{{$m}}{{else}}-{{end}}</td><td class="l wrap">{{.LoRA}}</td></tr>
 {{if or .Reason .Warning}}<tr class="why"><td colspan="14">{{if .Reason}}<span class="{{.State}}">{{.State}}:</span> {{.Reason}}{{end}}{{if and .Reason .Warning}}<br>{{end}}{{if .Warning}}<span class="warn">&#9888; {{.Warning}}</span>{{end}}</td></tr>{{end}}
 {{else}}<tr><td class="l" colspan="14">no backends</td></tr>{{end}}
 </table>
@@ -185,7 +188,7 @@ func (s *Server) serveStatus(w http.ResponseWriter, r *http.Request) {
 			data.Ready++
 		}
 		ej := be.Ledger.Ejection()
-		row := statusRow{Name: be.Name, ID: be.ID, Engine: be.Engine, Labels: labelText(be.Labels), State: be.State.String(), Reason: be.Reason, Warning: be.Warning,
+		row := statusRow{Name: be.Name, ID: be.ID, Addr: strings.TrimPrefix(be.ID, "http://"), Engine: be.Engine, Labels: labelText(be.Labels), State: be.State.String(), Reason: be.Reason, Warning: be.Warning,
 			Stale: be.Stale, InFlight: be.Ledger.InFlight(), Requests: be.Ledger.Total(), Failures: be.Ledger.Failures(), Ejections: ej.Total,
 			Queued: "-", Running: "-", KV: "-", TTFT: "-", HitRate: "-", LoRA: "-"}
 		if be.Role != balancer.RoleBoth {
@@ -219,7 +222,7 @@ func (s *Server) serveStatus(w http.ResponseWriter, r *http.Request) {
 		for _, a := range be.Adapters {
 			names = append(names, a.Name)
 		}
-		row.Models = listOrDash(names)
+		row.Models = names
 		data.Rows = append(data.Rows, row)
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
