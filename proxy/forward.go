@@ -43,16 +43,17 @@ type retryTransport struct {
 
 // RoundTrip tries the exchange's candidates in order, one [retryTransport.attempt]
 // each, until [retryTransport.verdict] takes an answer or an error as final.
-// A request that reached no server (the connection was never made) is
-// never failed while another could take it: when the pick's candidates
-// are spent on connect failures, it picks again, away from the last that
-// failed, within max_attempts.
+// A request no server answered (the connection was never made, or broke
+// before the response headers) is never failed while another could take
+// it: when the pick's candidates are spent on such failures, it picks
+// again, away from the last that failed, within max_attempts.
 func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
 	ex := exchangeFrom(ctx)
 	for {
 		cands := ex.dec.Candidates[:min(len(ex.dec.Candidates), t.maxAttempts-ex.attempts)]
 		var lastErr error
+		repicked := false
 		for i, be := range cands {
 			if err := ctx.Err(); err != nil {
 				return nil, err
@@ -64,23 +65,37 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			// body releases it.
 			a.ctx, a.cancel = context.WithCancelCause(ctx)
 			resp, err := t.attempt(req, &a, i, ex.body)
-			end := i == len(cands)-1
-			repick := end && err != nil && isDialError(err) && ex.attempts < t.maxAttempts && ex.pd == nil
-			resp, retry, err := t.verdict(req, a, resp, err, end && !repick)
+			repick := i == len(cands)-1 && t.unanswered(err) && ex.attempts < t.maxAttempts && ex.pd == nil
+			resp, retry, err := t.verdict(req, a, resp, err, i == len(cands)-1 && !repick)
 			if !retry {
 				return resp, err
 			}
 			if err != nil {
 				lastErr = err
 			}
-			if repick && t.repick(req, ex, be) != nil {
-				return nil, &dialError{backend: be.ID, err: lastErr}
+			if repick {
+				if t.repick(req, ex, be) != nil {
+					if isDialError(lastErr) {
+						return nil, &dialError{backend: be.ID, err: lastErr}
+					}
+					return nil, lastErr
+				}
+				repicked = true
 			}
 		}
-		if len(cands) == 0 || !isDialError(lastErr) || ex.attempts >= t.maxAttempts {
+		if !repicked {
 			return nil, lastErr
 		}
 	}
+}
+
+// unanswered reports whether err is a failure that another server can
+// take the request after: no connection made, or, with
+// retry_broken_connections, one that broke before the response headers
+// (the server died or restarted). A timeout is not: the request may be
+// what is slow.
+func (t *retryTransport) unanswered(err error) bool {
+	return err != nil && (isDialError(err) || t.retryBroken && !isTimeout(err) && !errors.Is(err, errFirstByteTimeout))
 }
 
 // repick replaces the exchange's decision with a fresh pick by model and

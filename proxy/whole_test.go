@@ -255,3 +255,34 @@ func TestTruncatedStreamSpansAreErrors(t *testing.T) {
 		t.Errorf("request span status code %q, want 502", g)
 	}
 }
+
+// TestBrokenConnectionIsPickedAgain: a request whose only candidate
+// closes the connection before answering (a server killed with the
+// request in its hands) is picked again, away from it, and answered.
+func TestBrokenConnectionIsPickedAgain(t *testing.T) {
+	live := httptest.NewServer(&cutEngine{name: "live", cutAfter: 99})
+	defer live.Close()
+	dying := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			conn.Close()
+		}
+	}))
+	defer dying.Close()
+	bal := newTestBalancerCandidates(t, 1, dying.URL, live.URL)
+	f := newFrontOn(t, DefaultConfig(), bal)
+	for i := range 4 {
+		resp, err := http.Post(f.URL+"/v1/chat/completions", "application/json", strings.NewReader(
+			`{"model":"`+testModel+`","messages":[{"role":"user","content":"Hi"}],"max_tokens":2,"stream":true}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, clean := readStream(t, resp)
+		f.waitHandler(t, 1)
+		if resp.StatusCode != http.StatusOK || !clean {
+			t.Errorf("request %d: status %d, clean %v; want a whole answer from the live server", i, resp.StatusCode, clean)
+		}
+	}
+	f.checkLedgerZero(t)
+}
