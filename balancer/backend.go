@@ -22,10 +22,16 @@ const (
 	// StateDown is a backend that stopped answering. It gets no traffic until
 	// it answers again.
 	StateDown
-	// StateDraining is a backend that left discovery: it takes no new
-	// requests, and the ones in flight finish.
+	// StateDraining is a backend that left discovery or the config: it
+	// takes no new requests, and the ones in flight finish.
 	StateDraining
 )
+
+// HeaderDataParallelRank is the request header that sends a request, or a
+// health probe, to one data-parallel rank of a server: vLLM reads it as
+// the global rank (_get_data_parallel_rank in
+// vllm/entrypoints/openai/engine/serving.py at 619e4b31).
+const HeaderDataParallelRank = "X-data-parallel-rank"
 
 // String returns the lower-case name of s, as /debug/backends shows it.
 func (s State) String() string {
@@ -103,7 +109,7 @@ type Backend struct {
 	// server that runs several engines behind one port (vllm serve
 	// --data-parallel-size): each rank is a backend of its own, with its
 	// own queue, KV cache and prefix index, and every request sent to it
-	// carries X-data-parallel-rank: Rank, the global rank, which is what
+	// carries [HeaderDataParallelRank]: Rank, the global rank, which is what
 	// vLLM reads (vllm-project/router #210: local ranks misroute). A bool
 	// beside Rank, since rank 0 is a rank and the zero Backend has none.
 	Ranked bool

@@ -370,11 +370,9 @@ func attemptRequest(ctx context.Context, req *http.Request, be *balancer.Backend
 	out.Host = ""
 	if be.Ranked {
 		// The rank is this attempt's alone: attempts share req.Header, so
-		// the header is set on a copy. vLLM reads X-data-parallel-rank as
-		// the global rank (_get_data_parallel_rank in
-		// vllm/entrypoints/openai/engine/serving.py at 619e4b31).
+		// the header is set on a copy.
 		out.Header = req.Header.Clone()
-		out.Header.Set("X-data-parallel-rank", strconv.Itoa(be.Rank))
+		out.Header.Set(balancer.HeaderDataParallelRank, strconv.Itoa(be.Rank))
 	}
 	if body.size() == 0 { // a GET or DELETE on a stored response
 		out.Body, out.ContentLength, out.GetBody = http.NoBody, 0, nil

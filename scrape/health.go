@@ -83,7 +83,7 @@ func (t *Target) probeGeneration(ctx context.Context, s balancer.Spec) error {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if s.Ranked {
-		req.Header.Set("X-data-parallel-rank", strconv.Itoa(s.Rank))
+		req.Header.Set(balancer.HeaderDataParallelRank, strconv.Itoa(s.Rank))
 	}
 	resp, err := t.client.Do(req)
 	if err != nil {
