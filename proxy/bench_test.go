@@ -15,8 +15,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/llmlb/llmlb/balancer"
-	"github.com/llmlb/llmlb/internal/tracing"
 	"github.com/llmlb/llmlb/proxy/stream"
+	"github.com/llmlb/llmlb/tracing"
 )
 
 // chatBody returns a chat request whose user message is about tokens tokens

@@ -18,7 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/llmlb/llmlb/balancer"
-	"github.com/llmlb/llmlb/internal/tracing"
+	"github.com/llmlb/llmlb/tracing"
 )
 
 // HeaderPrefillBackend names the server that prefilled a disaggregated

@@ -18,7 +18,7 @@ import (
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 
 	"github.com/llmlb/llmlb/balancer"
-	"github.com/llmlb/llmlb/internal/tracing"
+	"github.com/llmlb/llmlb/tracing"
 )
 
 // pdLeg is one leg a P/D engine received.

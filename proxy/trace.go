@@ -11,7 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/llmlb/llmlb/balancer"
-	"github.com/llmlb/llmlb/internal/tracing"
+	"github.com/llmlb/llmlb/tracing"
 )
 
 // With a tracer, each request is a span (llmlb.request, continuing the

@@ -15,7 +15,7 @@ import (
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/llmlb/llmlb/internal/tracing"
+	"github.com/llmlb/llmlb/tracing"
 )
 
 // otlpReceiver is an OTLP/HTTP collector in-process: it keeps every span

@@ -13,7 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 
-	"github.com/llmlb/llmlb/internal/tracing"
+	"github.com/llmlb/llmlb/tracing"
 )
 
 // A Responses stream as vLLM sends it (vllm/entrypoints/openai/responses):

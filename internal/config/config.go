@@ -10,10 +10,10 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb/balancer"
-	"github.com/llmlb/llmlb/internal/tracing"
 	"github.com/llmlb/llmlb/prefix"
 	"github.com/llmlb/llmlb/proxy"
 	"github.com/llmlb/llmlb/scrape"
+	"github.com/llmlb/llmlb/tracing"
 )
 
 // Config is the whole of config.yaml.

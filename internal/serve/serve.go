@@ -16,10 +16,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/llmlb/llmlb/internal/config"
-	"github.com/llmlb/llmlb/internal/tracing"
 	"github.com/llmlb/llmlb/kvevents"
 	"github.com/llmlb/llmlb/proxy"
 	"github.com/llmlb/llmlb/scrape"
+	"github.com/llmlb/llmlb/tracing"
 )
 
 // Run serves cfg until ctx ends, then shuts down gracefully: it stops
