@@ -38,8 +38,8 @@ func TestDemoViewShowsStatusPresetsAndLegend(t *testing.T) {
 				t.Errorf("frame %d lacks %q:\n%s", i, want, f)
 			}
 		}
-		if got := len(regexp.MustCompile(`(?m)^http://\S+\s+h100-8b\s`).FindAllString(f, -1)); got != 3 {
-			t.Errorf("frame %d names h100-8b %d times, want 3 (the fourth server is the a100-8b)", i, got)
+		if got := len(regexp.MustCompile(`(?m)^b\d 127\.0\.0\.1:\d+\s+h100-8b\s`).FindAllString(f, -1)); got != 3 {
+			t.Errorf("frame %d names h100-8b %d times beside a backend's name and address, want 3 (the fourth server is the a100-8b)", i, got)
 		}
 	}
 	if logs.Len() > 0 {

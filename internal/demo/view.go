@@ -22,6 +22,7 @@ type header struct {
 
 // viewLegend explains every column of the live view, in its order.
 var viewLegend = []string{
+	"backend   its name, as the x-llmlb-backend header gives it, and its address",
 	"preset    the engine model the emulated server runs: h100-8b (Llama 3.1 8B on an H100), a100-8b (the same on an A100, slower)",
 	"state     health as llmlb sees it: ready, down, draining, unknown",
 	"in-flight requests llmlb has sent the server and not seen finish",
@@ -68,8 +69,9 @@ func render(w io.Writer, h header, elapsed time.Duration, backends []proxy.Backe
 		if preset == "" {
 			preset = "-"
 		}
+		// The name clients see in x-llmlb-backend, then the address.
 		fmt.Fprintf(w, "%-24s %-8s %-8s %9d %9d %6.1f%% %8.0fms %6s %6s  %s\n",
-			b.ID, preset, b.State, b.InFlight, b.Requests, 100*share, 1000*b.TTFBSeconds, kv, hits, bar)
+			b.Name+" "+strings.TrimPrefix(b.ID, "http://"), preset, b.State, b.InFlight, b.Requests, 100*share, 1000*b.TTFBSeconds, kv, hits, bar)
 	}
 	fmt.Fprintln(w)
 	for _, l := range viewLegend {
