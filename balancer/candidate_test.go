@@ -13,7 +13,7 @@ func TestSaturatedBackendsAreSkipped(t *testing.T) {
 	b := newBal(t, "ttft")
 	b.Update(ready("busy", 20, 4, 0.5), ready("kvfull", 0, 4, 0.97), ready("ok", 3, 4, 0.5))
 	for range 20 {
-		if d, _ := b.Pick(&Request{Model: "m"}, nil); d.Candidates[0].ID != "ok" || len(d.Candidates) != 1 {
+		if d := mustPick(t, b, &Request{Model: "m"}, nil); d.Candidates[0].ID != "ok" || len(d.Candidates) != 1 {
 			t.Fatalf("picked %v, want only ok", ids(d.Candidates))
 		}
 	}

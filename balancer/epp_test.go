@@ -78,7 +78,7 @@ func TestEPPWeightsAndRandomTies(t *testing.T) {
 	prompt := []byte(strings.Repeat("y", 64*20))
 	hs := b.pol.index.AppendHashes(nil, 0, prompt)
 	b.pol.index.Insert(backend(t, b, "b").slot, hs)
-	d, _ := b.Pick(&Request{Model: "m", Prompt: prompt, PromptTokens: 320}, nil)
+	d := mustPick(t, b, &Request{Model: "m", Prompt: prompt, PromptTokens: 320}, nil)
 	if d.Candidates[0].ID != "b" || d.Reason != "prefix-hit" {
 		t.Errorf("with b holding the prompt: %v %q, want b prefix-hit", ids(d.Candidates), d.Reason)
 	}

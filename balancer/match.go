@@ -2,7 +2,6 @@ package balancer
 
 import (
 	"math"
-	"time"
 
 	"github.com/llmlb/llmlb/prefix"
 
@@ -120,74 +119,6 @@ func (b *Balancer) applyMatch(s *scratch, p *PickInfo) {
 		}
 		c.UncachedTokens = prompt - c.MatchedTokens
 	}
-}
-
-// stepSlack is how many times a step's prefill time a prefill seen in
-// progress is believed to go on without a later step reported.
-const stepSlack = 1.5
-
-// othersPrefilling is the prefill work the backend's KV events show in
-// progress that is not ours, which our ledger cannot see: it adds to our
-// pending prompts ([Ledger.aheadTokens]) in what is ahead of a new
-// request. Which sequences are ours the events do not say, so our pending
-// requests, and those whose first byte came since a pick first read that
-// step, are taken to be as many of them (all, with no other balancer) and
-// the rest count by their share. A prefill seen in progress is taken to
-// have as much left as it has done (its prompt's length is unknown here;
-// for lengths with a Pareto tail of index 2 that is the expected
-// remainder), less what the backend's rate has prefilled since the step
-// the events reported, and to have ended if no later step has been
-// reported by the time half as long again as that step's prefill should
-// take (a server prefilling sends a batch of events every step).
-func (b *Balancer) othersPrefilling(be *Backend, pending int64, now time.Time) float64 {
-	l := be.Ledger
-	p, ok := b.pol.events.Prefilling(be)
-	if !ok || p.Done <= 0 {
-		return 0
-	}
-	if at := p.At.UnixNano(); l.eventsAt.Load() != at {
-		l.eventsPrefilled.Store(l.prefilled.Load())
-		l.eventsAt.Store(at)
-	}
-	others := int64(p.Sequences) - pending - (l.prefilled.Load() - l.eventsPrefilled.Load())
-	if others <= 0 {
-		return 0
-	}
-	rate := b.cfg.TTFT.PrefillRate
-	if est := l.est.load(); est.learned() {
-		rate = est.Rate
-	}
-	since := now.Sub(p.At).Seconds()
-	if since > stepSlack*float64(p.Step)/rate {
-		return 0
-	}
-	return max(0, float64(p.Done)-rate*since) * float64(others) / float64(p.Sequences)
-}
-
-// work is what p's request costs candidate c.
-func (b *Balancer) work(p *PickInfo, c *Candidate) Work {
-	req := p.Req
-	decode := req.MaxTokens
-	if decode <= 0 {
-		decode = b.cfg.TTFT.DefaultMaxTokens
-	}
-	inv := 1 / b.cfg.TTFT.PrefillRate
-	if est := c.Backend.Ledger.est.load(); est.learned() {
-		inv = 1 / est.Rate
-	}
-	w := Work{UncachedTokens: c.UncachedTokens, DecodeTokens: decode, Adapter: c.adapter, AheadTokens: c.AheadTokens, QueuedAhead: c.Queued, SlotWait: c.slotWait,
-		PrefillSeconds: float64(c.UncachedTokens) * inv}
-	// A stored response's follow-up (Holder) teaches no rate: its server
-	// counts the whole stored conversation, not the bytes seen here.
-	if req.Holder == "" {
-		w.PromptBytes = req.promptBytes()
-	}
-	if idx := b.pol.index; b.pol.learnTokens && len(p.hashes) > 0 {
-		bb, _, _ := idx.HashShape()
-		w.Matched, w.MatchedBytes = true, min(c.MatchedBlocks*bb, w.PromptBytes)
-		w.NextEvicted = c.MatchedBlocks < len(p.hashes) && idx.Evicted(c.Backend.slot, p.hashes[c.MatchedBlocks])
-	}
-	return w
 }
 
 // keyOf hashes the start of a prompt too short for one block.

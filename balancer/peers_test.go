@@ -12,7 +12,7 @@ func TestSimplePresets(t *testing.T) {
 		b.Update(ready("a", 0, 0, 0), ready("b", 0, 0, 0), ready("c", 0, 0, 0))
 		var got []string
 		for range 6 {
-			d, _ := b.Pick(&Request{Model: "m"}, nil)
+			d := mustPick(t, b, &Request{Model: "m"}, nil)
 			got = append(got, d.Candidates[0].ID)
 		}
 		if s := strings.Join(got, ""); s != "abcabc" {
@@ -25,7 +25,7 @@ func TestSimplePresets(t *testing.T) {
 		g := NewGuard()
 		g.Attach(backend(t, b, "a"), Work{}, time.Now())
 		defer g.Release()
-		if d, _ := b.Pick(&Request{Model: "m"}, nil); d.Candidates[0].ID != "b" {
+		if d := mustPick(t, b, &Request{Model: "m"}, nil); d.Candidates[0].ID != "b" {
 			t.Errorf("least-request picked %s, want b", d.Candidates[0].ID)
 		}
 	})
@@ -37,7 +37,7 @@ func TestSimplePresets(t *testing.T) {
 		defer g.Release()
 		count := map[string]int{}
 		for range 300 {
-			d, _ := b.Pick(&Request{Model: "m"}, nil)
+			d := mustPick(t, b, &Request{Model: "m"}, nil)
 			count[d.Candidates[0].ID]++
 		}
 		// a loses every draw it is in: only b and c are chosen.

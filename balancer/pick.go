@@ -375,6 +375,32 @@ func (b *Balancer) order(p *PickInfo, primary int, total []float64, dst []*Backe
 	return dec
 }
 
+// work is what p's request costs candidate c.
+func (b *Balancer) work(p *PickInfo, c *Candidate) Work {
+	req := p.Req
+	decode := req.MaxTokens
+	if decode <= 0 {
+		decode = b.cfg.TTFT.DefaultMaxTokens
+	}
+	inv := 1 / b.cfg.TTFT.PrefillRate
+	if est := c.Backend.Ledger.est.load(); est.learned() {
+		inv = 1 / est.Rate
+	}
+	w := Work{UncachedTokens: c.UncachedTokens, DecodeTokens: decode, Adapter: c.adapter, AheadTokens: c.AheadTokens, QueuedAhead: c.Queued, SlotWait: c.slotWait,
+		PrefillSeconds: float64(c.UncachedTokens) * inv}
+	// A stored response's follow-up (Holder) teaches no rate: its server
+	// counts the whole stored conversation, not the bytes seen here.
+	if req.Holder == "" {
+		w.PromptBytes = req.promptBytes()
+	}
+	if idx := b.pol.index; b.pol.learnTokens && len(p.hashes) > 0 {
+		bb, _, _ := idx.HashShape()
+		w.Matched, w.MatchedBytes = true, min(c.MatchedBlocks*bb, w.PromptBytes)
+		w.NextEvicted = c.MatchedBlocks < len(p.hashes) && idx.Evicted(c.Backend.slot, p.hashes[c.MatchedBlocks])
+	}
+	return w
+}
+
 // below reports whether candidate i comes after j in the fallback order:
 // a lower total, or an equal one at a later index.
 func below(total []float64, i, j int) bool {

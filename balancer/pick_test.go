@@ -12,15 +12,15 @@ func TestSessionAffinityUnlessSaturated(t *testing.T) {
 	b := newBal(t, "round-robin", func(c *Config, _ *Deps) { c.Session.Header = "X-Session" })
 	b.Update(ready("a", 0, 0, 0), ready("b", 0, 0, 0), ready("c", 0, 0, 0))
 	req := &Request{Model: "m", Session: "s1"}
-	d, _ := b.Pick(req, nil)
+	d := mustPick(t, b, req, nil)
 	home := d.Candidates[0].ID
 	for range 5 {
-		if d, _ := b.Pick(req, nil); d.Candidates[0].ID != home || d.Reason != "affinity" {
+		if d := mustPick(t, b, req, nil); d.Candidates[0].ID != home || d.Reason != "affinity" {
 			t.Fatalf("session moved to %s (%s), want %s affinity", d.Candidates[0].ID, d.Reason, home)
 		}
 	}
 	b.Update(ready(home, 50, 0, 0)) // saturated
-	if d, _ := b.Pick(req, nil); d.Candidates[0].ID == home {
+	if d := mustPick(t, b, req, nil); d.Candidates[0].ID == home {
 		t.Errorf("session stayed on saturated %s", home)
 	}
 }
@@ -209,10 +209,21 @@ func TestPickReusesDst(t *testing.T) {
 	dst := make([]*Backend, 0, 8)
 	req := &Request{Model: "m"}
 	allocs := testing.AllocsPerRun(100, func() {
-		d, _ := b.Pick(req, dst)
+		d := mustPick(t, b, req, dst)
 		dst = d.Candidates
 	})
 	if allocs != 0 && !raceEnabled {
 		t.Errorf("Pick allocates %.0f times per call", allocs)
 	}
+}
+
+// mustPick is b.Pick for a test that expects a decision: an error fails
+// the test with it, rather than a panic on an empty decision.
+func mustPick(t testing.TB, b *Balancer, req *Request, dst []*Backend) Decision {
+	t.Helper()
+	d, err := b.Pick(req, dst)
+	if err != nil {
+		t.Fatalf("Pick(%q) = %v", req.Model, err)
+	}
+	return d
 }

@@ -10,7 +10,7 @@ func TestSGLangCacheAware(t *testing.T) {
 	b := newBal(t, "sglang-cache-aware", func(c *Config, _ *Deps) { c.SGLang.BalanceAbsThreshold = 2 })
 	b.Update(ready("a", 0, 0, 0), ready("b", 0, 0, 0), ready("c", 0, 0, 0))
 	long := strings.Repeat("shared system prompt ", 50)
-	d, _ := b.Pick(&Request{Model: "m", Prompt: []byte(long + "q1")}, nil)
+	d := mustPick(t, b, &Request{Model: "m", Prompt: []byte(long + "q1")}, nil)
 	home := d.Candidates[0]
 	if d.Reason != "least-load" {
 		t.Errorf("first prompt reason %q, want least-load (nothing matched)", d.Reason)
@@ -45,7 +45,7 @@ func TestSGLangV04CacheAware(t *testing.T) {
 	b := newBal(t, "sglang-v04-cache-aware")
 	b.Update(ready("a", 0, 0, 0), ready("b", 0, 0, 0), ready("c", 0, 0, 0))
 	long := strings.Repeat("shared system prompt ", 50)
-	d, _ := b.Pick(&Request{Model: "m", Prompt: []byte(long + "q1")}, nil)
+	d := mustPick(t, b, &Request{Model: "m", Prompt: []byte(long + "q1")}, nil)
 	home := d.Candidates[0]
 	if d.Reason != "cache-space" {
 		t.Errorf("first prompt reason %q, want cache-space (nothing matched: smallest tree)", d.Reason)

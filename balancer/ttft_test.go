@@ -13,7 +13,7 @@ func TestTTFTPrefersCachedUntilItsQueueCostsMore(t *testing.T) {
 	b.Update(ready("a", 0, 0, 0.1), ready("b", 0, 0, 0.1))
 	prompt := []byte(strings.Repeat("z", 4*4000))
 	req := &Request{Model: "m", Prompt: prompt, PromptTokens: 4000}
-	d, _ := b.Pick(req, nil)
+	d := mustPick(t, b, req, nil)
 	first := d.Candidates[0]
 	other := "a"
 	if first.ID == "a" {
@@ -102,7 +102,7 @@ func TestLoRAAffinity(t *testing.T) {
 		loraSpec("waiting", &LoRAInfo{Max: 1, Running: []string{"other"}, Waiting: []string{"sql"}}),
 	)
 	req := &Request{Model: "sql", Prompt: []byte("hello"), PromptTokens: 2}
-	d, _ := b.Pick(req, nil)
+	d := mustPick(t, b, req, nil)
 	if d.Candidates[0].ID != "running" || d.Reason != "lora" {
 		t.Errorf("adapter request went to %s (%s), want running lora", d.Candidates[0].ID, d.Reason)
 	}
@@ -119,14 +119,14 @@ func TestLoRAAffinity(t *testing.T) {
 	}
 	// With no backend running it, the free slot wins.
 	b.Remove("running")
-	if d, _ := b.Pick(req, nil); d.Candidates[0].ID != "free" {
+	if d := mustPick(t, b, req, nil); d.Candidates[0].ID != "free" {
 		t.Errorf("no backend running the adapter: picked %s, want free", d.Candidates[0].ID)
 	}
 	// An adapter in flight from us counts as running, whatever the scrape.
 	g := NewGuard()
 	g.Attach(backend(t, b, "waiting"), Work{Adapter: "sql"}, time.Now())
 	defer g.Release()
-	if d, _ := b.Pick(req, nil); d.Candidates[0].ID != "waiting" {
+	if d := mustPick(t, b, req, nil); d.Candidates[0].ID != "waiting" {
 		t.Errorf("adapter in flight on waiting: picked %s, want waiting", d.Candidates[0].ID)
 	}
 }

@@ -201,6 +201,9 @@ func serverPresets(model string, n, slow int) []string {
 // Bench runs every workload through every policy, one run at a time per
 // CPU, and returns one table per workload, rows in policy order.
 func Bench(ctx context.Context, o Options) (Report, error) {
+	if o.Params.Traces == nil {
+		o.Params.Traces = new(Traces)
+	}
 	if len(o.Workloads) == 0 && o.Prefill <= 0 {
 		o.Workloads = WorkloadNames()
 	}

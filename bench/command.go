@@ -79,6 +79,9 @@ type Command struct {
 // emulated runs in virtual time, as a sweep with Sweep, as a comparison
 // with one replica with Replicas above 1, else one table a workload.
 func (c Command) Run(ctx context.Context, stdout io.Writer) (err error) {
+	if c.Params.Traces == nil {
+		c.Params.Traces = new(Traces)
+	}
 	if c.TraceFile != "" && (c.Sweep || c.Scenario != "" || c.Target != "") {
 		return errors.New("bench: --trace records single runs: not with --sweep, --scenario or --target")
 	}

@@ -39,6 +39,9 @@ type Curve struct {
 // when it is nil. Closed-loop runs are skipped: the sweep's throughput is
 // measured at each offered load.
 func Sweep(ctx context.Context, o Options, ladder []float64) ([]Curve, error) {
+	if o.Params.Traces == nil {
+		o.Params.Traces = new(Traces)
+	}
 	if len(o.Workloads) == 0 {
 		o.Workloads = WorkloadNames()
 	}
@@ -84,6 +87,9 @@ func Sweep(ctx context.Context, o Options, ladder []float64) ([]Curve, error) {
 // the next, so a loss on one seed says little until the others agree.
 func SweepSeeds(ctx context.Context, o Options, ladder []float64, seeds []uint64) ([]Curve, error) {
 	runs := make([][]Curve, 0, len(seeds))
+	if o.Params.Traces == nil {
+		o.Params.Traces = new(Traces) // every seed replays the same traces
+	}
 	for _, seed := range seeds {
 		o.Params.Seed = seed
 		curves, err := Sweep(ctx, o, ladder)

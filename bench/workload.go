@@ -198,6 +198,9 @@ type Params struct {
 	// workload makes; traces are cut to their first Scale share.
 	Scale float64
 	Seed  uint64
+	// Traces are the traces a run's workloads share, each parsed once;
+	// nil parses a trace for every workload that replays it.
+	Traces *Traces `json:"-"`
 }
 
 //go:embed traces/*.jsonl.gz
@@ -269,8 +272,12 @@ type traceLine struct {
 	HashIDs      []uint64 `json:"hash_ids"`
 }
 
-// traceCache holds each embedded trace once parsed.
-var traceCache sync.Map // file name -> *parsedTrace
+// Traces holds the embedded traces a run has parsed, so that the
+// workloads of a sweep, which replay one trace at many rates, parse it
+// once. The zero value is ready; it is safe for concurrent use.
+type Traces struct {
+	m sync.Map // file name -> *parsedTrace
+}
 
 type parsedTrace struct {
 	once  sync.Once
@@ -278,8 +285,13 @@ type parsedTrace struct {
 	err   error
 }
 
-func loadTrace(file string) ([]traceLine, error) {
-	v, _ := traceCache.LoadOrStore(file, new(parsedTrace))
+// load returns the requests of the embedded trace file, parsed once per
+// ts; a nil ts parses it again.
+func (ts *Traces) load(file string) ([]traceLine, error) {
+	if ts == nil {
+		return parseTrace(file)
+	}
+	v, _ := ts.m.LoadOrStore(file, new(parsedTrace))
 	pt := v.(*parsedTrace)
 	pt.once.Do(func() { pt.lines, pt.err = parseTrace(file) })
 	return pt.lines, pt.err
@@ -321,7 +333,7 @@ func mooncake(name string, p Params) (*Workload, error) {
 	if name == "mooncake-synthetic" {
 		file = "traces/mooncake_synthetic.jsonl.gz"
 	}
-	lines, err := loadTrace(file)
+	lines, err := p.Traces.load(file)
 	if err != nil {
 		return nil, err
 	}
