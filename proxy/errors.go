@@ -196,6 +196,10 @@ func (s *Server) errorFor(clientCtx context.Context, err error) *HTTPError {
 		return &HTTPError{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "queue_full", Msg: "Every model server is saturated and the queue is full; retry later.", Err: err, RetryAfter: s.bal.RetryAfter()}
 	case errors.Is(err, balancer.ErrShed):
 		return &HTTPError{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "shed", Msg: "Every model server is saturated and this request's priority is sheddable; retry later.", Err: err, RetryAfter: s.bal.RetryAfter()}
+	case errors.Is(err, balancer.ErrSaturated):
+		// Only a P/D request's prefill pick returns it unqueued: its
+		// decode server was picked, and it cannot answer in one leg.
+		return &HTTPError{Status: http.StatusServiceUnavailable, Type: "service_unavailable", Code: "prefill_saturated", Msg: "Every prefill server is saturated; retry later.", Err: err, RetryAfter: s.bal.RetryAfter()}
 	case errors.Is(err, balancer.ErrQueueTimeout):
 		return &HTTPError{Status: http.StatusServiceUnavailable, Type: "service_unavailable", Code: "queue_timeout", Msg: "Every model server stayed saturated while the request waited; retry later.", Err: err}
 	case errors.Is(err, balancer.ErrNoBackend):

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 
+	"github.com/llmlb/llmlb/balancer"
 	"github.com/llmlb/llmlb/tracing"
 )
 
@@ -285,4 +286,15 @@ func TestBrokenConnectionIsPickedAgain(t *testing.T) {
 		}
 	}
 	f.checkLedgerZero(t)
+}
+
+// TestSaturatedPrefillIs503: a P/D request whose decode server must split
+// (SGLang) while every prefill server is saturated is told so, 503 with
+// Retry-After, not 502 "could not be reached".
+func TestSaturatedPrefillIs503(t *testing.T) {
+	s := newServer(t, Options{Config: DefaultConfig(), Balancer: newTestBalancer(t), Registerer: prometheus.NewRegistry()})
+	he := s.errorFor(context.Background(), fmt.Errorf("prefill leg for decode server d: %w", balancer.ErrSaturated))
+	if he.Status != http.StatusServiceUnavailable || he.Code != "prefill_saturated" || he.RetryAfter <= 0 {
+		t.Errorf("errorFor(prefill saturated) = %d %s (retry after %v); want 503 prefill_saturated with Retry-After", he.Status, he.Code, he.RetryAfter)
+	}
 }
