@@ -97,9 +97,20 @@ var chunkKeys = []string{"choices", "usage"}
 // decode reads choices and usage as encoding/json does, for a chunk whose
 // keys the fast reading is unsure of.
 func (c *chunk) decode() {
+	type delta struct {
+		Role             *string         `json:"role"`
+		Content          *string         `json:"content"`
+		ToolCalls        json.RawMessage `json:"tool_calls"`
+		ReasoningContent *string         `json:"reasoning_content"`
+		Reasoning        *string         `json:"reasoning"`
+	}
 	var v struct {
-		Choices []json.RawMessage `json:"choices"`
-		Usage   *wireUsage        `json:"usage"`
+		Choices []struct {
+			Text         *string `json:"text"`
+			Delta        delta   `json:"delta"`
+			FinishReason *string `json:"finish_reason"`
+		} `json:"choices"`
+		Usage *wireUsage `json:"usage"`
 	}
 	if json.Unmarshal(c.data, &v) != nil {
 		c.obj = false
@@ -109,35 +120,81 @@ func (c *chunk) decode() {
 	if v.Usage != nil {
 		c.usage, _ = json.Marshal(v.Usage)
 	}
+	var text []byte
+	c.texts, c.finish, c.tool, c.reasoning, c.roleOnly = 0, false, false, false, false
+	for _, ch := range v.Choices {
+		d := ch.Delta
+		n := len(text)
+		if ch.Text != nil {
+			text = append(text, *ch.Text...)
+		}
+		if d.Content != nil {
+			text = append(text, *d.Content...)
+		}
+		content := len(text) > n
+		if content {
+			c.texts++
+		}
+		c.finish = c.finish || ch.FinishReason != nil
+		c.tool = c.tool || len(d.ToolCalls) > 0 && string(d.ToolCalls) != "null" && string(d.ToolCalls) != "[]"
+		c.reasoning = c.reasoning || d.ReasoningContent != nil && *d.ReasoningContent != "" || d.Reasoning != nil && *d.Reasoning != ""
+		c.roleOnly = len(v.Choices) == 1 && d.Role != nil && !content && ch.FinishReason == nil && !c.tool
+	}
+	c.text = text
 }
 
-// choice reads one element of choices, appending its text to text.
+// The keys of a choice and of its delta that the stages read.
+var (
+	choiceKeys = []string{"text", "finish_reason", "delta"}
+	deltaKeys  = []string{"role", "content", "tool_calls", "reasoning_content", "reasoning"}
+)
+
+// choice reads one element of choices, appending its text to text. A key
+// repeated, or one of choiceKeys or deltaKeys spelt in another case, makes
+// the chunk odd: encoding/json reads it another way.
 func (c *chunk) choice(v, text []byte) []byte {
 	role, content, finish := false, false, false
+	var seen, seenDelta uint8
+	once := func(mask *uint8, i int) {
+		if *mask&(1<<i) != 0 {
+			c.odd = true
+		}
+		*mask |= 1 << i
+	}
 	jsonscan.ValidObject(v, func(key, val []byte) bool {
 		switch string(key) {
 		case "text":
+			once(&seen, 0)
 			n := len(text)
 			text = appendString(text, val)
 			content = content || len(text) > n
 		case "finish_reason":
+			once(&seen, 1)
 			finish = string(val) != "null"
-		case "delta", "message":
+		case "delta":
+			once(&seen, 2)
 			jsonscan.ValidObject(val, func(key, val []byte) bool {
 				switch string(key) {
 				case "role":
+					once(&seenDelta, 0)
 					role = string(val) != "null"
 				case "content":
+					once(&seenDelta, 1)
 					n := len(text)
 					text = appendString(text, val)
 					content = content || len(text) > n
 				case "tool_calls":
+					once(&seenDelta, 2)
 					c.tool = c.tool || string(val) != "null" && string(val) != "[]"
 				case "reasoning_content", "reasoning":
 					c.reasoning = c.reasoning || string(val) != "null" && string(val) != `""`
+				default:
+					c.odd = c.odd || foldsTo(key, deltaKeys)
 				}
 				return true
 			})
+		default:
+			c.odd = c.odd || foldsTo(key, choiceKeys)
 		}
 		return true
 	})
