@@ -2,8 +2,8 @@
 // the client. One [Reader] per answer splits the server's server-sent
 // events once, parses each event once, and runs the stages over it in the
 // order [Reader.event] writes: whether the stream is whole, continuation
-// bookkeeping, the model name and response id rewrite, usage and
-// inter-token timing, the usage strip.
+// bookkeeping, usage and inter-token timing, the usage strip, the model
+// name and response id rewrite.
 //
 // A stream is whole when its API's terminator reached the client, and
 // only then:

@@ -10,7 +10,7 @@ import (
 // appends what is left of it to out:
 //
 //  1. parse each data line once ([chunk.parse]);
-//  2. whole: the API's terminator, the server's error events ([Reader.whole]);
+//  2. whole: the API's terminator, the server's error events ([Reader.ends]);
 //  3. continuation bookkeeping: what the client received, and a
 //     continuation's events made the first stream's ([Reader.track]);
 //  4. usage and inter-token timing ([Reader.observe]);
