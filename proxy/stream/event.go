@@ -260,7 +260,7 @@ func (c *chunk) delta(api API) bool {
 // appendString appends the text of the JSON string raw to dst; anything
 // else appends nothing.
 func appendString(dst, raw []byte) []byte {
-	if s, ok := jsonscan.ValidPlainString(raw); ok {
+	if s, ok := jsonscan.PlainString(raw); ok { // escapes and bad UTF-8 go to encoding/json
 		return append(dst, s...)
 	}
 	if len(raw) == 0 || raw[0] != '"' {
