@@ -204,6 +204,8 @@ func (s *Server) errorFor(clientCtx context.Context, err error) *HTTPError {
 		return &HTTPError{Status: http.StatusServiceUnavailable, Type: "service_unavailable", Code: "queue_timeout", Msg: "Every model server stayed saturated while the request waited; retry later.", Err: err}
 	case errors.Is(err, balancer.ErrNoBackend):
 		return &HTTPError{Status: http.StatusServiceUnavailable, Type: "service_unavailable", Code: "no_backend", Msg: "No server of this model is up; try again shortly.", Err: err, RetryAfter: noBackendRetryAfter}
+	case errors.Is(err, errAnswerCut):
+		return &HTTPError{Status: http.StatusBadGateway, Type: "bad_gateway", Msg: "The model server's answer ended before it was whole.", Err: err}
 	case errors.Is(err, errFirstByteTimeout):
 		return &HTTPError{Status: http.StatusGatewayTimeout, Type: "timeout", Msg: "The model server did not start the stream in time.", Err: err}
 	case errors.Is(err, errStreamStalled):

@@ -214,7 +214,7 @@ func (t *retryTransport) verdict(req *http.Request, a try, resp *http.Response, 
 	if failed {
 		t.bal.Failed(be, kind)
 	}
-	if resp.StatusCode == http.StatusOK && a.ex.req.Kind.generates() && !isSSE(resp) {
+	if resp.StatusCode == http.StatusOK && a.ex.req.Kind.generates() && !isSSE(resp) && !encoded(resp) {
 		if err := t.hold(a, resp); err != nil {
 			// Cut short: nothing reached the client, so the next
 			// candidate can answer whole.
@@ -275,6 +275,14 @@ func isSSE(resp *http.Response) bool {
 	return strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
 }
 
+// encoded reports whether resp's body is compressed (a client's
+// Accept-Encoding reaches the server): llmlb passes it on as it comes,
+// unread, since its events and JSON are not the bytes it would read.
+func encoded(resp *http.Response) bool {
+	ce := resp.Header.Get("Content-Encoding")
+	return ce != "" && !strings.EqualFold(ce, "identity")
+}
+
 // failKind is the passive-health failure of an attempt that got no
 // response: err.
 func failKind(err error) balancer.Failure {
@@ -291,7 +299,7 @@ func failKind(err error) balancer.Failure {
 func (t *retryTransport) answer(req *http.Request, a try, resp *http.Response, judge bool) *http.Response {
 	sb := t.attemptBody(a, resp, judge)
 	resp.Body = sb
-	if ex := a.ex; judge && ex.req.Stream && ex.req.Kind.generates() && isSSE(resp) {
+	if ex := a.ex; judge && ex.req.Stream && ex.req.Kind.generates() && isSSE(resp) && !encoded(resp) {
 		sb.byProtocol = true
 		ex.resumer = &resumer{t: t, req: req, ex: ex, cur: sb}
 	}

@@ -517,13 +517,13 @@ func (s *Server) modifyResponse(resp *http.Response) error {
 		resp.Header.Set(HeaderReason, ex.reason())
 	}
 	edit := s.responseEdit(ex, be)
-	generated := resp.StatusCode == http.StatusOK && ex.req.Kind.generates()
+	generated := resp.StatusCode == http.StatusOK && ex.req.Kind.generates() && !encoded(resp)
 	switch {
 	case generated && ex.resumer != nil:
 		resp.Body = s.streamAnswer(ex, resp.Body, edit, be)
 		resp.ContentLength = -1
 		resp.Header.Del("Content-Length")
-	case edit != nil:
+	case edit != nil && !encoded(resp): // compressed bytes are not the text to edit
 		resp.Body = newLineRewriter(resp.Body, edit)
 		resp.ContentLength = -1
 		resp.Header.Del("Content-Length")

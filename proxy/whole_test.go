@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
 	"fmt"
 	"io"
@@ -296,5 +298,55 @@ func TestSaturatedPrefillIs503(t *testing.T) {
 	he := s.errorFor(context.Background(), fmt.Errorf("prefill leg for decode server d: %w", balancer.ErrSaturated))
 	if he.Status != http.StatusServiceUnavailable || he.Code != "prefill_saturated" || he.RetryAfter <= 0 {
 		t.Errorf("errorFor(prefill saturated) = %d %s (retry after %v); want 503 prefill_saturated with Retry-After", he.Status, he.Code, he.RetryAfter)
+	}
+}
+
+// TestCompressedAnswersPassUnread: a server that compresses its answer
+// for a client that asked for it (llmlb passes Accept-Encoding on) has it
+// passed on byte for byte: neither the stream pipeline nor the JSON hold
+// reads compressed bytes as events or JSON.
+func TestCompressedAnswersPassUnread(t *testing.T) {
+	var sse, js bytes.Buffer
+	zw := gzip.NewWriter(&sse)
+	evs := strings.SplitAfter(messagesStream, "\n\n")
+	io.WriteString(zw, strings.Join(evs[:len(evs)-3], "")) // cut short, which llmlb cannot tell
+	zw.Close()
+	zw = gzip.NewWriter(&js)
+	io.WriteString(zw, `{"id":"cmpl-1","choices":[{"text":"ok"}]}`)
+	zw.Close()
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Encoding", "gzip")
+		if strings.HasSuffix(r.URL.Path, "/messages") {
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.Write(sse.Bytes())
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(js.Bytes())
+	}))
+	defer backend.Close()
+	f := newFront(t, DefaultConfig(), backend.URL)
+	client := &http.Client{Transport: &http.Transport{DisableCompression: true}}
+	for _, c := range []struct {
+		path, body string
+		want       []byte
+	}{
+		{"/v1/messages", `{"model":"` + testModel + `","max_tokens":16,"stream":true,"messages":[{"role":"user","content":"Hi"}]}`, sse.Bytes()},
+		{"/v1/completions", `{"model":"` + testModel + `","prompt":"Hi","max_tokens":1}`, js.Bytes()},
+	} {
+		req, _ := http.NewRequest(http.MethodPost, f.URL+c.path, strings.NewReader(c.body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept-Encoding", "gzip")
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		f.waitHandler(t, 1)
+		if err != nil || resp.StatusCode != http.StatusOK || !bytes.Equal(got, c.want) {
+			t.Errorf("%s: %d, %d bytes (%v); want 200 and the server's %d compressed bytes", c.path, resp.StatusCode, len(got), err, len(c.want))
+		}
 	}
 }
