@@ -202,19 +202,7 @@ func TestConnectFailureIsPickedAgain(t *testing.T) {
 	dead := deadURL(t)
 	bal := newTestBalancerCandidates(t, 1, dead, live.URL)
 	f := newFrontOn(t, DefaultConfig(), bal)
-	for i := range 4 {
-		resp, err := http.Post(f.URL+"/v1/chat/completions", "application/json", strings.NewReader(
-			`{"model":"`+testModel+`","messages":[{"role":"user","content":"Hi"}],"max_tokens":2,"stream":true}`))
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, clean := readStream(t, resp)
-		f.waitHandler(t, 1)
-		if resp.StatusCode != http.StatusOK || !clean {
-			t.Errorf("request %d: status %d, clean %v; want a whole answer from the live server", i, resp.StatusCode, clean)
-		}
-	}
-	f.checkLedgerZero(t)
+	wantAnswered(t, f, 4)
 }
 
 // TestTruncatedStreamSpansAreErrors: a stream that ended before its
@@ -275,19 +263,7 @@ func TestBrokenConnectionIsPickedAgain(t *testing.T) {
 	defer dying.Close()
 	bal := newTestBalancerCandidates(t, 1, dying.URL, live.URL)
 	f := newFrontOn(t, DefaultConfig(), bal)
-	for i := range 4 {
-		resp, err := http.Post(f.URL+"/v1/chat/completions", "application/json", strings.NewReader(
-			`{"model":"`+testModel+`","messages":[{"role":"user","content":"Hi"}],"max_tokens":2,"stream":true}`))
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, clean := readStream(t, resp)
-		f.waitHandler(t, 1)
-		if resp.StatusCode != http.StatusOK || !clean {
-			t.Errorf("request %d: status %d, clean %v; want a whole answer from the live server", i, resp.StatusCode, clean)
-		}
-	}
-	f.checkLedgerZero(t)
+	wantAnswered(t, f, 4)
 }
 
 // TestSaturatedPrefillIs503: a P/D request whose decode server must split
@@ -349,4 +325,23 @@ func TestCompressedAnswersPassUnread(t *testing.T) {
 			t.Errorf("%s: %d, %d bytes (%v); want 200 and the server's %d compressed bytes", c.path, resp.StatusCode, len(got), err, len(c.want))
 		}
 	}
+}
+
+// wantAnswered sends n streamed chats through f one after another and
+// fails unless each is answered whole; then every ledger is back at 0.
+func wantAnswered(t *testing.T, f *testFront, n int) {
+	t.Helper()
+	for i := range n {
+		resp, err := http.Post(f.URL+"/v1/chat/completions", "application/json", strings.NewReader(
+			`{"model":"`+testModel+`","messages":[{"role":"user","content":"Hi"}],"max_tokens":2,"stream":true}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, clean := readStream(t, resp)
+		f.waitHandler(t, 1)
+		if resp.StatusCode != http.StatusOK || !clean {
+			t.Errorf("request %d: status %d, clean %v; want a whole answer from the live server", i, resp.StatusCode, clean)
+		}
+	}
+	f.checkLedgerZero(t)
 }
