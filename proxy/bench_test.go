@@ -143,20 +143,13 @@ func BenchmarkAuthenticate(b *testing.B) {
 	}
 }
 
-// BenchmarkObserver reads a JSON completion with its usage through the
-// JSON answer's observer, as the proxy does.
+// BenchmarkObserver reads the usage of a held JSON completion, as the
+// hold does.
 func BenchmarkObserver(b *testing.B) {
-	body := `{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":" ok","logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":12,"total_tokens":13,"completion_tokens":1,"prompt_tokens_details":null}}`
-	buf := make([]byte, 16<<10)
+	body := []byte(`{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":" ok","logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":12,"total_tokens":13,"completion_tokens":1,"prompt_tokens_details":null}}`)
 	b.ReportAllocs()
 	for b.Loop() {
-		o := newJSONObserver(io.NopCloser(strings.NewReader(body)), stream.Completions)
-		for {
-			if _, err := o.Read(buf); err != nil {
-				break
-			}
-		}
-		if !o.Usage().Known {
+		if !stream.BodyUsage(stream.Completions, body).Known {
 			b.Fatal("usage not read")
 		}
 	}

@@ -83,7 +83,7 @@ type exchange struct {
 	// stripUsage: llmlb asked for the stream's usage chunk, the client
 	// did not, so the observer drops it.
 	stripUsage bool
-	obs        usageReader // the answering backend's body, once it answered 200
+	obs        usageReader // what the answering backend reported, once it answered 200: its stream, or its held JSON answer
 	// resumer continues the answer's stream on another server; nil
 	// unless the answer is a stream.
 	resumer *resumer

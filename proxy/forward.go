@@ -258,6 +258,7 @@ func (t *retryTransport) hold(a try, resp *http.Response) error {
 	}
 	resp.Body = &heldAnswer{Reader: bytes.NewReader(body), src: resp.Body}
 	resp.ContentLength = int64(len(body))
+	a.ex.obs = answerUsage(stream.BodyUsage(streamAPI(a.ex.req.Kind), body))
 	return nil
 }
 

@@ -1,13 +1,12 @@
 package proxy
 
 import (
-	"io"
-
 	"github.com/llmlb/llmlb/proxy/stream"
 )
 
 // maxJSONBody bounds the JSON answer llmlb holds until it parses and
-// reads usage from; a longer answer is passed on as it comes, unchecked.
+// reads usage from; a longer answer is passed on as it comes, unchecked
+// and uncounted.
 // Holding costs one copy of the answer: the answer of a non-streamed
 // request reaches the client whole, after its last byte, either way.
 const maxJSONBody = 8 << 20
@@ -18,40 +17,12 @@ type usageReader interface {
 	Usage() stream.Usage
 }
 
-// jsonObserver reads the usage of a JSON answer as it passes to the
-// client, at its end.
-type jsonObserver struct {
-	src  io.ReadCloser
-	api  stream.API
-	body []byte // the answer so far; nil once over maxJSONBody
-	over bool
-	u    stream.Usage
-}
+// answerUsage is the usage of a JSON answer, read from it while it was
+// held ([retryTransport.hold]).
+type answerUsage stream.Usage
 
-func newJSONObserver(src io.ReadCloser, api stream.API) *jsonObserver {
-	return &jsonObserver{src: src, api: api}
-}
-
-// Usage returns the usage the answer reported; known once it was read.
-func (o *jsonObserver) Usage() stream.Usage { return o.u }
-
-func (o *jsonObserver) Read(p []byte) (int, error) {
-	n, err := o.src.Read(p)
-	if !o.over {
-		if len(o.body)+n > maxJSONBody {
-			o.over, o.body = true, nil
-		} else {
-			o.body = append(o.body, p[:n]...)
-		}
-	}
-	if err == io.EOF && !o.over {
-		o.u = stream.BodyUsage(o.api, o.body)
-		o.body = nil
-	}
-	return n, err
-}
-
-func (o *jsonObserver) Close() error { return o.src.Close() }
+// Usage returns the usage the answer reported.
+func (u answerUsage) Usage() stream.Usage { return stream.Usage(u) }
 
 // streamAPI is the stream package's name of a generating API.
 func streamAPI(k Kind) stream.API {

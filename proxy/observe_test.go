@@ -2,37 +2,50 @@ package proxy
 
 import (
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"testing/iotest"
 
-	"github.com/llmlb/llmlb/proxy/stream"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
-func readObserved(t *testing.T, r io.Reader) string {
-	t.Helper()
-	b, err := io.ReadAll(r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
-}
-
 // TestObserverJSONBody reads usage from a whole JSON answer, without
-// prompt_tokens_details (SGLang, vLLM without --enable-prompt-tokens-details).
+// prompt_tokens_details (SGLang, vLLM without --enable-prompt-tokens-details),
+// as the hold reads it: the client gets the body unchanged, and a body
+// that does not parse reports no usage (and reaches no client).
 func TestObserverJSONBody(t *testing.T) {
-	body := `{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":30,"completion_tokens":3,"total_tokens":33,"prompt_tokens_details":null}}`
-	o := newJSONObserver(io.NopCloser(iotest.OneByteReader(strings.NewReader(body))), stream.Chat)
-	if got := readObserved(t, o); got != body {
-		t.Fatalf("body changed: %s", got)
-	}
-	if u := o.Usage(); !u.Known || u.Prompt != 30 || u.Completion != 3 || u.CachedKnown {
-		t.Errorf("usage %+v", u)
-	}
-	o = newJSONObserver(io.NopCloser(strings.NewReader(`{"oops"`)), stream.Chat)
-	readObserved(t, o)
-	if o.Usage().Known {
-		t.Error("usage from a broken body")
+	for _, c := range []struct {
+		body       string
+		wantStatus int
+		wantUsage  bool
+	}{
+		{`{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":30,"completion_tokens":3,"total_tokens":33,"prompt_tokens_details":null}}`, 200, true},
+		{`{"oops"`, 502, false},
+	} {
+		backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, c.body)
+		}))
+		f := newFront(t, DefaultConfig(), backend.URL)
+		resp, err := http.Post(f.URL+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"`+testModel+`","messages":[{"role":"user","content":"hi"}]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := io.ReadAll(iotest.OneByteReader(resp.Body))
+		resp.Body.Close()
+		f.waitHandler(t, 1)
+		if resp.StatusCode != c.wantStatus || c.wantUsage && string(got) != c.body {
+			t.Errorf("%s: %d %s; want %d and the body unchanged", c.body, resp.StatusCode, got, c.wantStatus)
+		}
+		prompt := testutil.ToFloat64(f.metric(t).promptTokens.WithLabelValues(backend.URL, testModel))
+		cached := testutil.ToFloat64(f.metric(t).cachedTokens.WithLabelValues(backend.URL, testModel))
+		if c.wantUsage && (prompt != 30 || cached != 0) || !c.wantUsage && prompt != 0 {
+			t.Errorf("%s: prompt tokens %v, cached %v counted", c.body, prompt, cached)
+		}
+		backend.Close()
 	}
 }
 

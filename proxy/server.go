@@ -528,10 +528,6 @@ func (s *Server) modifyResponse(resp *http.Response) error {
 		resp.ContentLength = -1
 		resp.Header.Del("Content-Length")
 	}
-	if generated && ex.resumer == nil {
-		o := newJSONObserver(resp.Body, streamAPI(ex.req.Kind))
-		ex.obs, resp.Body = o, o
-	}
 	resp.Body = &firstByteBody{ReadCloser: resp.Body, onFirst: func() {
 		d := ex.guard.FirstByte(time.Now())
 		s.metrics.ttfb.WithLabelValues(be.ID).Observe(d.Seconds())

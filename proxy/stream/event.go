@@ -25,6 +25,11 @@ type chunk struct {
 	tool        bool   // a choice carried tool calls
 	reasoning   bool   // a choice carried reasoning text
 	failed      bool   // an error event: {"error": {...}}, or {"object": "error"}
+	// wu is usage decoded, once, by wire; decoded says it was.
+	wu      wireUsage
+	decoded bool
+	wuOK    bool
+
 	// odd: a key repeated or spelt in another case, which encoding/json
 	// would take; choices and usage were read by it, and usage does not
 	// alias the line.
@@ -88,6 +93,27 @@ func (c *chunk) parse(api API, data, scratch []byte) []byte {
 		c.roleOnly = false
 	}
 	return text
+}
+
+// wire returns the chunk's usage, decoded on the first call only, as
+// encoding/json decodes it; nil if it has none.
+func (c *chunk) wire() *wireUsage {
+	if c.usage == nil {
+		return nil
+	}
+	if !c.decoded {
+		c.decoded = true
+		u := &c.wu
+		c.wuOK = scanUsage(c.usage, &u) && u != nil
+		if !c.wuOK {
+			c.wu = wireUsage{}
+			c.wuOK = json.Unmarshal(c.usage, &c.wu) == nil
+		}
+	}
+	if !c.wuOK {
+		return nil
+	}
+	return &c.wu
 }
 
 // chunkKeys are the members of a chunk whose count and value the stages

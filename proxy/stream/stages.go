@@ -135,11 +135,8 @@ func (r *Reader) track(c *chunk, line []byte) (out []byte, keep bool) {
 	} else if r.id == nil {
 		r.id, r.created = bytes.Clone(c.id), bytes.Clone(c.created)
 	}
-	if c.usage != nil && c.choices > 0 {
-		var u *wireUsage
-		if scanUsage(c.usage, &u) && u != nil {
-			r.usageTokens = r.contDelivered + u.CompletionTokens // continuous usage
-		}
+	if u := c.wire(); u != nil && c.choices > 0 {
+		r.usageTokens = r.contDelivered + u.CompletionTokens // continuous usage
 	}
 	r.text.Write(c.text)
 	r.events += c.texts
@@ -171,23 +168,15 @@ func (r *Reader) edit(c *chunk, line []byte) []byte {
 		spans[n] = span{c.created, r.created}
 		n++
 	}
-	if c.usage != nil && c.choices == 0 {
-		var u *wireUsage
-		if !scanUsage(c.usage, &u) {
-			u = nil
-			_ = json.Unmarshal(c.usage, &u)
+	if u := c.wire(); u != nil && c.choices == 0 {
+		w := r.counted(u)
+		fixed := map[string]any{"prompt_tokens": w.PromptTokens, "completion_tokens": w.CompletionTokens, "total_tokens": w.PromptTokens + w.CompletionTokens}
+		if d := w.PromptTokensDetails; d != nil && d.CachedTokens != nil {
+			fixed["prompt_tokens_details"] = map[string]int{"cached_tokens": *d.CachedTokens}
 		}
-		if u != nil {
-			prompt := max(0, u.PromptTokens-r.contDelivered)
-			completion := r.contDelivered + u.CompletionTokens
-			fixed := map[string]any{"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-			if d := u.PromptTokensDetails; d != nil && d.CachedTokens != nil {
-				fixed["prompt_tokens_details"] = map[string]int{"cached_tokens": min(*d.CachedTokens, prompt)}
-			}
-			val, _ := json.Marshal(fixed)
-			spans[n] = span{c.usage, val}
-			n++
-		}
+		val, _ := json.Marshal(fixed)
+		spans[n] = span{c.usage, val}
+		n++
 	}
 	if n == 0 || c.odd {
 		return line
@@ -215,22 +204,12 @@ func (r *Reader) observe(c *chunk) {
 	token := false
 	switch r.opt.API {
 	case Completions, Chat:
-		if c.usage != nil {
-			var w *wireUsage
-			if !scanUsage(c.usage, &w) {
-				w = nil
-				_ = json.Unmarshal(c.usage, &w)
+		if u := c.wire(); u != nil {
+			w := *u
+			if c.choices == 0 {
+				w = r.counted(u) // as the edit gave it to the client
 			}
-			if w != nil {
-				if r.cont && c.choices == 0 { // as the edit gave it to the client
-					prompt := max(0, w.PromptTokens-r.contDelivered)
-					w.PromptTokens, w.CompletionTokens = prompt, r.contDelivered+w.CompletionTokens
-					if d := w.PromptTokensDetails; d != nil && d.CachedTokens != nil {
-						*d.CachedTokens = min(*d.CachedTokens, prompt)
-					}
-				}
-				r.u.set(w)
-			}
+			r.u.set(&w)
 		}
 		token = c.obj && !c.failed && c.choices > 0
 	default:
@@ -256,4 +235,23 @@ func (r *Reader) observe(c *chunk) {
 // chunk llmlb asked for on the client's behalf.
 func (r *Reader) keep(c *chunk) bool {
 	return !(r.opt.Strip && (r.opt.API == Completions || r.opt.API == Chat) && c.obj && c.choices == 0 && c.usage != nil)
+}
+
+// counted is the usage u of a chunk as the client's stream counts it: a
+// continuation's prompt holds the tokens delivered before it, which the
+// client's usage counts once, as completion tokens.
+func (r *Reader) counted(u *wireUsage) wireUsage {
+	w := *u
+	if !r.cont {
+		return w
+	}
+	prompt := max(0, u.PromptTokens-r.contDelivered)
+	w.PromptTokens, w.CompletionTokens = prompt, r.contDelivered+u.CompletionTokens
+	if d := u.PromptTokensDetails; d != nil && d.CachedTokens != nil {
+		cached := min(*d.CachedTokens, prompt)
+		w.PromptTokensDetails = &struct {
+			CachedTokens *int `json:"cached_tokens"`
+		}{&cached}
+	}
+	return w
 }
