@@ -89,40 +89,52 @@ func (c *resumer) Resume(rest stream.Rest) (io.ReadCloser, error) {
 	breq.PromptTokens += rest.Tokens
 	breq.MaxTokens = max(0, breq.MaxTokens-rest.Tokens)
 	breq.Avoid, breq.Guard = c.cur.be.ID, ex.guard
-	dec, err := t.bal.PickWait(c.req.Context(), &breq, nil)
-	if err != nil {
-		return nil, err
-	}
-	ex.dec = dec
-	for i, be := range dec.Candidates {
-		a := try{ex: ex, be: be}
-		a.ctx, a.cancel = context.WithCancelCause(c.req.Context())
-		resp, err := t.attempt(c.req, &a, i, sendBody{head: body})
-		if a.span != nil {
-			a.span.SetAttributes(attribute.Bool("llmlb.continuation", true))
-		}
-		if err == nil && resp.StatusCode != http.StatusOK {
-			if resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests {
-				t.bal.Failed(a.be, balancer.FailStatus)
-			}
-			resp.Body.Close()
-			err = fmt.Errorf("%s answered status %d", be.ID, resp.StatusCode)
-		}
+	// A pick whose candidates all failed unanswered (a server that died
+	// since: passive health has ejected one that refused) is made again,
+	// as RoundTrip's is, within max_attempts tries.
+	for tried := 0; tried < t.maxAttempts; {
+		dec, err := t.bal.PickWait(c.req.Context(), &breq, nil)
 		if err != nil {
-			if c.req.Context().Err() == nil {
-				t.bal.Failed(a.be, failKind(err))
-			}
-			endAttempt(a.span, 0, err)
-			a.cancel(nil)
-			if c.req.Context().Err() != nil {
-				return nil, err
-			}
-			continue
+			return nil, err
 		}
-		ex.attempts++
-		c.cur = t.attemptBody(a, resp, true)
-		c.cur.byProtocol = true
-		return c.cur, nil
+		ex.dec = dec
+		answered := false
+		for i, be := range dec.Candidates[:min(len(dec.Candidates), t.maxAttempts-tried)] {
+			tried++
+			a := try{ex: ex, be: be}
+			a.ctx, a.cancel = context.WithCancelCause(c.req.Context())
+			resp, err := t.attempt(c.req, &a, i, sendBody{head: body})
+			if a.span != nil {
+				a.span.SetAttributes(attribute.Bool("llmlb.continuation", true))
+			}
+			if err == nil && resp.StatusCode != http.StatusOK {
+				answered = true
+				if resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests {
+					t.bal.Failed(a.be, balancer.FailStatus)
+				}
+				resp.Body.Close()
+				err = fmt.Errorf("%s answered status %d", be.ID, resp.StatusCode)
+			}
+			if err != nil {
+				answered = answered || !t.unanswered(err)
+				if c.req.Context().Err() == nil {
+					t.bal.Failed(a.be, failKind(err))
+				}
+				endAttempt(a.span, 0, err)
+				a.cancel(nil)
+				if c.req.Context().Err() != nil {
+					return nil, err
+				}
+				continue
+			}
+			ex.attempts++
+			c.cur = t.attemptBody(a, resp, true)
+			c.cur.byProtocol = true
+			return c.cur, nil
+		}
+		if answered {
+			break
+		}
 	}
 	return nil, errors.New("no server could take the rest")
 }

@@ -81,7 +81,7 @@ type exchange struct {
 	continuations int
 	sentAt        time.Time // when the latest attempt was sent
 	// stripUsage: llmlb asked for the stream's usage chunk, the client
-	// did not, so the observer drops it.
+	// did not, so the stream pipeline drops it.
 	stripUsage bool
 	obs        usageReader // what the answering backend reported, once it answered 200: its stream, or its held JSON answer
 	// resumer continues the answer's stream on another server; nil

@@ -158,9 +158,10 @@ func (s *Server) modelLabel(name string) string {
 	return unknownModel
 }
 
-// observed records what the observer saw of the answering backend's
-// response: time to first token, tokens from usage, and the prefix match
-// the balancer predicted against the cache hits the backend reported.
+// observed records what the stream pipeline or the held answer saw of the
+// answering backend's response: time to first token, tokens from usage,
+// and the prefix match the balancer predicted against the cache hits the
+// backend reported.
 func (s *Server) observed(ex *exchange, backend, name, model string, status int, took time.Duration) {
 	if backend == "none" || ex.attempts == 0 {
 		return
