@@ -248,30 +248,36 @@ func (b *Balancer) appendCandidate(cands []Candidate, be *Backend, req *Request,
 	return cands
 }
 
-// fill reads be's scraped values and ledger into c, which is zero.
+// fill reads be's scraped values and ledger into c, which is zero. The
+// ledger's peers count with its own work: "we" is this balancer and the
+// replicas it shares a ledger with.
 func (b *Balancer) fill(c *Candidate, be *Backend, req *Request, now time.Time) {
 	l, m, mk := be.Ledger, &be.Metrics, be.mark
+	peers := l.Peers()
 	inFlight := l.InFlight()
 	pending, pendingTok := l.Pending()
-	c.Backend, c.InFlight, c.PendingTokens = be, inFlight, pendingTok
+	c.Backend, c.InFlight, c.PendingTokens = be, inFlight+peers.InFlight, pendingTok+peers.PendingTokens
 	scraped := !m.At.IsZero()
+	// What the peers sent since the scrape: the change in their levels.
+	peersQueued := float64(peers.Pending - mk.peers.Pending)
+	peersRunning := float64(peers.InFlight - peers.Pending - (mk.peers.InFlight - mk.peers.Pending))
 	sinceStarted := float64(l.started.Load() - mk.started)
 	sincePrefilled := float64(l.prefilled.Load() - mk.prefilled)
 	sinceFinished := float64(l.finished.Load() - mk.finished)
 	if scraped && m.Queued.Known {
-		c.Queued = max(0, m.Queued.V+sinceStarted-sincePrefilled)
+		c.Queued = max(0, m.Queued.V+sinceStarted-sincePrefilled+peersQueued)
 	} else {
-		c.Queued = float64(pending)
+		c.Queued = float64(pending + peers.Pending)
 	}
 	if scraped && m.Running.Known {
-		c.Running = max(0, m.Running.V+sincePrefilled-sinceFinished)
+		c.Running = max(0, m.Running.V+sincePrefilled-sinceFinished+peersRunning)
 	} else {
-		c.Running = float64(inFlight - pending)
+		c.Running = float64(inFlight - pending + peers.InFlight - peers.Pending)
 	}
 	if scraped && m.KVUsage.Known {
 		kv := m.KVUsage.V
 		if capTok := m.BlockSize.V * m.NumBlocks.V; m.BlockSize.Known && m.NumBlocks.Known && capTok > 0 {
-			kv += float64(l.openTokens.Load()-mk.openTokens) / capTok
+			kv += float64(l.openTokens.Load()-mk.openTokens+peers.OpenTokens-mk.peers.OpenTokens) / capTok
 		}
 		c.KVUsage = Known(min(max(kv, 0), 1))
 	}
@@ -286,7 +292,9 @@ func (b *Balancer) fill(c *Candidate, be *Backend, req *Request, now time.Time) 
 	if b.pol.events != nil {
 		ahead += b.othersPrefilling(be, pending, now)
 	}
-	c.AheadTokens = ahead + max(0, c.Queued-float64(pending))*l.queuedSize(pending, pendingTok, req.PromptTokens)
+	// The peers' pending prompts are among the server's other queued
+	// requests; their mean size is a better guess at those than ours.
+	c.AheadTokens = ahead + max(0, c.Queued-float64(pending))*l.queuedSize(pending+peers.Pending, pendingTok+peers.PendingTokens, req.PromptTokens)
 }
 
 // loraState says how ready be is to run model if model is one of its

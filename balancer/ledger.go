@@ -42,6 +42,10 @@ type Ledger struct {
 	eventsAt        atomic.Int64
 	eventsPrefilled atomic.Int64
 
+	// peers is what the replicas this balancer shares a ledger with
+	// ([Ledger.SetPeers]) have in flight on the backend; nil: none.
+	peers atomic.Pointer[Load]
+
 	est estimator
 	tok tokenRate // the backend's bytes per token and the index's fit to its cache
 
@@ -56,13 +60,61 @@ type Ledger struct {
 // server runs the adapter now; the others may still wait for a slot.
 type adapterLoad struct{ sent, started int }
 
-// mark is a ledger's monotonic counts at one moment.
+// mark is a ledger's monotonic counts at one moment, and the levels its
+// peers had then.
 type mark struct {
 	started, prefilled, finished, openTokens int64
+	peers                                    Load
 }
 
 func (l *Ledger) mark() mark {
-	return mark{started: l.started.Load(), prefilled: l.prefilled.Load(), finished: l.finished.Load(), openTokens: l.openTokens.Load()}
+	return mark{started: l.started.Load(), prefilled: l.prefilled.Load(), finished: l.finished.Load(), openTokens: l.openTokens.Load(), peers: l.Peers()}
+}
+
+// Load is the work one balancer, or several summed, has in flight on a
+// backend: what replicas publish to each other so that each pick counts
+// the work the others sent since the backend's last scrape.
+type Load struct {
+	InFlight      int64 // requests sent and not finished
+	Pending       int64 // of them, those without a first byte
+	PendingTokens int64 // their uncached prompt tokens
+	OpenTokens    int64 // KV tokens of the requests in flight: uncached prompt plus decode
+}
+
+// Add returns the sum of l and o.
+func (l Load) Add(o Load) Load {
+	return Load{InFlight: l.InFlight + o.InFlight, Pending: l.Pending + o.Pending,
+		PendingTokens: l.PendingTokens + o.PendingTokens, OpenTokens: l.OpenTokens + o.OpenTokens}
+}
+
+// Own returns this balancer's own load on the backend, the part it
+// publishes to its peers.
+func (l *Ledger) Own() Load {
+	return Load{InFlight: l.inFlight.Load(), Pending: l.pending.Load(), PendingTokens: l.pendingTokens.Load(), OpenTokens: l.openTokens.Load()}
+}
+
+// SetPeers replaces what the other replicas have in flight on the
+// backend, summed; the zero Load when there are none or they are not
+// heard from. A pick counts it as it counts the ledger's own work:
+// whole where the backend reports no queue, and as its change since the
+// last scrape where it does, since the scrape already counts what the
+// peers had sent before it.
+func (l *Ledger) SetPeers(p Load) {
+	if p == (Load{}) {
+		if l.peers.Load() != nil {
+			l.peers.Store(nil)
+		}
+		return
+	}
+	l.peers.Store(&p)
+}
+
+// Peers returns the load [Ledger.SetPeers] last set.
+func (l *Ledger) Peers() Load {
+	if p := l.peers.Load(); p != nil {
+		return *p
+	}
+	return Load{}
 }
 
 // InFlight returns the number of requests sent to the backend and not yet

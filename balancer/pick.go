@@ -38,6 +38,11 @@ type Request struct {
 	FirstUser, FirstTurn int
 	// Session is the session-affinity header's value, or "".
 	Session string
+	// SessionHome is the backend ID the fleet's session table holds for
+	// Session, looked up by the caller where replicas share sessions; it
+	// goes before this balancer's own table, which only knows the
+	// sessions it routed. "" for none.
+	SessionHome string
 	// Avoid, when set, is the ID of a backend the request must not go to:
 	// the one whose stream of it broke, when the rest is asked elsewhere.
 	Avoid string
@@ -294,12 +299,16 @@ func (b *Balancer) near(p *PickInfo, primary int, total []float64) int {
 }
 
 // affinity returns the candidate the request's session stays on, unless
-// that backend is saturated or gone, or -1.
+// that backend is saturated or gone, or -1: the fleet's home for the
+// session where the caller found one, else this balancer's.
 func (b *Balancer) affinity(p *PickInfo) (int, Reason) {
 	if b.sessions == nil || p.Req.Session == "" {
 		return -1, ""
 	}
-	id, ok := b.sessions.Get(p.Req.Session)
+	id, ok := p.Req.SessionHome, p.Req.SessionHome != ""
+	if !ok {
+		id, ok = b.sessions.Get(p.Req.Session)
+	}
 	if !ok {
 		return -1, ""
 	}

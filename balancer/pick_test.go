@@ -25,6 +25,27 @@ func TestSessionAffinityUnlessSaturated(t *testing.T) {
 	}
 }
 
+// The fleet's home for a session, found by the caller, goes before this
+// balancer's own table; a saturated home is left as a local one is.
+func TestSessionHomeOfTheFleetGoesFirst(t *testing.T) {
+	b := newBal(t, "round-robin", func(c *Config, _ *Deps) { c.Session.Header = "X-Session" })
+	b.Update(ready("a", 0, 0, 0), ready("b", 0, 0, 0), ready("c", 0, 0, 0))
+	local := mustPick(t, b, &Request{Model: "m", Session: "s1"}, nil).Candidates[0].ID
+	home := "a"
+	if local == "a" {
+		home = "b"
+	}
+	for range 3 {
+		if d := mustPick(t, b, &Request{Model: "m", Session: "s1", SessionHome: home}, nil); d.Candidates[0].ID != home || d.Reason != "affinity" {
+			t.Fatalf("fleet's home %s: went to %s (%s)", home, d.Candidates[0].ID, d.Reason)
+		}
+	}
+	b.Update(ready(home, 50, 0, 0))
+	if d := mustPick(t, b, &Request{Model: "m", Session: "s1", SessionHome: home}, nil); d.Reason == "affinity" {
+		t.Errorf("session kept to saturated home %s: went to %s (%s)", home, d.Candidates[0].ID, d.Reason)
+	}
+}
+
 // TestFallbacksFollowTheScores: a pick's candidates are the primary, then
 // the rest by total score, highest first, ties in snapshot order, none
 // twice; with one candidate fewer than MaxCandidates, all of them.
