@@ -39,6 +39,9 @@ type Options struct {
 	// Replicas is how many independent balancers front the cluster
 	// ([Cluster.Replicas]). (default 1)
 	Replicas int
+	// SharedLedger, when positive, is the interval at which the replicas
+	// share their ledgers ([Cluster.SharedLedger]); zero: they do not.
+	SharedLedger time.Duration
 	// KVEvents: the servers publish KV-cache events and the default reads
 	// them ([Cluster.KVEvents]).
 	KVEvents bool
@@ -276,7 +279,7 @@ func Bench(ctx context.Context, o Options) (Report, error) {
 			for j := range jobs {
 				spec := specs[j.p]
 				c := Cluster{Presets: presets, EngineModel: o.EngineModel, Engine: o.Engine, Policy: spec.policy, Seed: o.Params.Seed, Replicas: o.Replicas, Perturb: o.Perturb, KVEvents: o.KVEvents,
-					Roles: spec.roles}
+					Roles: spec.roles, SharedLedger: o.SharedLedger}
 				if spec.pd != nil {
 					bcfg := balancer.DefaultConfig()
 					bcfg.PD = *spec.pd

@@ -224,6 +224,8 @@ func TestSweepReplicasExperiments(t *testing.T) {
 			t.Fatal(err)
 		}
 		WriteSweep(&b, curves)
+		o := o
+		o.SharedLedger = 100 * time.Millisecond
 		rows, err := Replicas(context.Background(), o, 3)
 		if err != nil {
 			t.Fatal(err)
@@ -248,7 +250,7 @@ func TestSweepReplicasExperiments(t *testing.T) {
 		WriteExperiment(&b, sc, res)
 	}
 	a += b.String()
-	for _, want := range []string{"x0.5", "x2", "worst TTFT p90 ratio", "replicas: 3 independent balancers", "hit rate 3",
+	for _, want := range []string{"x0.5", "x2", "worst TTFT p90 ratio", "3 sharing their ledgers every 100ms", "kept 3 shared",
 		"precise-scheduling", "542ms", "cache-aware router (v0.4)", "158596", "best first: published"} {
 		if !strings.Contains(a, want) {
 			t.Errorf("output lacks %q:\n%s", want, a)
@@ -312,6 +314,65 @@ func TestReplicasKeepTheirOwnState(t *testing.T) {
 	}
 	if served+res.Refused+res.Failed != len(w.Requests) {
 		t.Errorf("served %d + refused %d + failed %d != %d arrivals", served, res.Refused, res.Failed, len(w.Requests))
+	}
+}
+
+// TestSharedLedgerShowsPeersWork: with the shared ledger, right after each
+// tick every replica's ledger for a server holds the sum of the other
+// replicas' own work on it; without it, nothing, though the replicas have
+// work in flight.
+func TestSharedLedgerShowsPeersWork(t *testing.T) {
+	w, err := Build("burst", Params{Scale: 0.1, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const every = 100 * time.Millisecond
+	for _, tc := range []struct {
+		name   string
+		shared time.Duration
+	}{{"independent", 0}, {"shared", every}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r, err := newRun(Cluster{Presets: Presets(4, -1), Policy: "default", Seed: 1, Replicas: 3, SharedLedger: tc.shared}, w)
+			if err != nil {
+				t.Fatal(err)
+			}
+			others, ticks := 0, 0 // ticks at which some replica had another's work in flight
+			own := make([]balancer.Load, len(r.reps))
+			for at := every; r.busy(); at += every {
+				r.advance(at)
+				busy := false
+				for _, s := range r.servers {
+					for k, rep := range r.reps {
+						own[k] = rep.bal.Ledger(s.id).Own()
+					}
+					for k, rep := range r.reps {
+						var want balancer.Load
+						for j := range own {
+							if j != k && tc.shared > 0 {
+								want = want.Add(own[j])
+							}
+							busy = busy || j != k && own[j].InFlight > 0
+						}
+						if got := rep.bal.Ledger(s.id).Peers(); got != want {
+							t.Fatalf("at %v, replica %d's Peers() on %s = %+v, want %+v", at, k, s.id, got, want)
+						}
+					}
+				}
+				if busy {
+					ticks++
+					if tc.shared > 0 {
+						others++
+					}
+				}
+			}
+			if ticks == 0 {
+				t.Fatal("no replica ever had work in flight at a tick")
+			}
+			if tc.shared > 0 && others == 0 {
+				t.Error("no replica ever saw another's work")
+			}
+		})
 	}
 }
 

@@ -49,6 +49,15 @@ type Cluster struct {
 	// server; each arrival goes to one at random, as a Kubernetes Service
 	// spreads connections. (default 1)
 	Replicas int
+	// SharedLedger, when positive with several replicas, has them share
+	// their ledgers as replicas sharing state through Redis do (issue 55):
+	// every SharedLedger of virtual time each replica's own load on each
+	// server ([balancer.Ledger.Own]) is read, and every replica's ledger
+	// for that server is told the sum of the others'
+	// ([balancer.Ledger.SetPeers]), which its picks count until the next
+	// tick, so a replica's view of the others is up to one interval old.
+	// Zero is no sharing: each replica knows only its own work.
+	SharedLedger time.Duration
 	// Seed seeds the scrape jitter and the policies' randomness.
 	Seed uint64
 	// Perturb scales the engines' real costs without telling the
@@ -127,6 +136,10 @@ type replica struct {
 	bal     *balancer.Balancer
 	scrape  time.Duration
 	waiting []*flight // in its admission queue, oldest first
+	// ledgers are its balancer's ledgers, by server index, for the shared
+	// ledger's ticks ([Cluster.SharedLedger]); nil without sharing.
+	ledgers []*balancer.Ledger
+	own     []balancer.Load // by server index: its own load at the last tick
 }
 
 // run is the state of one replay.
@@ -206,29 +219,44 @@ func runWith(c Cluster, w *Workload) (Result, *balancer.Balancer, error) {
 
 // runAll is Run that also returns every replica's balancer, for tests.
 func runAll(c Cluster, w *Workload) (Result, []*balancer.Balancer, error) {
+	r, err := newRun(c, w)
+	if err != nil {
+		return Result{}, nil, err
+	}
+	r.loop()
+	var bals []*balancer.Balancer
+	for _, rep := range r.reps {
+		bals = append(bals, rep.bal)
+	}
+	return r.res, bals, nil
+}
+
+// newRun checks c and builds the run of w through it, its first events
+// queued.
+func newRun(c Cluster, w *Workload) (*run, error) {
 	if len(c.Presets) == 0 {
-		return Result{}, nil, errors.New("bench: a cluster needs at least one server")
+		return nil, errors.New("bench: a cluster needs at least one server")
 	}
 	if err := checkEngineModel(c.EngineModel); err != nil {
-		return Result{}, nil, err
+		return nil, err
 	}
 	if c.Engine == "" {
 		c.Engine = "vllm"
 	}
 	c.Replicas = max(1, c.Replicas)
 	if c.KVEvents && c.Perturb.tokenizer() != sim.BytesPerToken {
-		return Result{}, nil, fmt.Errorf("bench: --kv-events takes the engines' tokenizer at %d bytes a token, not %g", sim.BytesPerToken, c.Perturb.tokenizer())
+		return nil, fmt.Errorf("bench: --kv-events takes the engines' tokenizer at %d bytes a token, not %g", sim.BytesPerToken, c.Perturb.tokenizer())
 	}
 	if c.EngineModel == LLMDSim && c.Perturb.Tokenizer == 0 && !c.KVEvents {
 		c.Perturb.Tokenizer = LLMDSimTokenizer
 	}
 	engines, err := scrape.NewEngineSet(nil)
 	if err != nil {
-		return Result{}, nil, err
+		return nil, err
 	}
 	scraper := engines[c.Engine]
 	if scraper == nil {
-		return Result{}, nil, fmt.Errorf("bench: unknown engine %q", c.Engine)
+		return nil, fmt.Errorf("bench: unknown engine %q", c.Engine)
 	}
 	r := &run{c: c, w: w, scraper: scraper, byID: map[string]int{}, flights: map[*sim.Seq]*flight{},
 		epoch: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), rng: rand.New(rand.NewPCG(c.Seed, 0xbe7c4))}
@@ -238,14 +266,9 @@ func runAll(c Cluster, w *Workload) (Result, []*balancer.Balancer, error) {
 		r.adapts = append(r.adapts, balancer.Adapter{Name: a, Parent: Model})
 	}
 	if err := r.build(); err != nil {
-		return Result{}, nil, err
+		return nil, err
 	}
-	r.loop()
-	var bals []*balancer.Balancer
-	for _, rep := range r.reps {
-		bals = append(bals, rep.bal)
-	}
-	return r.res, bals, nil
+	return r, nil
 }
 
 func (r *run) clock() time.Time { return r.epoch.Add(r.now) }
@@ -313,6 +336,15 @@ func (r *run) build() error {
 			r.scrapeServer(rep, i)
 			r.pushScrape(rep, i)
 		}
+	}
+	if r.c.SharedLedger > 0 && len(r.reps) > 1 {
+		for _, rep := range r.reps {
+			for _, s := range r.servers {
+				rep.ledgers = append(rep.ledgers, rep.bal.Ledger(s.id))
+			}
+			rep.own = make([]balancer.Load, len(r.servers))
+		}
+		r.push(event{at: r.c.SharedLedger, kind: evShare})
 	}
 	if err := r.linkTurns(); err != nil {
 		return err

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 )
 
 // Command is one `llmlb bench`, its flags parsed: which runs to make and
@@ -45,10 +46,16 @@ type Command struct {
 	// Replicas is how many independent balancers front the cluster;
 	// above 1 the table compares them with one (0 and 1: one).
 	Replicas int
+	// SharedLedger, when positive, has the replicas share their ledgers
+	// at this interval ([Cluster.SharedLedger]): the replica table adds
+	// R replicas sharing to R independent ones, and a sweep runs its R
+	// replicas sharing. It needs Replicas above 1; zero is off.
+	SharedLedger time.Duration
 	// Sweep runs each workload at a ladder of arrival rates: Rates, a
 	// comma-separated list of factors ("": [DefaultLadder]), at Seeds
 	// seeds from Params.Seed on. Seeds is at least 1, and above 1 only
-	// with Sweep.
+	// with Sweep. Without Sweep, Rates ("": Params.Rate) are the rates of
+	// the replica table.
 	Sweep bool
 	Rates string
 	Seeds int
@@ -101,6 +108,9 @@ func (c Command) Run(ctx context.Context, stdout io.Writer) (err error) {
 	case c.Backends == 0:
 		c.Backends = 8
 	}
+	if c.SharedLedger < 0 || c.SharedLedger > 0 && c.Replicas < 2 {
+		return fmt.Errorf("bench: --shared-ledger %v: give a positive interval, with --replicas 2 or more", c.SharedLedger)
+	}
 	pert, err := ParsePerturb(c.Perturb)
 	if err != nil {
 		return err
@@ -112,7 +122,8 @@ func (c Command) Run(ctx context.Context, stdout io.Writer) (err error) {
 		c.Clients = 32 * c.Backends
 	}
 	opts := Options{Workloads: c.Workloads, Policies: c.Policies, Backends: c.Backends, Slow: c.Slow, Params: c.Params,
-		Engine: c.Engine, EngineModel: c.EngineModel, Clients: c.Clients, Perturb: pert, KVEvents: c.KVEvents, Progress: c.Progress, Prefill: c.Prefill, Decisions: c.Decisions}
+		Engine: c.Engine, EngineModel: c.EngineModel, Clients: c.Clients, Perturb: pert, KVEvents: c.KVEvents, Progress: c.Progress, Prefill: c.Prefill, Decisions: c.Decisions,
+		SharedLedger: c.SharedLedger}
 	if c.TraceFile != "" {
 		tr, terr := NewTraceWriter(c.TraceFile, c.Params.Seed)
 		if terr != nil {
@@ -129,6 +140,15 @@ func (c Command) Run(ctx context.Context, stdout io.Writer) (err error) {
 		return c.runSweep(ctx, opts, stdout)
 	}
 	if c.Replicas > 1 {
+		ladder, err := c.ladder()
+		if err != nil {
+			return err
+		}
+		if ladder != nil {
+			if opts.Loads, err = buildLadder(opts, ladder); err != nil {
+				return err
+			}
+		}
 		rows, err := Replicas(ctx, opts, c.Replicas)
 		if err != nil {
 			return err
@@ -158,21 +178,33 @@ func (c Command) writeHeader(stdout io.Writer, pert Perturb) {
 	if c.KVEvents {
 		fmt.Fprint(stdout, ", servers publishing KV events")
 	}
+	if c.SharedLedger > 0 {
+		fmt.Fprintf(stdout, ", replicas sharing their ledgers every %v", c.SharedLedger)
+	}
 	fmt.Fprintln(stdout)
 }
 
-// runSweep runs o at each rate of c's ladder and each of its seeds.
-func (c Command) runSweep(ctx context.Context, o Options, stdout io.Writer) error {
-	var ladder []float64 // nil: each workload's default
+// ladder is c's --rates, nil when none are given.
+func (c Command) ladder() ([]float64, error) {
+	var ladder []float64
 	for f := range strings.SplitSeq(c.Rates, ",") {
 		if f = strings.TrimSpace(f); f == "" {
 			continue
 		}
 		var x float64
 		if _, err := fmt.Sscan(f, &x); err != nil || x <= 0 {
-			return fmt.Errorf("bench: --rates: %q is not a positive factor", f)
+			return nil, fmt.Errorf("bench: --rates: %q is not a positive factor", f)
 		}
 		ladder = append(ladder, x)
+	}
+	return ladder, nil
+}
+
+// runSweep runs o at each rate of c's ladder and each of its seeds.
+func (c Command) runSweep(ctx context.Context, o Options, stdout io.Writer) error {
+	ladder, err := c.ladder() // nil: each workload's default
+	if err != nil {
+		return err
 	}
 	o.Replicas = c.Replicas
 	var seeds []uint64

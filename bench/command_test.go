@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/llmlb/llmlb/proxy"
 	"github.com/llmlb/llmlb/sim"
@@ -171,6 +172,8 @@ func TestBenchCommandRefusesBeforeRunning(t *testing.T) {
 		{"unknown scenario", Command{Scenario: "nope"}, `unknown scenario "nope"`},
 		{"unknown engine model", Command{EngineModel: "sglang", Backends: 3, Seeds: 1}, `unknown engine model "sglang"`},
 		{"engine model of a scenario", Command{EngineModel: LLMDSim, Scenario: "sglang-v04-shared-prefix"}, "--engine-model llm-d-sim: --scenario"},
+		{"shared ledger of one replica", Command{SharedLedger: 100 * time.Millisecond, Replicas: 1, Backends: 3, Seeds: 1}, "--shared-ledger 100ms: give a positive interval, with --replicas 2 or more"},
+		{"negative shared ledger", Command{SharedLedger: -time.Second, Replicas: 2, Backends: 3, Seeds: 1}, "--shared-ledger -1s"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out strings.Builder
@@ -207,6 +210,9 @@ func TestBenchCommandRuns(t *testing.T) {
 		{"replicas", func(c *Command, dir string) {
 			c.Replicas, c.JSONFile = 3, dir+"/r.json"
 		}, []string{"replicas: 3 independent balancers", "hit rate 3"}, []string{"r.json"}, `"hit_rate_r"`},
+		{"replicas sharing a ledger", func(c *Command, dir string) {
+			c.Replicas, c.SharedLedger, c.Rates, c.JSONFile = 3, 100*time.Millisecond, "0.5,2", dir+"/s.json"
+		}, []string{"replicas sharing their ledgers every 100ms", "3 sharing their ledgers every 100ms (3 shared)", "kept 3 shared", "x0.5", "x2"}, []string{"s.json"}, `"hit_rate_shared"`},
 		{"perturbed with KV events", func(c *Command, dir string) {
 			c.Perturb, c.KVEvents = "prefill=2", true
 		}, []string{"engines perturbed (prefill=2) without telling the balancer, servers publishing KV events"}, nil, ""},

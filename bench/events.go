@@ -2,7 +2,10 @@ package bench
 
 import (
 	"container/heap"
+	"math"
 	"time"
+
+	"github.com/llmlb/llmlb/balancer"
 )
 
 // event kinds
@@ -14,6 +17,7 @@ const (
 	evTokenized   // a request's tokens are back; its pick comes now
 	evKV          // server i's KV events reach the balancers
 	evTransferred // a disaggregated request's KV cache reached its decode server
+	evShare       // the replicas share their ledgers ([Cluster.SharedLedger])
 )
 
 type event struct {
@@ -55,10 +59,46 @@ func (r *run) pushScrape(rep, i int) {
 	r.push(event{at: r.now + time.Duration(float64(r.reps[rep].scrape)*j), kind: evScrape, i: i, rep: rep})
 }
 
+// busy reports whether arrivals are still to come or requests are still
+// queued, on their way or in flight: until then the periodic events
+// (scrapes, shared-ledger ticks) go on.
+func (r *run) busy() bool {
+	return r.pending > 0 || len(r.flights)+r.queued+r.entering > 0
+}
+
+// share is one tick of the shared ledger: each replica's own load on each
+// server is read, then every replica's ledger for the server is set to
+// the sum of the others', as each replica would read what the others
+// last published.
+func (r *run) share() {
+	for _, rep := range r.reps {
+		for i, l := range rep.ledgers {
+			rep.own[i] = l.Own()
+		}
+	}
+	for k, rep := range r.reps {
+		for i, l := range rep.ledgers {
+			var peers balancer.Load
+			for j, o := range r.reps {
+				if j != k {
+					peers = peers.Add(o.own[i])
+				}
+			}
+			l.SetPeers(peers)
+		}
+	}
+}
+
 // loop runs events until every request is answered or refused; scrapes
 // stop once nothing is left to do.
 func (r *run) loop() {
-	for r.q.Len() > 0 {
+	r.advance(math.MaxInt64)
+	r.finish()
+}
+
+// advance runs the events due at or before until, in order.
+func (r *run) advance(until time.Duration) {
+	for r.q.Len() > 0 && r.q[0].at <= until {
 		e := heap.Pop(&r.q).(event)
 		r.now = e.at
 		switch e.kind {
@@ -82,14 +122,24 @@ func (r *run) loop() {
 			}
 		case evScrape:
 			r.scrapeServer(e.rep, e.i)
-			if r.pending > 0 || len(r.flights)+r.queued+r.entering > 0 {
+			if r.busy() {
 				r.pushScrape(e.rep, e.i)
+			}
+		case evShare:
+			r.share()
+			if r.busy() {
+				r.push(event{at: r.now + r.c.SharedLedger, kind: evShare})
 			}
 		}
 		for i := range r.reps {
 			r.admit(i)
 		}
 	}
+}
+
+// finish refuses what is left in the admission queues and gathers the
+// run's results.
+func (r *run) finish() {
 	for _, rep := range r.reps {
 		for _, f := range rep.waiting {
 			f.ticket.Leave("timeout")

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"time"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -49,22 +50,12 @@ func Sweep(ctx context.Context, o Options, ladder []float64) ([]Curve, error) {
 	// Every rung of every workload goes into one pool of runs, so a long
 	// run of one rung does not leave the other CPUs idle.
 	var curves []Curve
-	o.Loads = nil
 	for _, name := range o.Workloads {
-		rungs := ladder
-		if rungs == nil {
-			rungs = DefaultLadder(name)
-		}
-		for _, f := range rungs {
-			p := o.Params
-			p.Rate = f * defaultRate[name]
-			w, err := Build(name, p)
-			if err != nil {
-				return nil, err
-			}
-			o.Loads = append(o.Loads, w)
-		}
 		curves = append(curves, Curve{Name: name})
+	}
+	var err error
+	if o.Loads, err = buildLadder(o, ladder); err != nil {
+		return nil, err
 	}
 	rep, err := Bench(ctx, o)
 	if err != nil {
@@ -78,6 +69,33 @@ func Sweep(ctx context.Context, o Options, ladder []float64) ([]Curve, error) {
 		}
 	}
 	return curves, nil
+}
+
+// buildLadder builds each of o's workloads (all when none are named) at
+// each factor of ladder times its default arrival rate, DefaultLadder's
+// when ladder is nil, workload by workload.
+func buildLadder(o Options, ladder []float64) ([]*Workload, error) {
+	names := o.Workloads
+	if len(names) == 0 {
+		names = WorkloadNames()
+	}
+	var loads []*Workload
+	for _, name := range names {
+		rungs := ladder
+		if rungs == nil {
+			rungs = DefaultLadder(name)
+		}
+		for _, f := range rungs {
+			p := o.Params
+			p.Rate = f * defaultRate[name]
+			w, err := Build(name, p)
+			if err != nil {
+				return nil, err
+			}
+			loads = append(loads, w)
+		}
+	}
+	return loads, nil
 }
 
 // SweepSeeds runs Sweep once for each seed (the workloads' arrivals and
@@ -415,10 +433,12 @@ func PlotSweep(prefix string, curves []Curve) ([]string, error) {
 	return files, nil
 }
 
-// ReplicaRow compares one policy at R replicas against one.
+// ReplicaRow compares one policy at R replicas against one, and with a
+// shared ledger against R independent ones.
 type ReplicaRow struct {
 	Workload   string  `json:"workload"`
 	Policy     string  `json:"policy"`
+	Rate       float64 `json:"rate"` // the workload's arrival-rate factor
 	Replicas   int     `json:"replicas"`
 	HitRate1   float64 `json:"hit_rate_1"`
 	HitRateR   float64 `json:"hit_rate_r"`
@@ -426,13 +446,22 @@ type ReplicaRow struct {
 	TTFTP90R   float64 `json:"ttft_p90_r"`
 	Throughput float64 `json:"output_tokens_per_s_1"`
 	ThroughR   float64 `json:"output_tokens_per_s_r"`
+	// SharedLedger is the interval at which the R replicas of the
+	// Shared figures shared their ledgers ([Cluster.SharedLedger]); zero,
+	// and the Shared figures absent, when they were not run.
+	SharedLedger  time.Duration `json:"shared_ledger_ns,omitempty"`
+	HitRateShared float64       `json:"hit_rate_shared,omitempty"`
+	TTFTP90Shared float64       `json:"ttft_p90_shared,omitempty"`
+	ThroughShared float64       `json:"output_tokens_per_s_shared,omitempty"`
 }
 
 // Replicas runs o once with one balancer and once with r independent
-// ones and pairs each policy's rows.
+// ones and pairs each policy's rows; with o.SharedLedger positive, also
+// once with r replicas sharing their ledgers at that interval.
 func Replicas(ctx context.Context, o Options, r int) ([]ReplicaRow, error) {
 	o.Clients = 0
-	o.Replicas = 1
+	shared := o.SharedLedger
+	o.Replicas, o.SharedLedger = 1, 0
 	one, err := Bench(ctx, o)
 	if err != nil {
 		return nil, err
@@ -442,33 +471,84 @@ func Replicas(ctx context.Context, o Options, r int) ([]ReplicaRow, error) {
 	if err != nil {
 		return nil, err
 	}
+	var sharing Report
+	if shared > 0 {
+		o.SharedLedger = shared
+		if sharing, err = Bench(ctx, o); err != nil {
+			return nil, err
+		}
+	}
 	var out []ReplicaRow
 	for wi, t := range one.Workloads {
 		for pi, a := range t.Results {
 			b := many.Workloads[wi].Results[pi]
-			out = append(out, ReplicaRow{Workload: t.Name, Policy: a.Policy, Replicas: r, HitRate1: a.HitRate, HitRateR: b.HitRate,
-				TTFTP901: a.TTFTP90, TTFTP90R: b.TTFTP90, Throughput: a.Throughput, ThroughR: b.Throughput})
+			row := ReplicaRow{Workload: t.Name, Policy: a.Policy, Rate: t.Rate, Replicas: r, HitRate1: a.HitRate, HitRateR: b.HitRate,
+				TTFTP901: a.TTFTP90, TTFTP90R: b.TTFTP90, Throughput: a.Throughput, ThroughR: b.Throughput}
+			if shared > 0 {
+				s := sharing.Workloads[wi].Results[pi]
+				row.SharedLedger, row.HitRateShared, row.TTFTP90Shared, row.ThroughShared = shared, s.HitRate, s.TTFTP90, s.Throughput
+			}
+			out = append(out, row)
 		}
 	}
 	return out, nil
 }
 
 // WriteReplicas prints the replica table: hit rate, TTFT p90 and output
-// tokens/s at one replica and at R, and the share R keeps of one.
+// tokens/s at one replica and at R, and the share of one's hit rate R
+// keep; with a shared ledger, each figure also at R replicas sharing it.
 func WriteReplicas(w io.Writer, rows []ReplicaRow) {
 	if len(rows) == 0 {
 		return
 	}
-	r := rows[0].Replicas
-	fmt.Fprintf(w, "\nreplicas: %d independent balancers against one (each arrival to one at random)\n", r)
-	out := [][]string{{"workload", "policy", "hit rate 1", fmt.Sprintf("hit rate %d", r), "kept", "ttft p90 1", fmt.Sprintf("ttft p90 %d", r), "tok/s 1", fmt.Sprintf("tok/s %d", r)}}
-	for _, x := range rows {
-		kept := "-"
-		if x.HitRate1 > 0 {
-			kept = fmt.Sprintf("%.2f", x.HitRateR/x.HitRate1)
+	r, shared := rows[0].Replicas, rows[0].SharedLedger
+	n, s := fmt.Sprint(r), fmt.Sprintf("%d shared", r)
+	if shared == 0 {
+		fmt.Fprintf(w, "\nreplicas: %d independent balancers against one (each arrival to one at random)\n", r)
+	} else {
+		fmt.Fprintf(w, "\nreplicas: one balancer, %d independent and %[1]d sharing their ledgers every %[2]v (%[3]s), each arrival to one at random; kept is the share of one's hit rate\n", r, shared, s)
+	}
+	// cols are the column heads of one figure: at one, at R, and at R
+	// shared when there is a shared ledger.
+	cols := func(what string) []string {
+		if shared == 0 {
+			return []string{what + " 1", what + " " + n}
 		}
-		out = append(out, []string{x.Workload, x.Policy, fmt.Sprintf("%.1f%%", 100*x.HitRate1), fmt.Sprintf("%.1f%%", 100*x.HitRateR), kept,
-			secs(x.TTFTP901), secs(x.TTFTP90R), fmt.Sprintf("%.0f", x.Throughput), fmt.Sprintf("%.0f", x.ThroughR)})
+		return []string{what + " 1", n, s}
+	}
+	head := []string{"workload", "rate", "policy"}
+	head = append(head, cols("hit rate")...)
+	head = append(head, "kept")
+	if shared > 0 {
+		head = append(head, "kept "+s)
+	}
+	head = append(head, cols("ttft p90")...)
+	head = append(head, cols("tok/s")...)
+	out := [][]string{head}
+	kept := func(hit, one float64) string {
+		if one > 0 {
+			return fmt.Sprintf("%.2f", hit/one)
+		}
+		return "-"
+	}
+	for _, x := range rows {
+		cells := func(one, many, sh string) []string {
+			if shared == 0 {
+				return []string{one, many}
+			}
+			return []string{one, many, sh}
+		}
+		pct := func(v float64) string { return fmt.Sprintf("%.1f%%", 100*v) }
+		tok := func(v float64) string { return fmt.Sprintf("%.0f", v) }
+		row := []string{x.Workload, fmt.Sprintf("x%g", x.Rate), x.Policy}
+		row = append(row, cells(pct(x.HitRate1), pct(x.HitRateR), pct(x.HitRateShared))...)
+		row = append(row, kept(x.HitRateR, x.HitRate1))
+		if shared > 0 {
+			row = append(row, kept(x.HitRateShared, x.HitRate1))
+		}
+		row = append(row, cells(secs(x.TTFTP901), secs(x.TTFTP90R), secs(x.TTFTP90Shared))...)
+		row = append(row, cells(tok(x.Throughput), tok(x.ThroughR), tok(x.ThroughShared))...)
+		out = append(out, row)
 	}
 	writeAligned(w, out)
 }
