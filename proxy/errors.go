@@ -174,10 +174,13 @@ func (s *Server) errorFor(clientCtx context.Context, err error) *HTTPError {
 		he  *HTTPError
 		ume *unknownModelError
 		rle *rateLimitError
+		fde *fleetDownError
 	)
 	switch {
 	case errors.As(err, &he):
 		return he
+	case errors.As(err, &fde):
+		return fde.httpError()
 	case clientCtx.Err() != nil:
 		return &HTTPError{Status: StatusClientClosed, Type: "client_closed", Msg: "client closed request", Err: err}
 	case errors.Is(err, errKeyMissing):

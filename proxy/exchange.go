@@ -50,6 +50,9 @@ type exchange struct {
 
 	// admit
 	admitted int // tokens (estimated) taken from the tenant's limit; 0 if none
+	// fleetAdmitted: the fleet's limits admitted the request, so its
+	// tokens are settled there, not in the local limiter.
+	fleetAdmitted bool
 
 	// route
 	target string // the model backends are asked for; req.Model is the client's; "" before routing

@@ -112,7 +112,12 @@ func (s *Server) account(ex *exchange, status int) {
 			s.authMetrics.tokens.WithLabelValues(t.name, "prompt").Add(float64(ex.usage.Prompt))
 			s.authMetrics.tokens.WithLabelValues(t.name, "completion").Add(float64(ex.usage.Completion))
 		}
-		if ex.admitted > 0 || used > 0 {
+		switch {
+		case ex.admitted == 0 && used == 0:
+		case ex.fleetAdmitted:
+			rpm, tpm := t.limiter.limits()
+			s.fleet.Charge(t.name, rpm, tpm, used-ex.admitted)
+		default:
 			t.limiter.charge(time.Now(), used-ex.admitted)
 		}
 	}

@@ -101,6 +101,13 @@ func (l *limiter) setLimits(now time.Time, requests, tokens int) {
 	}
 }
 
+// limits returns the limits per minute, 0 for unlimited.
+func (l *limiter) limits() (requests, tokens int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.requests.limit, l.tokens.limit
+}
+
 // rateLimitError is a request refused because its key is over a limit.
 type rateLimitError struct {
 	kind  string // "requests" or "tokens", as OpenAI's error type says

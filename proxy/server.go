@@ -51,6 +51,7 @@ type Server struct {
 	tok                   *tokenizer   // nil tokenizes nothing
 	tracer                trace.Tracer // nil makes no spans
 	dropTrace             bool
+	fleet                 Fleet // nil: an llmlb alone
 }
 
 // Options are what a [Server] is built from. Only the API keys change
@@ -83,6 +84,10 @@ type Options struct {
 	// DropTraceContext removes the client's W3C trace context
 	// (traceparent, tracestate) instead of passing it to the servers.
 	DropTraceContext bool
+	// Fleet is the state shared with other replicas (cluster.redis): the
+	// keys' limits and the sessions' homes; nil keeps both in this
+	// process.
+	Fleet Fleet
 }
 
 // New returns a Server forwarding to the backends o.Balancer picks, or an
@@ -93,7 +98,7 @@ func New(o Options) (*Server, error) {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{cfg: cfg, bal: bal, logger: logger, started: time.Now(), picks: newPickLog(), buffers: &sizedPool{},
-		accessLog: o.AccessLog, logPrompts: o.LogPrompts, dropTrace: o.DropTraceContext}
+		accessLog: o.AccessLog, logPrompts: o.LogPrompts, dropTrace: o.DropTraceContext, fleet: o.Fleet}
 	if o.Tracer != nil {
 		s.tracer = o.Tracer.Tracer("github.com/llmlb/llmlb/proxy")
 	}
@@ -269,6 +274,11 @@ func (s *Server) admit(ex *exchange) error {
 	case KindCountTokens: // counted, not computed: no tokens spent
 		est = 0
 	}
+	if s.fleet != nil {
+		if done, err := s.admitFleet(ex, t, est); done {
+			return err
+		}
+	}
 	q, err := t.limiter.admit(time.Now(), est)
 	q.setHeaders(ex.w.Header())
 	if err != nil {
@@ -294,6 +304,7 @@ func (s *Server) route(ex *exchange, r *http.Request) (*balancer.Request, error)
 	}
 	ex.target = breq.Model
 	ex.breq = breq
+	s.findHome(ex, breq)
 	if ex.req.PreviousResponseID != "" {
 		if err := s.followResponse(ex, breq); err != nil {
 			return nil, err
@@ -331,6 +342,7 @@ func (s *Server) pick(ex *exchange, breq *balancer.Request) error {
 		return err
 	}
 	s.metrics.picks.WithLabelValues(dec.Candidates[0].ID, string(dec.Reason)).Inc()
+	s.keepHome(breq, dec)
 	return s.planPD(ex, breq) // before the canonical prompt is given back: the prefill pick matches it
 }
 

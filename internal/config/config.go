@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb/balancer"
+	"github.com/llmlb/llmlb/cluster"
 	"github.com/llmlb/llmlb/prefix"
 	"github.com/llmlb/llmlb/proxy"
 	"github.com/llmlb/llmlb/scrape"
@@ -58,6 +59,9 @@ type Config struct {
 	Backends []scrape.BackendConfig `mapstructure:"backends" reload:"apply"`
 	// Tracing exports OpenTelemetry spans and propagates trace context.
 	Tracing tracing.Config `mapstructure:"tracing" reload:"restart"`
+	// Cluster is the state replicas share in Redis: limits, sessions,
+	// load; without cluster.redis.address, none.
+	Cluster cluster.Config `mapstructure:"cluster" reload:"restart"`
 }
 
 // AdminConfig is the `admin:` section.
@@ -102,6 +106,7 @@ func DefaultConfig() Config {
 		Balancer:      balancer.DefaultConfig(),
 		Prefix:        prefix.DefaultConfig(),
 		Tracing:       tracing.DefaultConfig(),
+		Cluster:       cluster.DefaultConfig(),
 	}
 }
 
@@ -143,7 +148,7 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("backends: at least one backend is required"))
 	}
 	errs = append(errs, c.TLS.Validate(), c.Auth.Validate(), c.Proxy.Validate(), c.Scrape.Validate(), scrape.ValidateBackends(c.Backends, names),
-		c.Balancer.Validate(), c.Prefix.Validate(), balancer.ValidateModels(c.Models), c.Tracing.Validate())
+		c.Balancer.Validate(), c.Prefix.Validate(), balancer.ValidateModels(c.Models), c.Tracing.Validate(), c.Cluster.Validate())
 	return errors.Join(errs...)
 }
 

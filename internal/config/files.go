@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 
+	"github.com/llmlb/llmlb/cluster"
 	"github.com/llmlb/llmlb/proxy"
 )
 
@@ -18,6 +19,8 @@ type Files struct {
 	// presents proxy.backend_cert_file to them; nil when neither is set
 	// (the system roots verify them).
 	BackendTLS *tls.Config
+	// Cluster is what cluster.redis's password and CA files hold.
+	Cluster cluster.Files
 }
 
 // OpenFiles reads and parses every file c names. It is the whole of what
@@ -35,6 +38,8 @@ func (c Config) OpenFiles(logger *slog.Logger) (Files, error) {
 	}
 	backendTLS, err := c.Proxy.BackendTLS()
 	f.BackendTLS = backendTLS
+	errs = append(errs, err)
+	f.Cluster, err = c.Cluster.OpenFiles()
 	errs = append(errs, err)
 	if err := errors.Join(errs...); err != nil {
 		return Files{}, err

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"go.yaml.in/yaml/v3"
+
 	"github.com/llmlb/llmlb/internal/config"
 	"github.com/llmlb/llmlb/internal/testcert"
 )
@@ -72,9 +74,10 @@ func TestCheckReadsEveryFileKey(t *testing.T) {
 	ca := testcert.NewCA(t)
 	certPEM, keyPEM := ca.Issue(t, 2, "localhost")
 	good := map[string]string{ // by how the key ends
-		"cert_file": testcert.Write(t, dir, "cert.pem", certPEM),
-		"key_file":  testcert.Write(t, dir, "key.pem", keyPEM),
-		"ca_file":   testcert.Write(t, dir, "ca.pem", ca.PEM),
+		"cert_file":     testcert.Write(t, dir, "cert.pem", certPEM),
+		"key_file":      testcert.Write(t, dir, "key.pem", keyPEM),
+		"ca_file":       testcert.Write(t, dir, "ca.pem", ca.PEM),
+		"password_file": testcert.Write(t, dir, "password", []byte("secret\n")),
 	}
 	var fileKeys []string
 	for _, k := range config.Keys() {
@@ -86,16 +89,15 @@ func TestCheckReadsEveryFileKey(t *testing.T) {
 		t.Fatalf("file keys %q: want at least tls's two and proxy's three", fileKeys)
 	}
 	for _, missing := range fileKeys {
-		sections := map[string][]string{}
-		var order []string
+		tree := map[string]any{}
 		for _, k := range fileKeys {
-			section, field, ok := strings.Cut(k, ".")
-			if !ok || strings.ContainsAny(field, ".[<") {
-				t.Fatalf("%s: the test writes keys of one section only", k)
+			parts := strings.Split(k, ".")
+			if len(parts) < 2 || strings.ContainsAny(k, "[<") {
+				t.Fatalf("%s: the test writes keys of sections only", k)
 			}
 			path := ""
 			for kind, p := range good {
-				if strings.HasSuffix(field, kind) {
+				if strings.HasSuffix(parts[len(parts)-1], kind) {
 					path = p
 				}
 			}
@@ -105,17 +107,21 @@ func TestCheckReadsEveryFileKey(t *testing.T) {
 			if k == missing {
 				path = filepath.Join(dir, "missing.pem")
 			}
-			if sections[section] == nil {
-				order = append(order, section)
+			node := tree
+			for _, p := range parts[:len(parts)-1] {
+				if node[p] == nil {
+					node[p] = map[string]any{}
+				}
+				node = node[p].(map[string]any)
 			}
-			sections[section] = append(sections[section], "  "+field+": "+path)
+			node[parts[len(parts)-1]] = path
 		}
-		var body strings.Builder
-		for _, s := range order {
-			body.WriteString(s + ":\n" + strings.Join(sections[s], "\n") + "\n")
+		body, err := yaml.Marshal(tree)
+		if err != nil {
+			t.Fatal(err)
 		}
-		path := writeConfig(t, body.String()+"backends:\n  - url: http://127.0.0.1:8001\n")
-		_, err := config.Check(path, noEnv)
+		path := writeConfig(t, string(body)+"backends:\n  - url: http://127.0.0.1:8001\n")
+		_, err = config.Check(path, noEnv)
 		if err == nil || !strings.Contains(err.Error(), path+": "+missing+": ") {
 			t.Errorf("%s missing: Check = %v, want a problem naming it", missing, err)
 		}

@@ -86,6 +86,11 @@ func load(path string, env Environ) (cfg Config, problems []error, read bool) {
 	for _, name := range decodeErrorKeys(err) {
 		resetList(reflect.ValueOf(&cfg).Elem(), reflect.ValueOf(def), name)
 	}
+	if cfg.Cluster.Redis.Password != "" && fromEnv["cluster.redis.password"] == "" {
+		// A secret in the file ends up in version control and backups.
+		problems = append(problems, errors.New("cluster.redis.password: not in the config file; set LLMLB_CLUSTER_REDIS_PASSWORD or cluster.redis.password_file"))
+		cfg.Cluster.Redis.Password = ""
+	}
 	cfg.Balancer.MaxCandidates = cfg.Proxy.MaxAttempts
 	if pr, err := balancer.LookupPreset(cfg.Balancer.Policy); err == nil {
 		explicit := v.InConfig("scrape.interval") || env.Get("LLMLB_SCRAPE_INTERVAL") != ""

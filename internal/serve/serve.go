@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/llmlb/llmlb/cluster"
 	"github.com/llmlb/llmlb/internal/config"
 	"github.com/llmlb/llmlb/kvevents"
 	"github.com/llmlb/llmlb/proxy"
@@ -93,9 +94,15 @@ func Start(ctx context.Context, cfg config.Config, src *Source, stderr io.Writer
 	if err != nil {
 		return nil, err
 	}
+	var cl *cluster.Cluster // nil: an llmlb alone
+	var pf proxy.Fleet
+	if cfg.Cluster.Enabled() {
+		cl = cluster.New(cfg.Cluster, files.Cluster, bal, reg, logger)
+		pf = fleet{cl}
+	}
 	px, err := proxy.New(proxy.Options{Config: cfg.Proxy, Balancer: bal, Registerer: reg, Logger: logger,
 		AccessLog: cfg.Log.Access, LogPrompts: cfg.Log.Prompts, BackendTLS: backendTLS, KVEvents: kv, Auth: cfg.Auth,
-		Tracer: tp, DropTraceContext: !cfg.Tracing.Propagate})
+		Tracer: tp, DropTraceContext: !cfg.Tracing.Propagate, Fleet: pf})
 	if err != nil {
 		return nil, err
 	}
@@ -141,6 +148,9 @@ func Start(ctx context.Context, cfg config.Config, src *Source, stderr io.Writer
 	scrapeCtx, stopScrape := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = mgr.Run(scrapeCtx) })
+	if cl != nil {
+		wg.Go(func() { cl.Run(scrapeCtx) })
+	}
 	var cs Source
 	if src != nil {
 		cs = *src
