@@ -87,7 +87,12 @@ func New(cfg Config, files Files, bal *balancer.Balancer, reg prometheus.Registe
 		ContextTimeoutEnabled: true,
 		MaxRetries:            -1, // a failed call is the fleet's state down, not a reason to wait longer
 		DialerRetries:         1,
-		DisableIdentity:       true,
+		// Every request of a limited key or with a session makes a call:
+		// a pool the request load does not queue on, since waiting for a
+		// connection counts against the timeout.
+		PoolSize:        256,
+		MinIdleConns:    4,
+		DisableIdentity: true,
 		// No push notifications: plain Redis, Valkey and RESP2 have none.
 		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 		TLSConfig:                files.TLS,

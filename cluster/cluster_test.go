@@ -58,7 +58,7 @@ func TestRequestLimitIsTheFleets(t *testing.T) {
 	reps := []*Cluster{replica(t, r.Addr, nil), replica(t, r.Addr, nil), replica(t, r.Addr, nil)}
 	admitted := 0
 	for i := range 60 {
-		v, err := reps[i%3].Take(t.Context(), "alpha", Limits{Requests: 30}, 10)
+		v, _, err := reps[i%3].Admit(t.Context(), "alpha", Limits{Requests: 30}, 10, "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -77,7 +77,7 @@ func TestRequestLimitIsTheFleets(t *testing.T) {
 		t.Errorf("admitted %d of 60 at 30 a minute over three replicas, want 30 or 31", admitted)
 	}
 	// Another key has its own allowance.
-	if v, _ := reps[0].Take(t.Context(), "bravo", Limits{Requests: 30}, 10); v.Refused != "" {
+	if v, _, _ := reps[0].Admit(t.Context(), "bravo", Limits{Requests: 30}, 10, ""); v.Refused != "" {
 		t.Errorf("another key refused: %+v", v)
 	}
 }
@@ -89,11 +89,11 @@ func TestTokenLimitSettlesWithUsage(t *testing.T) {
 	a, b := replica(t, r.Addr, nil), replica(t, r.Addr, nil)
 	lim := Limits{Tokens: 1000}
 	for i := range 10 {
-		if v, err := []*Cluster{a, b}[i%2].Take(t.Context(), "alpha", lim, 100); err != nil || v.Refused != "" {
+		if v, _, err := []*Cluster{a, b}[i%2].Admit(t.Context(), "alpha", lim, 100, ""); err != nil || v.Refused != "" {
 			t.Fatalf("request %d of 100 tokens under 1,000: %+v, %v", i, v, err)
 		}
 	}
-	v, err := a.Take(t.Context(), "alpha", lim, 100)
+	v, _, err := a.Admit(t.Context(), "alpha", lim, 100, "")
 	if err != nil || v.Refused != "tokens" {
 		t.Fatalf("the eleventh 100 tokens: %+v, %v; want refused for tokens", v, err)
 	}
@@ -102,7 +102,7 @@ func TestTokenLimitSettlesWithUsage(t *testing.T) {
 		b.Charge("alpha", lim, -50)
 	}
 	waitUntil(t, "charges written", func() bool {
-		v, err := a.Take(t.Context(), "alpha", Limits{Tokens: 1000}, 400)
+		v, _, err := a.Admit(t.Context(), "alpha", Limits{Tokens: 1000}, 400, "")
 		return err == nil && v.Refused == ""
 	})
 }
@@ -111,12 +111,12 @@ func TestTokenLimitSettlesWithUsage(t *testing.T) {
 func TestSessionHomeIsTheFleets(t *testing.T) {
 	r := redistest.Start(t)
 	a, b := replica(t, r.Addr, nil), replica(t, r.Addr, nil)
-	if home, err := b.Home(t.Context(), "s-1"); err != nil || home != "" {
+	if _, home, err := b.Admit(t.Context(), "", Limits{}, 0, "s-1"); err != nil || home != "" {
 		t.Fatalf("unknown session: %q, %v", home, err)
 	}
 	a.SetHome("s-1", "gpu-3")
 	waitUntil(t, "home written", func() bool {
-		home, err := b.Home(t.Context(), "s-1")
+		_, home, err := b.Admit(t.Context(), "", Limits{}, 0, "s-1")
 		return err == nil && home == "gpu-3"
 	})
 	ttl, err := r.Do("PTTL", a.sessionKey("s-1"))
@@ -133,19 +133,19 @@ func TestRedisDownAndBack(t *testing.T) {
 	r := redistest.Start(t)
 	a, b := replica(t, r.Addr, nil), replica(t, r.Addr, nil)
 	r.Kill()
-	if _, err := a.Take(t.Context(), "alpha", Limits{Requests: 30}, 1); !errors.Is(err, ErrDown) {
-		t.Fatalf("Take with Redis killed: %v, want ErrDown", err)
+	if _, _, err := a.Admit(t.Context(), "alpha", Limits{Requests: 30}, 1, ""); !errors.Is(err, ErrDown) {
+		t.Fatalf("Admit with Redis killed: %v, want ErrDown", err)
 	}
 	if a.Up() || testutil.ToFloat64(a.m.up) != 0 || testutil.ToFloat64(a.m.errors.WithLabelValues(opLimit)) != 1 {
 		t.Errorf("after a failed call: up %v, llmlb_cluster_up %v, limit errors %v", a.Up(), testutil.ToFloat64(a.m.up), testutil.ToFloat64(a.m.errors.WithLabelValues(opLimit)))
 	}
 	// While down, a call does not try Redis: it returns at once, and no
 	// error is counted for it.
-	if _, err := a.Home(t.Context(), "s-1"); !errors.Is(err, ErrDown) {
+	if _, _, err := a.Admit(t.Context(), "", Limits{}, 0, "s-1"); !errors.Is(err, ErrDown) {
 		t.Errorf("Home while down: %v, want ErrDown", err)
 	}
-	if _, err := a.Take(t.Context(), "alpha", Limits{Requests: 30}, 1); !errors.Is(err, ErrDown) {
-		t.Errorf("Take while down: %v, want ErrDown", err)
+	if _, _, err := a.Admit(t.Context(), "alpha", Limits{Requests: 30}, 1, ""); !errors.Is(err, ErrDown) {
+		t.Errorf("Admit while down: %v, want ErrDown", err)
 	}
 	if n := testutil.ToFloat64(a.m.errors.WithLabelValues(opSession)) + testutil.ToFloat64(a.m.errors.WithLabelValues(opLimit)); n != 1 {
 		t.Errorf("%v calls counted as failed; calls made while down try nothing", n)
@@ -160,7 +160,7 @@ func TestRedisDownAndBack(t *testing.T) {
 	waitUntil(t, "b rejoins", b.Up)
 	admitted := 0
 	for i := range 4 {
-		v, err := []*Cluster{a, b}[i%2].Take(t.Context(), "alpha", Limits{Requests: 2}, 1)
+		v, _, err := []*Cluster{a, b}[i%2].Admit(t.Context(), "alpha", Limits{Requests: 2}, 1, "")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -2,6 +2,8 @@ package cluster
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -98,35 +100,88 @@ type Verdict struct {
 	RequestsUsed, TokensUsed time.Duration
 }
 
-// Take checks the request against key's limits across the fleet and,
-// when both allow it, takes one request and tokens from them; tokens may
-// exceed the limit, as in [Limits] kept locally: a request larger than
-// the whole allowance is admitted when it is whole. It returns [ErrDown]
-// while Redis is down, or when this call fails (which takes it down).
-func (c *Cluster) Take(ctx context.Context, key string, l Limits, tokens int) (Verdict, error) {
+// Admit asks the fleet about one request in one round trip: with
+// limits, it checks the request against key's limits and, when both
+// allow it, takes one request and tokens from them (tokens may exceed the
+// limit: a request larger than the whole allowance is admitted when it is
+// whole); with a session, it returns the session's home ("" for none).
+// Either may be absent (l zero, session ""). It returns [ErrDown] while
+// Redis is down, or when this call fails (which takes it down).
+func (c *Cluster) Admit(ctx context.Context, key string, l Limits, tokens int, session string) (Verdict, string, error) {
+	limited := l.Requests > 0 || l.Tokens > 0
+	if !limited && session == "" {
+		return Verdict{}, "", nil
+	}
 	ctx, cancel, ok := c.call(ctx)
 	if !ok {
-		return Verdict{}, ErrDown
+		return Verdict{}, "", ErrDown
 	}
 	defer cancel()
-	r, t := c.limitKeys(key)
-	res, err := takeScript.Run(ctx, c.rdb, []string{r, t}, l.Requests, l.Tokens, tokens).Int64Slice()
-	if err != nil || len(res) != 4 {
-		if err == nil {
-			err = redis.Nil
+	var keys []string
+	args := []any{l.Requests, l.Tokens, tokens}
+	if limited {
+		r, t := c.limitKeys(key)
+		keys = []string{r, t}
+	}
+	run := func(script bool) (*redis.Cmd, *redis.StringCmd, error) {
+		pipe := c.rdb.Pipeline()
+		var take *redis.Cmd
+		var home *redis.StringCmd
+		if limited {
+			if script {
+				take = takeScript.Eval(ctx, pipe, keys, args...)
+			} else {
+				take = takeScript.EvalSha(ctx, pipe, keys, args...)
+			}
 		}
-		c.failed(ctx, opLimit, err)
-		return Verdict{}, ErrDown
+		if session != "" {
+			// Read and keep: a session's home lives session_ttl past
+			// its last request without a write per request.
+			home = pipe.GetEx(ctx, c.sessionKey(session), c.cfg.SessionTTL)
+		}
+		_, err := pipe.Exec(ctx)
+		if errors.Is(err, redis.Nil) {
+			err = nil // no home: the session is new
+		}
+		return take, home, err
 	}
-	v := Verdict{Wait: time.Duration(res[1]) * time.Microsecond,
-		RequestsUsed: time.Duration(res[2]) * time.Microsecond, TokensUsed: time.Duration(res[3]) * time.Microsecond}
-	switch res[0] {
-	case 1:
-		v.Refused = "requests"
-	case 2:
-		v.Refused = "tokens"
+	take, home, err := run(false)
+	if isScriptMiss(err) {
+		// The server does not hold the script (it restarted): send it whole.
+		take, home, err = run(true)
 	}
-	return v, nil
+	op := opLimit
+	if !limited {
+		op = opSession
+	}
+	if err != nil {
+		c.failed(ctx, op, err)
+		return Verdict{}, "", ErrDown
+	}
+	var v Verdict
+	if limited {
+		res, err := take.Int64Slice()
+		if err == nil && len(res) != 4 {
+			err = fmt.Errorf("the limits script answered %d values, want 4", len(res))
+		}
+		if err != nil {
+			c.failed(ctx, opLimit, err)
+			return Verdict{}, "", ErrDown
+		}
+		v = Verdict{Wait: time.Duration(res[1]) * time.Microsecond,
+			RequestsUsed: time.Duration(res[2]) * time.Microsecond, TokensUsed: time.Duration(res[3]) * time.Microsecond}
+		switch res[0] {
+		case 1:
+			v.Refused = "requests"
+		case 2:
+			v.Refused = "tokens"
+		}
+	}
+	var id string
+	if home != nil {
+		id = home.Val()
+	}
+	return v, id, nil
 }
 
 // Charge takes n more tokens from key's tokens limit (gives them back, n

@@ -234,3 +234,35 @@ func TestReplicasActAsOne(t *testing.T) {
 		t.Errorf("bravo, spent, through the restarted replica: %d (Retry-After %q), want 429", status, retry)
 	}
 }
+
+// With cluster.limits_when_down: refuse, a limited key's requests are
+// refused with 503 and Retry-After while Redis is down, in OpenAI's
+// shape; a key without limits is answered; once Redis is back, the
+// limited key is admitted again.
+func TestLimitsRefusedWhileRedisIsDown(t *testing.T) {
+	r := redistest.Start(t)
+	urls := simBackends(t, 1, sim.SteadyConfig{Speed: 100, DecodeTokensPerSecond: 2000})
+	cfg := fleetConfig(urls, r.Addr)
+	cfg.Cluster.LimitsWhenDown = "refuse"
+	rep := startReplica(t, cfg, 1)
+	if !waitFor(10*time.Second, func() bool { return clusterUp(t, rep.inst.AdminAddr) }) {
+		t.Fatal("the replica did not join Redis within 10s")
+	}
+	r.Kill()
+	if !waitFor(10*time.Second, func() bool { return !clusterUp(t, rep.inst.AdminAddr) }) {
+		t.Fatal("the replica still reports Redis up 10s after it was killed")
+	}
+	if status, _, retry := fleetPost(t, rep.inst.Addr, testKeyA, ""); status != http.StatusServiceUnavailable || retry == "" {
+		t.Errorf("a limited key with Redis down: %d (Retry-After %q), want 503 with Retry-After", status, retry)
+	}
+	if status, _, _ := fleetPost(t, rep.inst.Addr, testKeyC, ""); status != http.StatusOK {
+		t.Errorf("a key without limits with Redis down: %d, want 200", status)
+	}
+	r.Restart()
+	if !waitFor(10*time.Second, func() bool { return clusterUp(t, rep.inst.AdminAddr) }) {
+		t.Fatal("the replica did not rejoin Redis within 10s")
+	}
+	if status, _, _ := fleetPost(t, rep.inst.Addr, testKeyA, ""); status != http.StatusOK {
+		t.Errorf("the limited key once Redis is back: %d, want 200", status)
+	}
+}

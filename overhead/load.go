@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -30,6 +31,10 @@ type Load struct {
 	// PerClient, if above 0, is how many requests each client sends;
 	// Duration is then ignored.
 	PerClient int
+	// Header is sent with every request; SessionHeader, if set, names a
+	// header each client sends its own value of ("client-N").
+	Header        http.Header
+	SessionHeader string
 }
 
 // LoadResult is what a Load measured. Latencies are sorted.
@@ -63,13 +68,14 @@ func (l Load) Run(ctx context.Context) LoadResult {
 		if len(l.Bodies) > 0 {
 			body = l.Bodies[i%len(l.Bodies)]
 		}
+		session := "client-" + strconv.Itoa(i)
 		wg.Go(func() {
 			var mine LoadResult
 			for n := 0; ctx.Err() == nil; n++ {
 				if l.PerClient > 0 && n == l.PerClient || l.PerClient <= 0 && !time.Now().Before(deadline) {
 					break
 				}
-				l.one(ctx, client, body, &mine)
+				l.one(ctx, client, body, session, &mine)
 			}
 			mu.Lock()
 			res.Requests += mine.Requests
@@ -92,8 +98,8 @@ func (l Load) Run(ctx context.Context) LoadResult {
 	return res
 }
 
-// one sends body and records the answer in r.
-func (l Load) one(ctx context.Context, client *http.Client, body []byte, r *LoadResult) {
+// one sends body, with the client's session, and records the answer in r.
+func (l Load) one(ctx context.Context, client *http.Client, body []byte, session string, r *LoadResult) {
 	fail := func(err error) {
 		r.Errors++
 		if r.FirstErr == "" {
@@ -106,6 +112,12 @@ func (l Load) one(ctx context.Context, client *http.Client, body []byte, r *Load
 		return
 	}
 	req.Header.Set("Content-Type", "application/json")
+	for k, vs := range l.Header {
+		req.Header[k] = vs
+	}
+	if l.SessionHeader != "" {
+		req.Header.Set(l.SessionHeader, session)
+	}
 	t0 := time.Now()
 	resp, err := client.Do(req)
 	if err != nil {

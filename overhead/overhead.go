@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/llmlb/llmlb/bench"
@@ -75,7 +76,7 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	for _, name := range o.Proxies {
 		row := Row{Proxy: name}
 		admin := ""
-		if name == "llmlb" && o.ProfileDir != "" {
+		if strings.HasPrefix(name, "llmlb") && o.ProfileDir != "" {
 			port, err := freePort()
 			if err != nil {
 				return rep, err
@@ -107,7 +108,9 @@ func Run(ctx context.Context, o Options) (Report, error) {
 					profiled <- saveProfile(ctx, admin, o.Duration, filepath.Join(o.ProfileDir, "llmlb-"+sc.Name+".pprof"))
 				}()
 			}
-			res := Load{URL: url + path, Body: sc.Body, Bodies: sc.Bodies, Stream: sc.Stream, Clients: sc.Clients, Duration: o.Duration, PerClient: sc.PerClient}.Run(ctx)
+			hdr, session := rowRequest(name)
+			res := Load{URL: url + path, Body: sc.Body, Bodies: sc.Bodies, Stream: sc.Stream, Clients: sc.Clients, Duration: o.Duration, PerClient: sc.PerClient,
+				Header: hdr, SessionHeader: session}.Run(ctx)
 			if profiled != nil {
 				if err := <-profiled; err != nil {
 					stop()

@@ -11,8 +11,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/llmlb/llmlb/proxy"
 )
 
 // errMissing is a proxy that is not installed.
@@ -28,9 +31,9 @@ func startProxy(ctx context.Context, name, llmlb, backend, dir, admin string) (u
 	switch name {
 	case "direct":
 		return backend, "-", 0, func() {}, nil
-	case "llmlb":
+	case "llmlb", "llmlb-keyed", "llmlb-redis":
 		if llmlb == "" {
-			return "", "", 0, nil, errMissing{"llmlb"}
+			return "", "", 0, nil, errMissing{name}
 		}
 		// The saturation queue threshold is HAProxy's server maxconn
 		// below: each proxy queues requests only past 4,096 at the
@@ -38,12 +41,34 @@ func startProxy(ctx context.Context, name, llmlb, backend, dir, admin string) (u
 		// request it sent and has no first byte for yet as queued, so 64
 		// clients kept it queueing in its admission queue: routing
 		// policy, not what proxying costs.
-		cfg := fmt.Sprintf("listen: 127.0.0.1:0\nadmin:\n  listen: %q\nlog:\n  level: warn\n  access: false\nbalancer:\n  saturation:\n    queue: 4096\nbackends:\n  - url: %s\n", admin, backend)
+		cfg := fmt.Sprintf("listen: 127.0.0.1:0\nadmin:\n  listen: %q\nlog:\n  level: warn\n  access: false\nbackends:\n  - url: %s\n", admin, backend)
+		bal := "balancer:\n  saturation:\n    queue: 4096\n"
+		stopRedis := func() {}
+		if name != "llmlb" {
+			// A key with limits no load reaches and a session per client:
+			// what a fleet's replicas would ask Redis for on every request.
+			cfg += fmt.Sprintf("auth:\n  keys:\n    - name: overhead\n      key: %s\n      requests_per_minute: 1000000000\n      tokens_per_minute: 1000000000\n", proxy.HashKey(overheadKey))
+			bal += "  session:\n    header: " + overheadSession + "\n"
+		}
+		if name == "llmlb-redis" {
+			addr, stop, err := startRedis(ctx, dir)
+			if err != nil {
+				return "", "", 0, nil, err
+			}
+			stopRedis = stop
+			cfg += "cluster:\n  redis:\n    address: " + addr + "\n"
+		}
 		path := filepath.Join(dir, "llmlb.yaml")
-		if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
+		if err := os.WriteFile(path, []byte(cfg+bal), 0o644); err != nil {
+			stopRedis()
 			return "", "", 0, nil, err
 		}
-		return startProcess(ctx, llmlb, []string{"serve", "--config", path}, "", "llmlb")
+		url, version, pid, stop, err := startProcess(ctx, llmlb, []string{"serve", "--config", path}, "", name)
+		if err != nil {
+			stopRedis()
+			return "", "", 0, nil, err
+		}
+		return url, version, pid, func() { stop(); stopRedis() }, nil
 	case "go":
 		if llmlb == "" {
 			return "", "", 0, nil, errMissing{"go"}
@@ -132,7 +157,58 @@ http {
 		}
 		return startProcess(ctx, bin, []string{"-p", ndir, "-c", path, "-e", filepath.Join(ndir, "error.log"), "-g", "daemon off;"}, fmt.Sprintf("127.0.0.1:%d", port), "nginx")
 	}
-	return "", "", 0, nil, fmt.Errorf("unknown proxy %q (have direct, llmlb, go, haproxy, nginx)", name)
+	return "", "", 0, nil, fmt.Errorf("unknown proxy %q (have direct, llmlb, llmlb-keyed, llmlb-redis, go, haproxy, nginx)", name)
+}
+
+// The key and session header of the llmlb-keyed and llmlb-redis rows.
+const (
+	overheadKey     = "sk-llmlb-overhead-0123456789abcdef"
+	overheadSession = "X-Session"
+)
+
+// rowRequest is what a row's requests carry beside the body: the key
+// and the session header for llmlb-keyed and llmlb-redis, nothing for
+// the others.
+func rowRequest(name string) (h http.Header, session string) {
+	if name != "llmlb-keyed" && name != "llmlb-redis" {
+		return nil, ""
+	}
+	return http.Header{"Authorization": {"Bearer " + overheadKey}}, overheadSession
+}
+
+// startRedis runs a redis-server on a free loopback port, without
+// persistence, for the llmlb-redis row, and waits until it answers.
+func startRedis(ctx context.Context, dir string) (addr string, stop func(), err error) {
+	bin, err := findBinary("redis-server")
+	if err != nil {
+		return "", nil, err
+	}
+	port, err := freePort()
+	if err != nil {
+		return "", nil, err
+	}
+	addr = fmt.Sprintf("127.0.0.1:%d", port)
+	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir, "--loglevel", "warning")
+	if err := cmd.Start(); err != nil {
+		return "", nil, err
+	}
+	stop = func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			c.Close()
+			return addr, stop, nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			stop()
+			return "", nil, fmt.Errorf("redis-server on %s: %w", addr, err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // findBinary looks for a proxy in PATH, then in /usr/sbin, where Debian
@@ -206,8 +282,17 @@ func startProcess(ctx context.Context, bin string, args []string, addr, name str
 	}
 	url := "http://" + addr
 	body := completionBody(64, false)
+	h, session := rowRequest(name)
 	for {
-		resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(string(body)))
+		req, _ := http.NewRequest(http.MethodPost, url+"/v1/completions", strings.NewReader(string(body)))
+		req.Header.Set("Content-Type", "application/json")
+		for k, vs := range h {
+			req.Header[k] = vs
+		}
+		if session != "" {
+			req.Header.Set(session, "probe")
+		}
+		resp, err := http.DefaultClient.Do(req)
 		if err == nil {
 			_, _ = io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()

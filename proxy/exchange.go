@@ -53,6 +53,9 @@ type exchange struct {
 	// fleetAdmitted: the fleet's limits admitted the request, so its
 	// tokens are settled there, not in the local limiter.
 	fleetAdmitted bool
+	// sessionHome is the backend the fleet holds for the request's
+	// session, "" for none or no fleet.
+	sessionHome string
 
 	// route
 	target string // the model backends are asked for; req.Model is the client's; "" before routing

@@ -13,14 +13,15 @@ import (
 // once, or within a small bound, and an error means the state is out of
 // reach: the proxy goes on with its own, as an llmlb alone does.
 type Fleet interface {
-	// Take checks a request of tokens against key's limits per minute
-	// across the fleet and takes it from them when both allow it.
-	Take(ctx context.Context, key string, requests, tokens, n int) (FleetVerdict, error)
+	// Admit asks the fleet about one request in one round trip: with
+	// limits per minute (requests, tokens; both 0: none), it checks a
+	// request of n tokens against key's and takes it from them when both
+	// allow it; with a session ("": none), it returns the backend ID the
+	// fleet holds for it, "" for none.
+	Admit(ctx context.Context, key string, requests, tokens, n int, session string) (FleetVerdict, string, error)
 	// Charge takes n more tokens from key's tokens limit (gives them back,
 	// n negative), written behind the request.
 	Charge(key string, requests, tokens, n int)
-	// Home returns the backend ID the fleet holds for session, "" for none.
-	Home(ctx context.Context, session string) (string, error)
 	// SetHome makes id the session's home, written behind the request.
 	SetHome(session, id string)
 	// RefuseWhenDown reports whether a limited key's requests are refused
@@ -52,19 +53,33 @@ func (e *fleetDownError) httpError() *HTTPError {
 		Msg: "This API key's rate limits are kept for the whole fleet, which cannot be reached now; retry shortly."}
 }
 
-// admitFleet takes the request from t's limits across the fleet. It
-// reports false when the fleet's state is out of reach and the key's
-// limits are to be kept locally.
-func (s *Server) admitFleet(ex *exchange, t *tenant, est int) (bool, error) {
-	rpm, tpm := t.limiter.limits()
-	if rpm == 0 && tpm == 0 {
+// admitFleet asks the fleet, in one round trip, for the request's
+// session home and to take the request from t's limits (nil t: no
+// limits). It reports false when t's limits are to be kept locally: it
+// has none, or the fleet's state is out of reach.
+func (s *Server) admitFleet(ex *exchange, r *http.Request, t *tenant, est int) (bool, error) {
+	var rpm, tpm int
+	var name string
+	if t != nil {
+		rpm, tpm = t.limiter.limits()
+		name = t.name
+	}
+	var session string
+	if h := s.bal.Config().Session.Header; h != "" {
+		session = r.Header.Get(h)
+	}
+	if rpm == 0 && tpm == 0 && session == "" {
 		return false, nil
 	}
-	v, err := s.fleet.Take(ex.client, t.name, rpm, tpm, est)
+	v, home, err := s.fleet.Admit(ex.client, name, rpm, tpm, est, session)
 	if err != nil {
-		if s.fleet.RefuseWhenDown() {
+		if (rpm > 0 || tpm > 0) && s.fleet.RefuseWhenDown() {
 			return true, &fleetDownError{err: err}
 		}
+		return false, nil
+	}
+	ex.sessionHome = home
+	if rpm == 0 && tpm == 0 {
 		return false, nil
 	}
 	q := quota{requests: fleetState(rpm, v.RequestsUsed), tokens: fleetState(tpm, v.TokensUsed)}
@@ -89,23 +104,18 @@ func fleetState(perMinute int, used time.Duration) *limitState {
 	return &limitState{limit: perMinute, remaining: max(0, int((time.Minute-used)/b.per)), reset: used}
 }
 
-// findHome asks the fleet for the request's session home; on an error the
-// balancer's own table stands.
+// findHome gives the balancer the session's home the fleet holds, as
+// admitFleet found it; "" leaves the balancer's own table to decide.
 func (s *Server) findHome(ex *exchange, breq *balancer.Request) {
-	if s.fleet == nil || breq.Session == "" {
-		return
+	if breq.Session != "" {
+		breq.SessionHome = ex.sessionHome
 	}
-	home, err := s.fleet.Home(ex.client, breq.Session)
-	if err != nil {
-		return
-	}
-	breq.SessionHome = home
 }
 
 // keepHome makes the backend the pick chose the session's home for the
-// fleet, for cluster.session_ttl from now.
+// fleet when it is not already (the read that found it kept it).
 func (s *Server) keepHome(breq *balancer.Request, dec balancer.Decision) {
-	if s.fleet == nil || breq.Session == "" {
+	if s.fleet == nil || breq.Session == "" || dec.Candidates[0].ID == breq.SessionHome {
 		return
 	}
 	s.fleet.SetHome(breq.Session, dec.Candidates[0].ID)

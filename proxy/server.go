@@ -224,7 +224,7 @@ func (s *Server) serveModel(k Kind) http.HandlerFunc {
 			s.fail(ex, err)
 			return
 		}
-		if err := s.admit(ex); err != nil {
+		if err := s.admit(ex, r); err != nil {
 			s.fail(ex, err)
 			return
 		}
@@ -258,13 +258,11 @@ func (s *Server) authorize(ex *exchange, r *http.Request) error {
 // same 404 as for a model that does not exist when it may not, and takes
 // the request and its prompt's estimated tokens from the key's limits.
 // The limits' state goes to the client in x-ratelimit-* headers whatever
-// the outcome.
-func (s *Server) admit(ex *exchange) error {
+// the outcome. With a fleet, the same round trip to it finds the
+// session's home.
+func (s *Server) admit(ex *exchange, r *http.Request) error {
 	t := ex.tenant
-	if t == nil {
-		return nil
-	}
-	if !t.allows(ex.req.Model) {
+	if t != nil && !t.allows(ex.req.Model) {
 		return &unknownModelError{model: ex.req.Model, err: errModelNotAllowed}
 	}
 	est := ex.req.PromptTokens()
@@ -275,9 +273,12 @@ func (s *Server) admit(ex *exchange) error {
 		est = 0
 	}
 	if s.fleet != nil {
-		if done, err := s.admitFleet(ex, t, est); done {
+		if done, err := s.admitFleet(ex, r, t, est); done {
 			return err
 		}
+	}
+	if t == nil {
+		return nil
 	}
 	q, err := t.limiter.admit(time.Now(), est)
 	q.setHeaders(ex.w.Header())
