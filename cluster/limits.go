@@ -195,9 +195,9 @@ func (c *Cluster) Charge(key string, l Limits, n int) bool {
 	return c.enqueue(write{op: opCharge, eval: chargeScript, keys: []string{t}, args: []any{l.Tokens, n}})
 }
 
-// limitKeys returns the keys of a key's two limits. The name in braces
-// is a hash tag: on a Redis Cluster, both land on one node, as a script
-// that touches both needs.
+// limitKeys returns the keys of a key's two limits, the name in braces
+// as a hash tag (the script touches both, which a Redis Cluster allows
+// only within one slot).
 func (c *Cluster) limitKeys(name string) (requests, tokens string) {
 	base := c.key("limit", "{"+strconv.Quote(name)+"}")
 	return base + ":requests", base + ":tokens"

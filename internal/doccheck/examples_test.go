@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -492,5 +493,97 @@ func TestComposeDataParallelExample(t *testing.T) {
 	}
 	if e, r := portOf(kv.Endpoint), portOf(kv.Replay); r < e+size && e < r+size {
 		t.Errorf("ranks' event ports %d+ and replay ports %d+ overlap over %d ranks", e, r, size)
+	}
+}
+
+// TestKubernetesRedisExample: llmlb's ConfigMap names the Service of
+// redis.yaml by its cluster DNS name at its port; llmlb's container and
+// Redis's take the password from the same Secret key, Redis through
+// --requirepass, llmlb through LLMLB_CLUSTER_REDIS_PASSWORD; the Service
+// selects the Redis pods at the port they serve.
+func TestKubernetesRedisExample(t *testing.T) {
+	var cm *corev1.ConfigMap
+	var lb, rd *appsv1.Deployment
+	var svc *corev1.Service
+	for _, f := range []string{"kubernetes/llmlb.yaml", "kubernetes/redis.yaml"} {
+		for _, obj := range readManifests(t, filepath.Join(root, "examples", f)) {
+			switch o := obj.(type) {
+			case *corev1.ConfigMap:
+				cm = o
+			case *appsv1.Deployment:
+				if o.Name == "redis" {
+					rd = o
+				} else {
+					lb = o
+				}
+			case *corev1.Service:
+				if o.Name == "redis" {
+					svc = o
+				}
+			}
+		}
+	}
+	if cm == nil || lb == nil || rd == nil || svc == nil {
+		t.Fatal("llmlb.yaml and redis.yaml: a ConfigMap, two Deployments and the redis Service")
+	}
+	cfg := LoadConfig(t, "ConfigMap llmlb", cm.Data["config.yaml"])
+	if want := "redis.default.svc.cluster.local:" + strconv.Itoa(int(svc.Spec.Ports[0].Port)); cfg.Cluster.Redis.Address != want {
+		t.Errorf("cluster.redis.address %q, want the redis Service %q", cfg.Cluster.Redis.Address, want)
+	}
+	secretOf := func(c corev1.Container, env string) string {
+		for _, e := range c.Env {
+			if e.Name == env && e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
+				return e.ValueFrom.SecretKeyRef.Name + "/" + e.ValueFrom.SecretKeyRef.Key
+			}
+		}
+		return ""
+	}
+	rc := rd.Spec.Template.Spec.Containers[0]
+	lbSecret, rdSecret := secretOf(lb.Spec.Template.Spec.Containers[0], "LLMLB_CLUSTER_REDIS_PASSWORD"), secretOf(rc, "REDIS_PASSWORD")
+	if lbSecret == "" || lbSecret != rdSecret {
+		t.Errorf("password: llmlb from %q, Redis from %q; want one Secret key", lbSecret, rdSecret)
+	}
+	if i := slices.Index(rc.Args, "--requirepass"); i < 0 || i+1 >= len(rc.Args) || rc.Args[i+1] != "$(REDIS_PASSWORD)" {
+		t.Errorf("redis args %v: want --requirepass $(REDIS_PASSWORD)", rc.Args)
+	}
+	for k, v := range svc.Spec.Selector {
+		if rd.Spec.Template.Labels[k] != v {
+			t.Errorf("Service redis selects %s=%s, which the Redis pods lack", k, v)
+		}
+	}
+	if len(rc.Ports) == 0 || rc.Ports[0].Name != svc.Spec.Ports[0].TargetPort.String() || rc.Ports[0].ContainerPort != 6379 {
+		t.Errorf("Redis container ports %v, Service targets %s", rc.Ports, svc.Spec.Ports[0].TargetPort.String())
+	}
+}
+
+// TestComposeReplicasExample: both llmlb services of compose-replicas.yaml
+// serve the one mounted config, publish its ports (the second on other
+// host ports) and take the Redis password from the variable Redis's
+// --requirepass takes; the config names the redis service at the port
+// Redis serves on by default.
+func TestComposeReplicasExample(t *testing.T) {
+	services, lb, cfg := composeLLMLB(t, "compose-replicas.yaml")
+	second := services["llmlb-2"]
+	if !reflect.DeepEqual(Dig(lb, "volumes"), Dig(second, "volumes")) || !reflect.DeepEqual(Dig(lb, "command"), Dig(second, "command")) {
+		t.Errorf("llmlb-2 does not serve llmlb's config: %v %v", Dig(second, "volumes"), Dig(second, "command"))
+	}
+	listen, admin := strconv.Itoa(port(t, cfg.Listen)), strconv.Itoa(port(t, cfg.Admin.Listen))
+	for _, p := range toStrings(Dig(second, "ports")) {
+		if !strings.HasSuffix(p, ":"+listen) && !strings.HasSuffix(p, ":"+admin) {
+			t.Errorf("llmlb-2 publishes %s, not a port its config listens on", p)
+		}
+	}
+	host, p, err := net.SplitHostPort(cfg.Cluster.Redis.Address)
+	if err != nil || services[host] == nil || p != "6379" {
+		t.Fatalf("cluster.redis.address %q: want a compose service at Redis's port", cfg.Cluster.Redis.Address)
+	}
+	for _, name := range []string{"llmlb", "llmlb-2"} {
+		if v := Dig(services[name], "environment", "LLMLB_CLUSTER_REDIS_PASSWORD"); v != "${REDIS_PASSWORD:?set REDIS_PASSWORD}" {
+			t.Errorf("%s's password: %v", name, v)
+		}
+	}
+	cmd := toStrings(Dig(services[host], "command"))
+	if i := slices.Index(cmd, "--requirepass"); i < 0 || i+1 >= len(cmd) || cmd[i+1] != "${REDIS_PASSWORD:?set REDIS_PASSWORD}" {
+		t.Errorf("redis command %v: want --requirepass from REDIS_PASSWORD", cmd)
 	}
 }
