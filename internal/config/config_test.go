@@ -160,6 +160,21 @@ func TestEnvOverrides(t *testing.T) {
 	}
 }
 
+// TestRedisPasswordOnlyFromTheEnvironment: cluster.redis.password is taken
+// from LLMLB_CLUSTER_REDIS_PASSWORD and refused in the file, where it
+// would end up in version control; the error does not repeat it.
+func TestRedisPasswordOnlyFromTheEnvironment(t *testing.T) {
+	base := "backends:\n  - url: http://127.0.0.1:8001\ncluster:\n  redis:\n    address: 127.0.0.1:6379\n"
+	cfg, err := config.Load(writeConfig(t, base), config.Environ{"LLMLB_CLUSTER_REDIS_PASSWORD=s3cret-from-env"})
+	if err != nil || cfg.Cluster.Redis.Password != "s3cret-from-env" {
+		t.Fatalf("from the environment: %q, %v", cfg.Cluster.Redis.Password, err)
+	}
+	_, err = config.Load(writeConfig(t, base+"    password: s3cret-in-file\n"), noEnv)
+	if err == nil || !strings.Contains(err.Error(), "cluster.redis.password: not in the config file") || strings.Contains(err.Error(), "s3cret-in-file") {
+		t.Errorf("in the file: %v", err)
+	}
+}
+
 // TestUnknownEnvIsAnError: a misspelt LLMLB_* variable used to leave the
 // default in force without a word (issue 18, 6).
 func TestUnknownEnvIsAnError(t *testing.T) {
