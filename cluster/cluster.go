@@ -234,10 +234,16 @@ func (c *Cluster) Run(ctx context.Context) {
 			return
 		case <-tick.C:
 		}
-		switch {
-		case c.up.Load() && c.cfg.ShareLoad:
+		if c.up.Load() && c.cfg.ShareLoad {
 			c.shareLoad(ctx) // its calls tell whether Redis answers
-		case time.Since(lastPing) >= rejoinEvery:
+			continue
+		}
+		if !c.up.Load() {
+			// A request that found Redis down cleared the peers' load,
+			// but a publish under way then may have set it again.
+			c.clearPeers()
+		}
+		if time.Since(lastPing) >= rejoinEvery {
 			lastPing = time.Now()
 			c.ping(ctx)
 		}
