@@ -76,13 +76,19 @@ func startReplica(t *testing.T, cfg config.Config, n int) *replica {
 // clusterUp reports whether the replica's llmlb_cluster_up is 1.
 func clusterUp(t *testing.T, adminAddr string) bool {
 	t.Helper()
+	return metricLine(t, adminAddr, "llmlb_cluster_up 1")
+}
+
+// metricLine reports whether the replica's /metrics has line.
+func metricLine(t *testing.T, adminAddr, line string) bool {
+	t.Helper()
 	resp, err := http.Get("http://" + adminAddr + "/metrics")
 	if err != nil {
 		return false
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return strings.Contains(string(b), "\nllmlb_cluster_up 1\n")
+	return strings.Contains(string(b), "\n"+line+"\n")
 }
 
 // fleetPost sends a small completion with key through addr and returns
@@ -160,6 +166,12 @@ func TestReplicasActAsOne(t *testing.T) {
 	for _, rep := range reps {
 		if !waitFor(10*time.Second, func() bool { return clusterUp(t, rep.inst.AdminAddr) }) {
 			t.Fatal("a replica did not join Redis within 10s")
+		}
+	}
+	// Each hears the other two's load.
+	for _, rep := range reps {
+		if !waitFor(10*time.Second, func() bool { return metricLine(t, rep.inst.AdminAddr, "llmlb_cluster_replicas 3") }) {
+			t.Fatal("a replica did not hear the other two's load within 10s")
 		}
 	}
 	three := admitted(t, reps, testKeyA, 60)
