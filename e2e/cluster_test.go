@@ -174,6 +174,42 @@ func TestReplicasActAsOne(t *testing.T) {
 			t.Fatal("a replica did not hear the other two's load within 10s")
 		}
 	}
+	// A stream through one replica is in the others' view of its server,
+	// and leaves it when the client goes away.
+	streamCtx, endStream := context.WithCancel(t.Context())
+	req, _ := http.NewRequestWithContext(streamCtx, http.MethodPost, "http://"+reps[0].inst.Addr+"/v1/completions",
+		strings.NewReader(`{"model":"`+testModel+`","prompt":"a long story","max_tokens":40000,"stream":true}`)) // 20s at 2,000 tokens/s
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+testKeyC)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("stream: %v %v", resp, err)
+	}
+	streamURL := backendNames(t, reps[0].inst.AdminAddr)[resp.Header.Get("X-Llmlb-Backend")]
+	peersOn := func(adminAddr string) int64 {
+		bs, err := proxy.FetchBackends(http.DefaultClient, "http://"+adminAddr)
+		if err != nil {
+			return -1
+		}
+		for _, b := range bs {
+			if b.URL == streamURL {
+				return b.PeersInFlight
+			}
+		}
+		return -1
+	}
+	if !waitFor(10*time.Second, func() bool { return peersOn(reps[1].inst.AdminAddr) == 1 && peersOn(reps[2].inst.AdminAddr) == 1 }) {
+		t.Errorf("a stream through one replica: the others count %d and %d in flight for its server, want 1", peersOn(reps[1].inst.AdminAddr), peersOn(reps[2].inst.AdminAddr))
+	}
+	if n := peersOn(reps[0].inst.AdminAddr); n != 0 {
+		t.Errorf("the replica that sent the stream counts %d of it as its peers'", n)
+	}
+	endStream()
+	resp.Body.Close()
+	if !waitFor(10*time.Second, func() bool { return peersOn(reps[1].inst.AdminAddr) == 0 }) {
+		t.Errorf("the stream's client went away: still %d in flight in another replica's view", peersOn(reps[1].inst.AdminAddr))
+	}
+
 	three := admitted(t, reps, testKeyA, 60)
 	t.Logf("60 requests at 30 a minute: one llmlb admitted %d, three replicas %d", one, three)
 	threeTokens := admittedPrompt(t, reps, testKeyD, 30, long)

@@ -30,16 +30,19 @@ type BackendStatus struct {
 	Role     balancer.Role      `json:"role"` // prefill, decode or both
 	// Rank is the global data-parallel rank of a backend that is one rank
 	// of its server (balancer.Backend.Ranked); absent for the others.
-	Rank        *int               `json:"data_parallel_rank,omitempty"`
-	Ejections   int                `json:"ejections_total"`
-	Ejection    *balancer.Ejection `json:"ejection,omitempty"` // passive health's ejection; absent when in rotation
-	Since       time.Time          `json:"since"`
-	Metrics     *balancer.Metrics  `json:"metrics"` // null before the first reading
-	Stale       bool               `json:"metrics_stale"`
-	InFlight    int64              `json:"in_flight"`
-	Requests    int64              `json:"requests_total"`
-	Failures    int64              `json:"failures_total"`
-	TTFBSeconds float64            `json:"ttfb_seconds"`
+	Rank      *int               `json:"data_parallel_rank,omitempty"`
+	Ejections int                `json:"ejections_total"`
+	Ejection  *balancer.Ejection `json:"ejection,omitempty"` // passive health's ejection; absent when in rotation
+	Since     time.Time          `json:"since"`
+	Metrics   *balancer.Metrics  `json:"metrics"` // null before the first reading
+	Stale     bool               `json:"metrics_stale"`
+	InFlight  int64              `json:"in_flight"`
+	// PeersInFlight is what the other replicas sharing the ledger
+	// (cluster.share_load) have in flight on the backend, as last heard.
+	PeersInFlight int64   `json:"peers_in_flight"`
+	Requests      int64   `json:"requests_total"`
+	Failures      int64   `json:"failures_total"`
+	TTFBSeconds   float64 `json:"ttfb_seconds"`
 	// BytesPerToken is the prompt bytes a token of the backend covers,
 	// learned from its answers' usage; absent until learned.
 	BytesPerToken float64 `json:"bytes_per_token,omitempty"`
@@ -76,6 +79,7 @@ func Statuses(snap *balancer.Snapshot) []BackendStatus {
 			Metrics:       metricsOrNil(be.Metrics),
 			Stale:         be.Stale,
 			InFlight:      be.Ledger.InFlight(),
+			PeersInFlight: be.Ledger.Peers().InFlight,
 			Requests:      be.Ledger.Total(),
 			Failures:      be.Ledger.Failures(),
 			TTFBSeconds:   be.Ledger.TTFB().Seconds(),
