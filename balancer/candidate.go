@@ -249,30 +249,27 @@ func (b *Balancer) appendCandidate(cands []Candidate, be *Backend, req *Request,
 }
 
 // fill reads be's scraped values and ledger into c, which is zero. The
-// ledger's peers count with its own work: "we" is this balancer and the
-// replicas it shares a ledger with.
+// work of the replicas sharing the ledger counts as running and in the
+// KV cache ([Ledger.SetPeers]).
 func (b *Balancer) fill(c *Candidate, be *Backend, req *Request, now time.Time) {
 	l, m, mk := be.Ledger, &be.Metrics, be.mark
 	peers := l.Peers()
 	inFlight := l.InFlight()
 	pending, pendingTok := l.Pending()
-	c.Backend, c.InFlight, c.PendingTokens = be, inFlight+peers.InFlight, pendingTok+peers.PendingTokens
+	c.Backend, c.InFlight, c.PendingTokens = be, inFlight+peers.InFlight, pendingTok
 	scraped := !m.At.IsZero()
-	// What the peers sent since the scrape: the change in their levels.
-	peersQueued := float64(peers.Pending - mk.peers.Pending)
-	peersRunning := float64(peers.InFlight - peers.Pending - (mk.peers.InFlight - mk.peers.Pending))
 	sinceStarted := float64(l.started.Load() - mk.started)
 	sincePrefilled := float64(l.prefilled.Load() - mk.prefilled)
 	sinceFinished := float64(l.finished.Load() - mk.finished)
 	if scraped && m.Queued.Known {
-		c.Queued = max(0, m.Queued.V+sinceStarted-sincePrefilled+peersQueued)
+		c.Queued = max(0, m.Queued.V+sinceStarted-sincePrefilled)
 	} else {
-		c.Queued = float64(pending + peers.Pending)
+		c.Queued = float64(pending)
 	}
 	if scraped && m.Running.Known {
-		c.Running = max(0, m.Running.V+sincePrefilled-sinceFinished+peersRunning)
+		c.Running = max(0, m.Running.V+sincePrefilled-sinceFinished+float64(peers.InFlight-mk.peers.InFlight))
 	} else {
-		c.Running = float64(inFlight - pending + peers.InFlight - peers.Pending)
+		c.Running = float64(inFlight - pending + peers.InFlight)
 	}
 	if scraped && m.KVUsage.Known {
 		kv := m.KVUsage.V
@@ -292,9 +289,7 @@ func (b *Balancer) fill(c *Candidate, be *Backend, req *Request, now time.Time) 
 	if b.pol.events != nil {
 		ahead += b.othersPrefilling(be, pending, now)
 	}
-	// The peers' pending prompts are among the server's other queued
-	// requests; their mean size is a better guess at those than ours.
-	c.AheadTokens = ahead + max(0, c.Queued-float64(pending))*l.queuedSize(pending+peers.Pending, pendingTok+peers.PendingTokens, req.PromptTokens)
+	c.AheadTokens = ahead + max(0, c.Queued-float64(pending))*l.queuedSize(pending, pendingTok, req.PromptTokens)
 }
 
 // loraState says how ready be is to run model if model is one of its

@@ -73,32 +73,30 @@ func (l *Ledger) mark() mark {
 
 // Load is the work one balancer, or several summed, has in flight on a
 // backend: what replicas publish to each other so that each pick counts
-// the work the others sent since the backend's last scrape.
+// the work the others sent.
 type Load struct {
-	InFlight      int64 // requests sent and not finished
-	Pending       int64 // of them, those without a first byte
-	PendingTokens int64 // their uncached prompt tokens
-	OpenTokens    int64 // KV tokens of the requests in flight: uncached prompt plus decode
+	InFlight   int64 // requests sent and not finished
+	OpenTokens int64 // their KV tokens: uncached prompt plus decode
 }
 
 // Add returns the sum of l and o.
 func (l Load) Add(o Load) Load {
-	return Load{InFlight: l.InFlight + o.InFlight, Pending: l.Pending + o.Pending,
-		PendingTokens: l.PendingTokens + o.PendingTokens, OpenTokens: l.OpenTokens + o.OpenTokens}
+	return Load{InFlight: l.InFlight + o.InFlight, OpenTokens: l.OpenTokens + o.OpenTokens}
 }
 
 // Own returns this balancer's own load on the backend, the part it
 // publishes to its peers.
 func (l *Ledger) Own() Load {
-	return Load{InFlight: l.inFlight.Load(), Pending: l.pending.Load(), PendingTokens: l.pendingTokens.Load(), OpenTokens: l.openTokens.Load()}
+	return Load{InFlight: l.inFlight.Load(), OpenTokens: l.openTokens.Load()}
 }
 
 // SetPeers replaces what the other replicas have in flight on the
 // backend, summed; the zero Load when there are none or they are not
-// heard from. A pick counts it as it counts the ledger's own work:
-// whole where the backend reports no queue, and as its change since the
-// last scrape where it does, since the scrape already counts what the
-// peers had sent before it.
+// heard from. A pick counts it as running work and KV use (whole where
+// the backend reports neither, else as its change since the last scrape,
+// which counts what the peers had sent before it), never as queued
+// prefill ahead of the request: counted so, it sent requests off the
+// servers holding their prompt (docs/design/cluster.md#load).
 func (l *Ledger) SetPeers(p Load) {
 	if p == (Load{}) {
 		if l.peers.Load() != nil {

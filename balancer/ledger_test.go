@@ -175,33 +175,30 @@ func TestTTFBMovingAverage(t *testing.T) {
 	}
 }
 
-// A peer replica's requests count as this balancer's own: whole on a
-// backend that reports no queue, and as their change since the last
+// A peer replica's requests count as running work and KV use: whole on
+// a backend that reports neither, and as their change since the last
 // scrape on one that does, since the scrape counted what they had sent
-// before it.
-func TestPeersWorkCountsAsOurs(t *testing.T) {
+// before it. They never count as queued prefill ahead of a request.
+func TestPeersWorkCountsAsRunning(t *testing.T) {
 	b := newBal(t, "ttft")
 	b.Update(spec("a", StateReady, "m"), spec("b", StateReady, "m"))
-	peers := Load{InFlight: 5, Pending: 3, PendingTokens: 3000, OpenTokens: 4000}
+	peers := Load{InFlight: 5, OpenTokens: 4000}
 	backend(t, b, "a").Ledger.SetPeers(peers)
 	var a Candidate
 	b.fill(&a, backend(t, b, "a"), distinct(1, 100), time.Now())
-	if a.InFlight != 5 || a.Queued != 3 || a.Running != 2 || a.PendingTokens != 3000 || a.AheadTokens != 3000 {
-		t.Errorf("no scrape: peers' 5 in flight, 3 pending of 3,000 tokens read as %+v", a)
-	}
-	if ex := b.Explain(distinct(2, 100)); ex.Chosen[0] != "b" {
-		t.Errorf("the peers' queue is on a: went to %s (%s), want b", ex.Chosen[0], ex.Reason)
+	if a.InFlight != 5 || a.Running != 5 || a.Queued != 0 || a.PendingTokens != 0 || a.AheadTokens != 0 {
+		t.Errorf("no scrape: peers' 5 in flight read as %+v", a)
 	}
 
-	// A scrape taken now counts the peers' requests; two more pending
-	// since then are what the pick adds.
-	b.Update(busy("a", 3, 2, 0.04), busy("b", 0, 0, 0))
-	peers.InFlight, peers.Pending, peers.PendingTokens, peers.OpenTokens = 7, 5, 5000, 6000
+	// A scrape taken now counts the peers' requests; two more in flight
+	// since then, and their 2,000 KV tokens, are what the pick adds.
+	b.Update(busy("a", 3, 5, 0.04), busy("b", 0, 0, 0))
+	peers = Load{InFlight: 7, OpenTokens: 6000}
 	backend(t, b, "a").Ledger.SetPeers(peers)
 	a = Candidate{}
 	b.fill(&a, backend(t, b, "a"), distinct(3, 100), time.Now())
-	if a.Queued != 5 || a.Running != 2 || !near(a.KVUsage.V, 0.04+2000.0/100000) {
-		t.Errorf("after a scrape: queued %v running %v kv %v, want 5, 2 and 0.06", a.Queued, a.Running, a.KVUsage.V)
+	if a.Queued != 3 || a.Running != 7 || !near(a.KVUsage.V, 0.04+2000.0/100000) {
+		t.Errorf("after a scrape: queued %v running %v kv %v, want 3, 7 and 0.06", a.Queued, a.Running, a.KVUsage.V)
 	}
 	backend(t, b, "a").Ledger.SetPeers(Load{})
 	if got := backend(t, b, "a").Ledger.Peers(); got != (Load{}) {

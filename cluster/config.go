@@ -18,8 +18,10 @@ type Config struct {
 	// process keeps its limits, sessions and ledger to itself.
 	Redis RedisConfig `mapstructure:"redis"`
 	// ShareLoad publishes this replica's work in flight per backend every
-	// PublishInterval and counts the other replicas' in every pick.
-	// (default true)
+	// PublishInterval and counts the other replicas' in every pick. Off by
+	// default: at a scrape interval of 100ms the scraped queues carry most
+	// of it, and the bench measured no gain on the default engine model
+	// (docs/benchmarks.md#with-a-shared-ledger). (default false)
 	ShareLoad bool `mapstructure:"share_load"`
 	// PublishInterval is how often the load is published and read; a
 	// replica's load counts for five intervals after it was written (at
@@ -78,7 +80,7 @@ const (
 // DefaultConfig returns the defaults: no cluster state.
 func DefaultConfig() Config {
 	return Config{
-		ShareLoad:       true,
+		ShareLoad:       false,
 		PublishInterval: 100 * time.Millisecond,
 		SessionTTL:      time.Hour,
 		LimitsWhenDown:  LimitsLocal,

@@ -12,7 +12,7 @@ import (
 )
 
 // Each replica's load is a hash of its own, field per backend ID, value
-// "in-flight pending pending-tokens open-tokens", and a field "_" that
+// "in-flight open-tokens", and a field "_" that
 // says it is alive; the hash expires after [Config.loadTTL], so a replica
 // that stops writing stops counting. A sorted set of replica IDs, scored
 // by when each last wrote, lets a replica find the others without
@@ -112,21 +112,20 @@ func (c *Cluster) retire() {
 
 // formatLoad writes l as a published field's value.
 func formatLoad(l balancer.Load) string {
-	return strconv.FormatInt(l.InFlight, 10) + " " + strconv.FormatInt(l.Pending, 10) + " " +
-		strconv.FormatInt(l.PendingTokens, 10) + " " + strconv.FormatInt(l.OpenTokens, 10)
+	return strconv.FormatInt(l.InFlight, 10) + " " + strconv.FormatInt(l.OpenTokens, 10)
 }
 
 // maxLoad bounds each figure read from another replica, so that no sum
 // overflows whatever a stray writer put in Redis.
 const maxLoad = 1 << 40
 
-// parseLoad reads a published field's value: four non-negative integers.
+// parseLoad reads a published field's value: two non-negative integers.
 func parseLoad(s string) (balancer.Load, bool) {
 	f := strings.Fields(s)
-	if len(f) != 4 {
+	if len(f) != 2 {
 		return balancer.Load{}, false
 	}
-	var v [4]int64
+	var v [2]int64
 	for i, x := range f {
 		n, err := strconv.ParseInt(x, 10, 64)
 		if err != nil || n < 0 || n > maxLoad {
@@ -134,8 +133,5 @@ func parseLoad(s string) (balancer.Load, bool) {
 		}
 		v[i] = n
 	}
-	if v[1] > v[0] {
-		return balancer.Load{}, false // more pending than in flight
-	}
-	return balancer.Load{InFlight: v[0], Pending: v[1], PendingTokens: v[2], OpenTokens: v[3]}, true
+	return balancer.Load{InFlight: v[0], OpenTokens: v[1]}, true
 }

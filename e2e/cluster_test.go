@@ -25,8 +25,8 @@ const (
 // fleetConfig is a config for the backends at urls with four keys,
 // alpha at 30 requests a minute, bravo at 3, charlie unlimited and delta
 // at 1,500 tokens a minute,
-// sessions by X-Session, and the fleet's state in the Redis at addr
-// ("": none).
+// sessions by X-Session, and the fleet's state, load included, in the
+// Redis at addr ("": none).
 func fleetConfig(urls []string, addr string) config.Config {
 	cfg := testConfig(urls)
 	cfg.Auth = proxy.AuthConfig{Keys: []proxy.KeyConfig{
@@ -37,6 +37,7 @@ func fleetConfig(urls []string, addr string) config.Config {
 	}}
 	cfg.Balancer.Session.Header = "X-Session"
 	cfg.Cluster.Redis.Address = addr
+	cfg.Cluster.ShareLoad = true
 	cfg.Cluster.Redis.Timeout = 250 * time.Millisecond // a loaded CI machine
 	return cfg
 }
