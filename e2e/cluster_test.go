@@ -80,6 +80,18 @@ func clusterUp(t *testing.T, adminAddr string) bool {
 	return metricLine(t, adminAddr, "llmlb_cluster_up 1")
 }
 
+// statusPage returns the replica's status page.
+func statusPage(t *testing.T, adminAddr string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + adminAddr + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
 // metricLine reports whether the replica's /metrics has line.
 func metricLine(t *testing.T, adminAddr, line string) bool {
 	t.Helper()
@@ -251,11 +263,17 @@ func TestReplicasActAsOne(t *testing.T) {
 			t.Fatal("a replica still reports Redis up 10s after it was killed")
 		}
 	}
+	if page := statusPage(t, reps[0].inst.AdminAddr); !strings.Contains(page, "Redis down") {
+		t.Errorf("the status page does not say Redis is down")
+	}
 	r.Restart()
 	for _, rep := range reps {
 		if !waitFor(10*time.Second, func() bool { return clusterUp(t, rep.inst.AdminAddr) }) {
 			t.Fatal("a replica did not rejoin Redis within 10s of its restart")
 		}
+	}
+	if page := statusPage(t, reps[0].inst.AdminAddr); !strings.Contains(page, "fleet state in Redis") {
+		t.Errorf("the status page does not say the fleet state is in Redis")
 	}
 	if got := admitted(t, reps, testKeyB, 9); got != 3 {
 		t.Errorf("after Redis came back: 9 requests at 3 a minute over three replicas, %d admitted, want 3", got)

@@ -24,6 +24,8 @@ type Fleet interface {
 	Charge(key string, requests, tokens, n int)
 	// SetHome makes id the session's home, written behind the request.
 	SetHome(session, id string)
+	// Up reports whether the fleet's state answers.
+	Up() bool
 	// RefuseWhenDown reports whether a limited key's requests are refused
 	// while the state is out of reach, rather than limited locally.
 	RefuseWhenDown() bool

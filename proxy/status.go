@@ -127,7 +127,7 @@ tr.why td{white-space:normal;overflow-wrap:anywhere;text-align:left;padding-top:
 dl{display:grid;grid-template-columns:max-content auto;gap:.1em 1em;color:#555;margin:.4em 0} dt{font-weight:600}
 </style></head><body>
 <h1>llmlb</h1>
-<div class="sub">policy <b>{{.Policy}}</b> · {{len .Rows}} backends, {{.Ready}} ready · admission queue {{.Queue}} · up {{.Uptime}} · {{.Now}}</div>
+<div class="sub">policy <b>{{.Policy}}</b> · {{len .Rows}} backends, {{.Ready}} ready · admission queue {{.Queue}}{{if .Fleet}} · {{.Fleet}}{{end}} · up {{.Uptime}} · {{.Now}}</div>
 <h2>Backends</h2>
 <table id="backends">
 <tr><th class="l">backend</th><th class="l">engine</th><th class="l">health</th><th>queued</th><th>running</th><th>KV use</th><th>in flight</th><th>requests</th><th>failures</th><th>ejections</th><th>TTFT</th><th>prefix hits</th><th class="l">models</th><th class="l">LoRA</th></tr>
@@ -177,12 +177,20 @@ func (s *Server) serveStatus(w http.ResponseWriter, r *http.Request) {
 	recent, reasons, hit := s.picks.view()
 	data := struct {
 		Policy, Uptime, Now string
+		Fleet               string // the fleet state's health; "" for an llmlb alone
 		Ready, Queue        int
 		Rows                []statusRow
 		Reasons             []reasonCount
 		Recent              []pickEntry
 	}{Policy: s.bal.Policy(), Uptime: time.Since(s.started).Round(time.Second).String(),
 		Now: time.Now().Format(time.DateTime), Queue: s.bal.QueueLen(), Reasons: reasons, Recent: recent}
+	switch {
+	case s.fleet == nil:
+	case s.fleet.Up():
+		data.Fleet = "fleet state in Redis"
+	default:
+		data.Fleet = "Redis down: limits and sessions this replica's own"
+	}
 	for _, be := range snap.Backends {
 		if be.State == balancer.StateReady {
 			data.Ready++

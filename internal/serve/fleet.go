@@ -23,4 +23,6 @@ func (f fleet) Charge(key string, requests, tokens, n int) {
 
 func (f fleet) SetHome(session, id string) { f.c.SetHome(session, id) }
 
+func (f fleet) Up() bool { return f.c.Up() }
+
 func (f fleet) RefuseWhenDown() bool { return f.c.LimitsWhenDown() == cluster.LimitsRefuse }
