@@ -64,12 +64,16 @@ type metrics struct {
 }
 
 // New connects to cfg.Redis (the connection is made lazily; Run reports
-// whether Redis answers) for the replica in front of bal's backends, with
+// whether Redis answers) for the replica in front of bal's backends (nil:
+// no load is shared), with
 // what cfg's files hold ([Config.OpenFiles]), and registers its metrics on
 // reg. cfg must have passed Validate and name an address.
 func New(cfg Config, files Files, bal *balancer.Balancer, reg prometheus.Registerer, logger *slog.Logger) *Cluster {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
+	}
+	if bal == nil {
+		cfg.ShareLoad = false // no ledgers to publish or to give the peers' load
 	}
 	// The client's own messages (a failed dial, every time) repeat what
 	// llmlb_cluster_errors_total counts and the one line a change of
