@@ -112,13 +112,14 @@ type band struct {
 // flow is one tenant's waiters in a band. Guarded by admission.mu.
 type flow struct {
 	tenant  string
-	waiters []*waiter // FIFO
+	waiters []*waiter // earliest deadline first, then FIFO
 	spent   float64   // tokens rule: weighted tokens admitted from the band
 }
 
 type waiter struct {
 	prio   int
 	tenant string
+	due    time.Time     // when its TTFT deadline passes; zero: none
 	cost   float64       // weighted tokens, for the tokens rule
 	ch     chan struct{} // buffered 1: a wake-up is never lost or blocking
 }
@@ -135,7 +136,12 @@ func newAdmission(cfg Config, rand func() uint64) *admission {
 
 // enter queues a waiter for req at its place, or refuses it: a sheddable
 // request as [admission.shedLocked] says, any when the queue is full.
-func (a *admission) enter(req *Request) (*waiter, error) {
+// Within its tenant's queue a request with a TTFT deadline goes before
+// those whose deadline is later or who have none: earliest deadline
+// first, after the tenants' fairness, so that no tenant's deadlines jump
+// another's turn; requests without one keep their order, after all that
+// have one.
+func (a *admission) enter(req *Request, now time.Time) (*waiter, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if req.Priority < 0 && a.shedLocked() {
@@ -147,6 +153,9 @@ func (a *admission) enter(req *Request) (*waiter, error) {
 		return nil, ErrQueueFull
 	}
 	w := &waiter{prio: req.Priority, ch: make(chan struct{}, 1)}
+	if left, ok := req.left(now); ok {
+		w.due = now.Add(left)
+	}
 	if a.fairness != FairOff {
 		w.tenant = req.Tenant
 	}
@@ -175,7 +184,14 @@ func (a *admission) enter(req *Request) (*waiter, error) {
 		}
 		b.byID[w.tenant] = f
 	}
-	f.waiters = append(f.waiters, w)
+	at := len(f.waiters)
+	if !w.due.IsZero() {
+		at = slices.IndexFunc(f.waiters, func(o *waiter) bool { return o.due.IsZero() || o.due.After(w.due) })
+		if at < 0 {
+			at = len(f.waiters)
+		}
+	}
+	f.waiters = slices.Insert(f.waiters, at, w)
 	a.n++
 	a.length.Store(int64(a.n))
 	a.setHeadLocked() // a new head tries at once
@@ -395,7 +411,8 @@ func (b *Balancer) RetryAfter() time.Duration {
 
 // PickWait is Pick that waits in the admission queue while every backend
 // is saturated, for at most the admission timeout or until ctx ends: by
-// priority, then by tenant as [AdmissionConfig.Fairness] says, then FIFO.
+// priority, then by tenant as [AdmissionConfig.Fairness] says, then by
+// TTFT deadline, earliest first, then FIFO.
 // A sheddable request (negative priority) may be refused with [ErrShed] as
 // the queue fills ([AdmissionConfig.ShedAt]); a full queue gives
 // [ErrQueueFull]; the timeout [ErrQueueTimeout].
@@ -445,7 +462,7 @@ type Ticket struct {
 // the queue fills: [AdmissionConfig.ShedAt]), and any with [ErrQueueFull]
 // when the queue is full.
 func (b *Balancer) Enqueue(req *Request) (*Ticket, error) {
-	w, err := b.adm.enter(req)
+	w, err := b.adm.enter(req, b.now())
 	if err != nil {
 		return nil, err
 	}

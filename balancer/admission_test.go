@@ -314,7 +314,7 @@ func TestAdmissionTokenFairness(t *testing.T) {
 	enter := func(t *testing.T, a *admission, labels map[*waiter]string, label string, n int, req Request) {
 		t.Helper()
 		for range n {
-			w, err := a.enter(&req)
+			w, err := a.enter(&req, time.Time{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -431,7 +431,7 @@ func TestAdmissionShedsAsQueueFills(t *testing.T) {
 			cfg.Admission.ShedAt = tt.shedAt
 			a := newAdmission(cfg, func() uint64 { return tt.draw })
 			for n := range 20 {
-				w, err := a.enter(&Request{Priority: -1})
+				w, err := a.enter(&Request{Priority: -1}, time.Time{})
 				switch {
 				case n <= tt.wantUpTo && err != nil:
 					t.Errorf("n = %d: sheddable refused (%v), want let in", n, err)
@@ -441,11 +441,11 @@ func TestAdmissionShedsAsQueueFills(t *testing.T) {
 				if w != nil {
 					a.leave(w, false)
 				}
-				if _, err := a.enter(&Request{}); err != nil {
+				if _, err := a.enter(&Request{}, time.Time{}); err != nil {
 					t.Fatalf("n = %d: priority 0 refused: %v", n, err)
 				}
 			}
-			if _, err := a.enter(&Request{}); !errors.Is(err, ErrQueueFull) {
+			if _, err := a.enter(&Request{}, time.Time{}); !errors.Is(err, ErrQueueFull) {
 				t.Errorf("full queue: %v, want ErrQueueFull", err)
 			}
 		})

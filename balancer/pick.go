@@ -63,6 +63,14 @@ type Request struct {
 	NearHost string
 	// Priority orders the admission queue; negative is sheddable.
 	Priority int
+	// TTFTDeadline, when above 0, is how long after Arrived the request's
+	// first token should come: the pick prefers the backends whose
+	// estimate meets it ([Balancer.deadline]), and the admission queue
+	// serves a tenant's requests earliest deadline first.
+	TTFTDeadline time.Duration
+	// Arrived is when the request arrived, from which TTFTDeadline counts;
+	// zero counts it from each pick.
+	Arrived time.Time
 	// Tenant identifies the client for fairness in the admission queue
 	// ([AdmissionConfig.Fairness]): the API key's name, or the tenant
 	// header's value when no keys are configured. "" is one anonymous
@@ -258,6 +266,15 @@ func (b *Balancer) choose(s *scratch, p *PickInfo, dst []*Backend, ex *Explanati
 		primary, reason = 0, ReasonStored // the filter left only the holder
 	}
 	total := b.score(s, p)
+	if primary < 0 {
+		var err error
+		if total, primary, err = b.deadline(p, total, ex); err != nil {
+			return Decision{}, 0, err
+		}
+		if primary >= 0 {
+			reason = ReasonDeadline
+		}
+	}
 	if primary < 0 {
 		primary, why = b.pol.picker.Choose(p, total)
 		reason = cmp.Or(reason, why)

@@ -35,6 +35,9 @@ const (
 	// ReasonStored: the backend stores the response the request names
 	// (a Responses follow-up, or a look-up by id); no other may take it.
 	ReasonStored Reason = "stored"
+	// ReasonDeadline: no backend's estimate met the request's TTFT
+	// deadline, and this one misses it by least.
+	ReasonDeadline Reason = "deadline"
 	// ReasonRetry: the proxy's, for a request its first candidate failed
 	// and a later one answered.
 	ReasonRetry Reason = "retry"

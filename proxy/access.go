@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 )
 
@@ -81,6 +82,15 @@ func (s *Server) logAccess(ex *exchange, r *http.Request, status int) {
 	}
 	if ex.ttft > 0 {
 		attrs = append(attrs, slog.Float64("ttft_s", ex.ttft.Seconds()))
+	}
+	if d := ex.deadlines; d.ttft > 0 || d.tpot > 0 {
+		if d.ttft > 0 {
+			attrs = append(attrs, slog.Int64("slo_ttft_ms", d.ttft.Milliseconds()))
+		}
+		if d.tpot > 0 {
+			attrs = append(attrs, slog.Float64("slo_tpot_ms", float64(d.tpot)/float64(time.Millisecond)))
+		}
+		attrs = append(attrs, slog.String("slo", strings.Join(ex.sloResults, ",")))
 	}
 	if ex.usage.Known {
 		attrs = append(attrs, slog.Int("prompt_tokens", ex.usage.Prompt), slog.Int("completion_tokens", ex.usage.Completion))

@@ -167,7 +167,7 @@ func (s *Server) serveRoute(w http.ResponseWriter, r *http.Request) {
 		writeError(w, s.errorFor(r.Context(), err))
 		return
 	}
-	breq, err := s.balancerRequest(r, req, nil) // operators may set the priority header
+	breq, _, err := s.balancerRequest(r, req, nil) // operators may set the priority header and deadlines
 	if err != nil {
 		writeError(w, s.errorFor(r.Context(), err))
 		return

@@ -342,7 +342,7 @@ func TestPriorityComesFromKey(t *testing.T) {
 			if tt.header != "" {
 				r.Header.Set("X-Llmlb-Priority", tt.header)
 			}
-			breq, err := s.balancerRequest(r, req, tt.tenant)
+			breq, _, err := s.balancerRequest(r, req, tt.tenant)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -355,7 +355,7 @@ func TestPriorityComesFromKey(t *testing.T) {
 	// the header is not read at all.
 	r := httptest.NewRequest(http.MethodPost, "/v1/completions", nil)
 	r.Header.Set("X-Llmlb-Priority", "high")
-	if _, err := s.balancerRequest(r, req, &tenant{}); err != nil {
+	if _, _, err := s.balancerRequest(r, req, &tenant{}); err != nil {
 		t.Errorf("ignored header refused: %v", err)
 	}
 }

@@ -197,6 +197,8 @@ func (s *Server) errorFor(clientCtx context.Context, err error) *HTTPError {
 		return &HTTPError{Status: http.StatusNotFound, Type: "invalid_request_error", Param: "model", Code: "model_not_found", Msg: err.Error() + ": no backend serves it (GET /v1/models lists the models served here).", Err: err}
 	case errors.Is(err, balancer.ErrQueueFull):
 		return &HTTPError{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "queue_full", Msg: "Every model server is saturated and the queue is full; retry later.", Err: err, RetryAfter: s.bal.RetryAfter()}
+	case errors.Is(err, balancer.ErrDeadline):
+		return &HTTPError{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "deadline_unmeetable", Msg: "No model server can send this request's first token within its deadline (x-slo-ttft-ms) and its priority is sheddable; retry later or with a later deadline.", Err: err, RetryAfter: s.bal.RetryAfter()}
 	case errors.Is(err, balancer.ErrShed):
 		return &HTTPError{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "shed", Msg: "Every model server is saturated and this request's priority is sheddable; retry later.", Err: err, RetryAfter: s.bal.RetryAfter()}
 	case errors.Is(err, balancer.ErrSaturated):

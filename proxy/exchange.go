@@ -59,6 +59,10 @@ type exchange struct {
 
 	// route
 	target string // the model backends are asked for; req.Model is the client's; "" before routing
+	// deadlines are the request's latency targets, from its headers;
+	// sloResults what came of them ("ttft=met"), for the access line.
+	deadlines  deadlines
+	sloResults []string
 	// holder is the backend storing the response the request names
 	// (previous_response_id, or the path's id), the only one it may go
 	// to; nil for any other request.

@@ -101,6 +101,7 @@ func (s *Server) account(ex *exchange, status int) {
 	if ex.forwarded {
 		s.observed(ex, backendLabel, backendName, model, status, took)
 	}
+	s.judgeDeadlines(ex, model)
 	if t := ex.tenant; t != nil {
 		s.authMetrics.requests.WithLabelValues(t.name, statusLabel(status)).Inc()
 		used := ex.admitted // the estimate stands when the backend reported no usage
@@ -200,4 +201,49 @@ func (s *Server) observed(ex *exchange, backend, name, model string, status int,
 		s.metrics.predicted.WithLabelValues(backend).Add(share * float64(u.Prompt))
 		s.metrics.reported.WithLabelValues(backend).Add(float64(u.Cached))
 	}
+}
+
+// judgeDeadlines counts whether the request met its deadlines, each from
+// its arrival as its client sees it: the first token for TTFT, and for
+// TPOT the mean time between its tokens after the first. Only a stream's
+// tokens are seen as they come.
+func (s *Server) judgeDeadlines(ex *exchange, model string) {
+	d := ex.deadlines
+	if d.ttft == 0 && d.tpot == 0 {
+		return
+	}
+	prio := "zero"
+	if ex.breq != nil {
+		switch p := ex.breq.Priority; {
+		case p < 0:
+			prio = "negative"
+		case p > 0:
+			prio = "positive"
+		}
+	}
+	refused := ex.failure != nil && errors.Is(ex.failure, balancer.ErrDeadline)
+	u := ex.usage
+	streamed := ex.req != nil && ex.req.Stream && !u.FirstToken.IsZero()
+	judge := func(slo string, target, got time.Duration, seen bool) {
+		if target == 0 {
+			return
+		}
+		result := "unobserved"
+		switch {
+		case refused:
+			result = "refused"
+		case seen && got <= target:
+			result = "met"
+		case seen:
+			result = "missed"
+		}
+		ex.sloResults = append(ex.sloResults, slo+"="+result)
+		s.metrics.slo.WithLabelValues(model, prio, slo, result).Inc()
+	}
+	judge("ttft", d.ttft, u.FirstToken.Sub(ex.start), streamed)
+	var tpot time.Duration
+	if streamed && u.Known && u.Completion > 1 && u.LastSeen.After(u.FirstToken) {
+		tpot = u.LastSeen.Sub(u.FirstToken) / time.Duration(u.Completion-1)
+	}
+	judge("tpot", d.tpot, tpot, tpot > 0)
 }

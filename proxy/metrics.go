@@ -15,6 +15,7 @@ type metrics struct {
 	requests *prometheus.CounterVec   // model, target_model, backend, status
 	ttfb     *prometheus.HistogramVec // backend
 	ttft     *prometheus.HistogramVec // backend, model
+	slo      *prometheus.CounterVec   // model, priority, slo, result
 	itl      *prometheus.HistogramVec // backend, model
 	duration *prometheus.HistogramVec // backend, model
 	// Tokens the backends reported in usage, by backend and model.
@@ -44,6 +45,10 @@ func newMetrics(reg prometheus.Registerer, bal *balancer.Balancer) *metrics {
 			Name: "llmlb_requests_total",
 			Help: "Requests answered, by requested model, the model backends were asked for (after aliases and splits), backend that answered (\"none\" if none did) and HTTP status (499: client went away).",
 		}, []string{"model", "target_model", "backend", "status"}),
+		slo: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmlb_slo_requests_total",
+			Help: "Requests with a deadline (x-slo-ttft-ms, x-slo-tpot-ms), by requested model, priority (negative, zero, positive), deadline (ttft, tpot) and result: met, missed, refused (no server could meet a sheddable request's deadline) or unobserved (not a stream, or no token came).",
+		}, []string{"model", "priority", "slo", "result"}),
 		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "llmlb_time_to_first_token_seconds",
 			Help:    "Streams: time from sending the request to the backend that answered to the first event carrying output, as read by the proxy.",
@@ -124,7 +129,7 @@ func newMetrics(reg prometheus.Registerer, bal *balancer.Balancer) *metrics {
 		m.pdLegTTFB.WithLabelValues(l)
 	}
 	reg.MustRegister(m.pdRequests, m.pdLegTTFB)
-	reg.MustRegister(m.requests, m.ttfb, m.ttft, m.itl, m.duration, m.predicted, m.reported, m.retries, m.continuations, m.picks, m.tokenize, m.queueWait, &inFlightCollector{bal: bal})
+	reg.MustRegister(m.requests, m.slo, m.ttfb, m.ttft, m.itl, m.duration, m.predicted, m.reported, m.retries, m.continuations, m.picks, m.tokenize, m.queueWait, &inFlightCollector{bal: bal})
 	return m
 }
 

@@ -23,7 +23,7 @@ func breqOf(t *testing.T, s *Server, k Kind, body []byte) *balancer.Request {
 	if err != nil {
 		t.Fatal(err)
 	}
-	breq, err := s.balancerRequest(httptest.NewRequest("POST", "/", nil), req, nil)
+	breq, _, err := s.balancerRequest(httptest.NewRequest("POST", "/", nil), req, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +75,7 @@ func TestLongPromptPicksInParts(t *testing.T) {
 
 	ring := newServer(t, Options{Config: DefaultConfig(), Balancer: newBal(t, "consistent-hash"), Registerer: prometheus.NewRegistry()})
 	req, _ := ParseRequest(KindCompletion, []byte(fmt.Sprintf(`{"model":%q,"prompt":%q}`, testModel, system)))
-	breq, _ := ring.balancerRequest(httptest.NewRequest("POST", "/v1/completions", nil), req, nil)
+	breq, _, _ := ring.balancerRequest(httptest.NewRequest("POST", "/v1/completions", nil), req, nil)
 	if breq.Parts != nil || string(breq.Prompt) != system {
 		t.Errorf("consistent-hash got Parts %v and %d prompt bytes, want the %d bytes whole", breq.Parts != nil, len(breq.Prompt), len(system))
 	}

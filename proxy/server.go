@@ -299,10 +299,11 @@ func (s *Server) parse(ex *exchange, r *http.Request, k Kind) error {
 
 // route resolves the request's model and reads the routing headers.
 func (s *Server) route(ex *exchange, r *http.Request) (*balancer.Request, error) {
-	breq, err := s.balancerRequest(r, ex.req, ex.tenant)
+	breq, dl, err := s.balancerRequest(r, ex.req, ex.tenant)
 	if err != nil {
 		return nil, err
 	}
+	breq.Arrived, ex.deadlines = ex.start, dl
 	ex.target = breq.Model
 	ex.breq = breq
 	s.findHome(ex, breq)
@@ -386,18 +387,27 @@ func (s *Server) forward(ex *exchange, r *http.Request) {
 // priority is the model's, or the key's when it sets one; the priority
 // header is read without keys configured (t nil) or when the key allows
 // it, and ignored otherwise.
-func (s *Server) balancerRequest(r *http.Request, req *Request, t *tenant) (*balancer.Request, error) {
+func (s *Server) balancerRequest(r *http.Request, req *Request, t *tenant) (*balancer.Request, deadlines, error) {
 	target, prio := s.bal.Route(req.Model)
 	if t != nil && t.priority != nil {
 		prio = *t.priority
 	}
 	bcfg := s.bal.Config()
-	if h := r.Header.Get(bcfg.Admission.PriorityHeader); h != "" && (t == nil || t.allowPriorityHeader) {
-		p, err := strconv.Atoi(strings.TrimSpace(h))
-		if err != nil {
-			return nil, badRequest("", "The %s header must be an integer, got %s.", bcfg.Admission.PriorityHeader, quote(h))
+	// The deadlines are trusted as the priority is: from any client
+	// without keys, and with keys from those allowed to set a priority.
+	var dl deadlines
+	if trusted := t == nil || t.allowPriorityHeader; trusted {
+		if h := r.Header.Get(bcfg.Admission.PriorityHeader); h != "" {
+			p, err := strconv.Atoi(strings.TrimSpace(h))
+			if err != nil {
+				return nil, deadlines{}, badRequest("", "The %s header must be an integer, got %s.", bcfg.Admission.PriorityHeader, quote(h))
+			}
+			prio = p
 		}
-		prio = p
+		var err error
+		if dl, err = readDeadlines(r.Header); err != nil {
+			return nil, deadlines{}, err
+		}
 	}
 	breq := &balancer.Request{
 		Model:        target,
@@ -405,6 +415,7 @@ func (s *Server) balancerRequest(r *http.Request, req *Request, t *tenant) (*bal
 		PromptTokens: req.PromptTokens(),
 		MaxTokens:    req.MaxTokens,
 		Priority:     prio,
+		TTFTDeadline: dl.ttft,
 	}
 	c := &req.Canonical
 	breq.FirstUser, breq.FirstTurn = c.FirstUser, c.FirstTurn
@@ -435,7 +446,7 @@ func (s *Server) balancerRequest(r *http.Request, req *Request, t *tenant) (*bal
 	if req.Kind == KindChat && s.bal.UserKeyed() {
 		breq.UserText = prefix.FirstUserText(req.Messages, bcfg.ConsistentHash.PrefixBytes)
 	}
-	return breq, nil
+	return breq, dl, nil
 }
 
 // readRequest reads and parses the body, bounded by MaxBodyBytes, into

@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"net/http"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -53,6 +54,15 @@ func (s *Server) endSpan(ex *exchange, status int) {
 	}
 	if ex.ttft > 0 {
 		attrs = append(attrs, attribute.Float64("llmlb.ttft_seconds", ex.ttft.Seconds()))
+	}
+	if d := ex.deadlines; d.ttft > 0 {
+		attrs = append(attrs, attribute.Int64("llmlb.slo_ttft_ms", d.ttft.Milliseconds()))
+	}
+	if d := ex.deadlines; d.tpot > 0 {
+		attrs = append(attrs, attribute.Float64("llmlb.slo_tpot_ms", float64(d.tpot)/float64(time.Millisecond)))
+	}
+	if len(ex.sloResults) > 0 {
+		attrs = append(attrs, attribute.String("llmlb.slo", strings.Join(ex.sloResults, ",")))
 	}
 	sp.SetAttributes(attrs...)
 	if status >= 500 {

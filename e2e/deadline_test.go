@@ -1,0 +1,106 @@
+package e2e
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/llmlb/llmlb/proxy"
+	"github.com/llmlb/llmlb/sim"
+)
+
+// deadlinePost streams a small completion through addr with headers h and
+// returns the status, x-llmlb-reason, Retry-After and the body.
+func deadlinePost(t *testing.T, addr, path string, h map[string]string) (int, string, string, string) {
+	t.Helper()
+	body := `{"model":"` + testModel + `","prompt":"hello","max_tokens":3,"stream":true}`
+	if strings.HasSuffix(path, "/messages") {
+		body = `{"model":"` + testModel + `","max_tokens":3,"messages":[{"role":"user","content":"hello"}]}`
+	}
+	req, err := http.NewRequest(http.MethodPost, "http://"+addr+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range h {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header.Get("X-Llmlb-Reason"), resp.Header.Get("Retry-After"), string(b)
+}
+
+// A deadline no backend's estimate can meet (1ms): a sheddable request is
+// refused at once with 429 and Retry-After, one of priority 0 goes to the
+// backend that misses by least and is counted as missed, a loose one as
+// met; a deadline that is not a positive whole number of milliseconds is
+// a 400 in the API's own shape.
+func TestDeadlines(t *testing.T) {
+	urls := simBackends(t, 2, sim.SteadyConfig{Speed: 100, DecodeTokensPerSecond: 2000})
+	inst := startTest(t, testConfig(urls), 2)
+
+	status, _, retry, body := deadlinePost(t, inst.Addr, "/v1/completions", map[string]string{"X-Llmlb-Priority": "-1", "x-slo-ttft-ms": "1"})
+	if status != http.StatusTooManyRequests || retry == "" || !strings.Contains(body, "deadline_unmeetable") {
+		t.Errorf("sheddable, deadline none can meet: %d (Retry-After %q) %s", status, retry, body)
+	}
+	status, reason, _, _ := deadlinePost(t, inst.Addr, "/v1/completions", map[string]string{"x-slo-ttft-ms": "1"})
+	if status != http.StatusOK || reason != "deadline" {
+		t.Errorf("priority 0, deadline none can meet: %d, reason %q; want 200 from the backend that misses by least", status, reason)
+	}
+	if status, _, _, _ := deadlinePost(t, inst.Addr, "/v1/completions", map[string]string{"x-slo-ttft-ms": "60000", "x-slo-tpot-ms": "60000"}); status != http.StatusOK {
+		t.Errorf("a loose deadline: %d", status)
+	}
+	ss := scrapeAdmin(t, inst.AdminAddr)
+	for _, w := range []struct {
+		labels []string
+		want   float64
+	}{
+		{[]string{`priority="negative"`, `slo="ttft"`, `result="refused"`}, 1},
+		{[]string{`priority="zero"`, `slo="ttft"`, `result="missed"`}, 1},
+		{[]string{`priority="zero"`, `slo="ttft"`, `result="met"`}, 1},
+		{[]string{`priority="zero"`, `slo="tpot"`, `result="met"`}, 1},
+	} {
+		if got, _ := sum(ss, "llmlb_slo_requests_total", w.labels...); got != w.want {
+			t.Errorf("llmlb_slo_requests_total%v = %v, want %v", w.labels, got, w.want)
+		}
+	}
+
+	for _, h := range []map[string]string{
+		{"x-slo-ttft-ms": "soon"}, {"x-slo-ttft-ms": "0"}, {"x-slo-ttft-ms": "-5"}, {"x-slo-ttft-ms": "1.5"},
+		{"x-slo-ttft-ms": "86400001"}, {"x-slo-tpot-ms": "x"}, {"x-sgl-ttft-slo-ms": "0"}, {"x-sgl-tps-slo": "NaN"}, {"x-sgl-tps-slo": "0"},
+	} {
+		status, _, _, body := deadlinePost(t, inst.Addr, "/v1/completions", h)
+		var e struct {
+			Error struct{ Type, Message string }
+		}
+		if status != http.StatusBadRequest || json.Unmarshal([]byte(body), &e) != nil || e.Error.Type != "invalid_request_error" {
+			t.Errorf("%v: %d %s, want 400 in OpenAI's shape", h, status, body)
+		}
+	}
+	status, _, _, body = deadlinePost(t, inst.Addr, "/v1/messages", map[string]string{"x-slo-ttft-ms": "soon"})
+	if status != http.StatusBadRequest || !strings.Contains(body, `"type":"error"`) {
+		t.Errorf("Messages, a bad deadline: %d %s, want 400 in Anthropic's shape", status, body)
+	}
+}
+
+// With keys, the deadline headers of a key not allowed to set its
+// priority are ignored, not refused, as the priority header is.
+func TestDeadlineHeadersOfAKeyNotAllowed(t *testing.T) {
+	urls := simBackends(t, 1, sim.SteadyConfig{Speed: 100, DecodeTokensPerSecond: 2000})
+	cfg := testConfig(urls)
+	cfg.Auth = proxy.AuthConfig{Keys: []proxy.KeyConfig{{Name: "alpha", Key: proxy.HashKey(testKeyA)}}}
+	inst := startTest(t, cfg, 1)
+	status, _, _, body := deadlinePost(t, inst.Addr, "/v1/completions", map[string]string{"Authorization": "Bearer " + testKeyA, "x-slo-ttft-ms": "soon", "X-Llmlb-Priority": "-1"})
+	if status != http.StatusOK {
+		t.Errorf("an untrusted key's bad deadline: %d %s, want it ignored", status, body)
+	}
+	if got, _ := sum(scrapeAdmin(t, inst.AdminAddr), "llmlb_slo_requests_total"); got != 0 {
+		t.Errorf("an untrusted key's deadline was counted: %v", got)
+	}
+}
