@@ -54,8 +54,8 @@ func readDeadlines(h http.Header) (deadlines, error) {
 	}
 	if v := h.Get(headerSGLangTPS); v != "" {
 		tps, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-		if err != nil || math.IsNaN(tps) || math.IsInf(tps, 0) || tps <= 0 || tps > 1e9 {
-			return deadlines{}, badRequest("", "The %s header must be a number of tokens per second above 0, got %s.", strings.ToLower(headerSGLangTPS), quote(v))
+		if err != nil || math.IsNaN(tps) || math.IsInf(tps, 0) || tps*maxDeadline.Seconds() < 1 || tps > 1e9 {
+			return deadlines{}, badRequest("", "The %s header must be a number of tokens per second, at least one a day, got %s.", strings.ToLower(headerSGLangTPS), quote(v))
 		}
 		if d.tpot == 0 {
 			d.tpot = max(time.Duration(float64(time.Second)/tps), time.Nanosecond)
