@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -103,4 +104,47 @@ func TestDeadlineHeadersOfAKeyNotAllowed(t *testing.T) {
 	if got, _ := sum(scrapeAdmin(t, inst.AdminAddr), "llmlb_slo_requests_total"); got != 0 {
 		t.Errorf("an untrusted key's deadline was counted: %v", got)
 	}
+}
+
+// A stream whose server ends it early is continued on another server even
+// when its TTFT deadline has passed by then: the first token came, and
+// the continuation is not refused for it (it was, as a sheddable request
+// whose deadline no estimate met).
+func TestContinuationIsNotRefusedForItsDeadline(t *testing.T) {
+	// The truncating server ends each answer after 20 of its tokens, a
+	// second in at 20 tokens a second: past the 500ms deadline.
+	bad, badURL := faultableSim(t, sim.SteadyConfig{DecodeTokensPerSecond: 20})
+	_, goodURL := faultableSim(t, sim.SteadyConfig{DecodeTokensPerSecond: 2000})
+	faults, err := sim.ParseFaults("die-mid-stream:events=20,framing=clean")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad.SetFaults(faults)
+	inst := startTest(t, testConfig([]string{badURL, goodURL}), 2)
+	names := backendNames(t, inst.AdminAddr)
+	for i := range 20 {
+		req, _ := http.NewRequest(http.MethodPost, "http://"+inst.Addr+"/v1/completions",
+			strings.NewReader(fmt.Sprintf(`{"model":"%s","prompt":"story number %d","max_tokens":40,"stream":true}`, testModel, i)))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Llmlb-Priority", "-1")
+		req.Header.Set("x-slo-ttft-ms", "500")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if names[resp.Header.Get("X-Llmlb-Backend")] != badURL {
+			resp.Body.Close()
+			continue // placed on the server that does not truncate: try another prompt
+		}
+		events, err := readSSE(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(events) == 0 || events[len(events)-1].data != "[DONE]" || strings.Contains(events[len(events)-1].data, "error") {
+			t.Errorf("the stream the truncating server broke, past its deadline, ended with %+v; want it continued to [DONE]", events[len(events)-1:])
+		}
+		return
+	}
+	t.Fatal("no prompt of 20 was placed on the truncating server")
 }

@@ -86,6 +86,9 @@ func (c *resumer) Resume(rest stream.Rest) (io.ReadCloser, error) {
 	breq := *ex.breq
 	breq.Prompt, breq.Parts, breq.UserText, breq.TokenBlocks = nil, nil, nil, nil
 	breq.FirstUser, breq.FirstTurn, breq.Session = 0, 0, ""
+	// The first token came: its deadline was met or missed, and the rest
+	// is not refused for it.
+	breq.TTFTDeadline = 0
 	breq.PromptTokens += rest.Tokens
 	breq.MaxTokens = max(0, breq.MaxTokens-rest.Tokens)
 	breq.Avoid, breq.Guard = c.cur.be.ID, ex.guard
