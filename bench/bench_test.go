@@ -493,3 +493,38 @@ func TestSameStatsReadsEveryField(t *testing.T) {
 		}
 	}
 }
+
+// The default policy's pick estimates each request's time to first
+// token, and the row reports how far those estimates were from the first
+// tokens; one idle server, one client at a time: nothing queues, so the
+// estimate is the prefill alone and lands near what the engine takes. A
+// policy that estimates nothing reports nothing.
+func TestEstimateErrorIsReported(t *testing.T) {
+	w, err := Build("shared-prefix", Params{Scale: 0.05, Seed: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := Run(Cluster{Presets: Presets(1, -1), Seed: 1, Clients: 1}, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := Summarize(res)
+	if len(res.EstimateRatios) != len(w.Requests) || row.EstimateRatio <= 0 {
+		t.Fatalf("%d estimates for %d requests; ratio %v, error %v", len(res.EstimateRatios), len(w.Requests), row.EstimateRatio, row.EstimateError)
+	}
+	if row.EstimateRatio < 0.5 || row.EstimateRatio > 2 {
+		t.Errorf("idle, one at a time: the median estimate is %.2fx the first token's time", row.EstimateRatio)
+	}
+	rr, err := Run(Cluster{Presets: Presets(1, -1), Seed: 1, Clients: 1, Policy: "round-robin"}, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rr.EstimateRatios) != 0 || Summarize(rr).EstimateRatio != 0 {
+		t.Errorf("round-robin estimates nothing: %d ratios", len(rr.EstimateRatios))
+	}
+	var b strings.Builder
+	WriteTable(&b, Table{Name: "x", Results: []Row{row, Summarize(rr)}})
+	if !strings.Contains(b.String(), "ttft est err") {
+		t.Errorf("the table has no estimate column:\n%s", b.String())
+	}
+}

@@ -129,6 +129,11 @@ type Result struct {
 	// Trace holds one record a served request, in first-token order,
 	// when the run was traced ([Cluster.Trace]).
 	Trace []TraceRecord
+	// EstimateRatios are, for each request of one leg whose pick
+	// estimated its time to first token (the default policy's), that
+	// estimate over the time the first token took from the pick, in
+	// first-token order.
+	EstimateRatios []float64
 }
 
 // replica is one balancer in front of every server.

@@ -26,6 +26,10 @@ type flight struct {
 	trace   *TraceRecord // when the run is traced: the pick's record, until the first token
 	holder  int          // a stored follow-up's: the server storing its previous response
 	pd      *pdLeg       // a disaggregated request's prefill leg; nil for one leg
+	// estimate is the first token's time the pick estimated (seconds, 0
+	// for a policy that estimates none), from pickedAt.
+	estimate float64
+	pickedAt time.Duration
 }
 
 func (r *run) arrive(i int) {
@@ -129,6 +133,7 @@ func (r *run) dispatch(f *flight) bool {
 		return true
 	}
 	f.srv = r.byID[dec.Candidates[0].ID]
+	f.estimate, f.pickedAt = dec.TTFT, r.now
 	if f.req.Stored > 0 && f.srv != f.holder {
 		// The server does not store the response the request names: a
 		// 404 at once, and the agent stops.

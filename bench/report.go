@@ -30,6 +30,12 @@ type Row struct {
 	TPOTP90 float64 `json:"tpot_p90"`
 	// Split is the requests that took a prefill leg ([Result.Split]).
 	Split      int     `json:"split,omitempty"`
+	// EstimateError is the median of each request's |estimated TTFT -
+	// observed| / observed, from the pick, and EstimateRatio the median
+	// estimated / observed (below 1: the estimate is short); 0 for a
+	// policy that estimates no TTFT.
+	EstimateError float64 `json:"ttft_estimate_error_p50,omitempty"`
+	EstimateRatio float64 `json:"ttft_estimate_ratio_p50,omitempty"`
 	Throughput float64 `json:"output_tokens_per_s"`
 	HitRate    float64 `json:"hit_rate"`
 	Imbalance  float64 `json:"imbalance"`
@@ -115,6 +121,15 @@ func Summarize(r Result) Row {
 	if r.PromptTokens > 0 {
 		row.HitRate = float64(r.CachedTokens) / float64(r.PromptTokens)
 	}
+	if n := len(r.EstimateRatios); n > 0 {
+		ratios, errs := slices.Clone(r.EstimateRatios), make([]float64, n)
+		for i, x := range ratios {
+			errs[i] = math.Abs(x - 1)
+		}
+		slices.Sort(ratios)
+		slices.Sort(errs)
+		row.EstimateRatio, row.EstimateError = ratios[n/2], errs[n/2]
+	}
 	total, most := 0, 0
 	for _, n := range r.PerBackend {
 		total += n
@@ -141,6 +156,10 @@ func WriteTable(w io.Writer, t Table) {
 	if stored {
 		head = append(head, "failed follow-ups", "unsent turns")
 	}
+	estimated := t.hasEstimates()
+	if estimated {
+		head = append(head, "ttft est err", "est/obs")
+	}
 	if t.Clients > 0 {
 		head = append(head, "saturated tok/s")
 	}
@@ -156,6 +175,12 @@ func WriteTable(w io.Writer, t Table) {
 		if stored {
 			row = append(row, followUps(r), fmt.Sprint(r.UnsentTurns))
 		}
+		if estimated {
+			row = append(row, "-", "-")
+			if r.EstimateRatio > 0 {
+				row[len(row)-2], row[len(row)-1] = fmt.Sprintf("%.0f%%", 100*r.EstimateError), fmt.Sprintf("%.2f", r.EstimateRatio)
+			}
+		}
 		if t.Clients > 0 {
 			row = append(row, fmt.Sprintf("%.0f", r.Saturated))
 		}
@@ -169,6 +194,18 @@ func WriteTable(w io.Writer, t Table) {
 func (t Table) hasFollowUps() bool {
 	for _, r := range t.Results {
 		if r.FollowUps > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// hasEstimates reports whether some row's policy estimated TTFT; only
+// then does a table show how far the estimates were from the first
+// tokens.
+func (t Table) hasEstimates() bool {
+	for _, r := range t.Results {
+		if r.EstimateRatio > 0 {
 			return true
 		}
 	}

@@ -68,6 +68,9 @@ func (r *run) step(i int) {
 			f.guard.FirstByte(r.clock())
 			r.ttft[f.idx] = r.now - f.arrived
 			r.traceFirst(f, r.ttft[f.idx], o.Seq.CachedTokens)
+			if obs := (r.now - f.pickedAt).Seconds(); f.estimate > 0 && f.pd == nil && obs > 0 {
+				r.res.EstimateRatios = append(r.res.EstimateRatios, f.estimate/obs)
+			}
 			if f.pd == nil { // a prefill leg counted its own
 				r.res.PromptTokens += int64(o.Seq.PromptTokens)
 				r.res.CachedTokens += int64(o.Seq.CachedTokens)
