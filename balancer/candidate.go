@@ -96,6 +96,13 @@ type Candidate struct {
 	slotWait bool   // the adapter may wait for a slot here (Work.SlotWait)
 }
 
+// FirstToken is the estimate of the time to the request's first token
+// on the candidate, in seconds: its prefill, the queue's wait and an
+// adapter's load. The score's TTFT adds two terms that are not times to
+// the first token, the decode the request loses to a busier batch and the
+// penalty of a full KV cache, so a deadline is judged by this instead.
+func (c *Candidate) FirstToken() float64 { return c.Prefill + c.QueueWait + c.LoRAPenalty }
+
 // filter is the first stage: the backends that may take the request, in
 // snapshot order, as p.Cands, and the tier they came from (fresh, stale or
 // unknown) with the reason that tier gives.

@@ -23,8 +23,8 @@ func (r *Request) left(now time.Time) (time.Duration, bool) {
 }
 
 // deadline applies a request's TTFT deadline to the scored candidates, by
-// the estimates the policy wrote ([Candidate.TTFT]; a policy that writes
-// none leaves the pick alone): the candidates that miss it are dropped
+// the estimates the policy wrote ([Candidate.FirstToken]; a policy that
+// writes none leaves the pick alone): the candidates that miss it are dropped
 // when some meet it, so that the policy chooses among those; when none
 // does, the one that misses by least is returned (ReasonDeadline), or for
 // a sheddable request [ErrDeadline]. It returns -1 when the policy goes on
@@ -37,11 +37,11 @@ func (b *Balancer) deadline(p *PickInfo, total []float64, ex *Explanation) ([]fl
 	meets, estimated, least := 0, false, 0
 	for i := range p.Cands {
 		c := &p.Cands[i]
-		estimated = estimated || c.TTFT > 0
-		if c.TTFT <= left.Seconds() {
+		estimated = estimated || c.FirstToken() > 0
+		if c.FirstToken() <= left.Seconds() {
 			meets++
 		}
-		if c.TTFT < p.Cands[least].TTFT {
+		if c.FirstToken() < p.Cands[least].FirstToken() {
 			least = i
 		}
 	}
@@ -55,7 +55,7 @@ func (b *Balancer) deadline(p *PickInfo, total []float64, ex *Explanation) ([]fl
 	}
 	n := 0
 	for i := range p.Cands {
-		if p.Cands[i].TTFT <= left.Seconds() {
+		if p.Cands[i].FirstToken() <= left.Seconds() {
 			p.Cands[n], total[n] = p.Cands[i], total[i]
 			n++
 		} else {

@@ -22,7 +22,7 @@ func TestDeadlineKeepsTheCandidatesThatMeetIt(t *testing.T) {
 	}
 	est := map[string]float64{}
 	for _, be := range b.Explain(req(0, 0)).Backends {
-		est[be.ID] = be.TTFT
+		est[be.ID] = be.FirstToken()
 	}
 	if !(est["fast"] > 0 && est["slow"] > est["fast"]) {
 		t.Fatalf("estimates %v: want slow above fast", est)

@@ -131,7 +131,8 @@ type Decision struct {
 	// Waited is the time spent in the admission queue.
 	Waited time.Duration
 	// TTFT is the policy's estimate of the first candidate's time to
-	// first token, in seconds; 0 for a policy that makes none.
+	// first token, in seconds ([Candidate.FirstToken]); 0 for a policy
+	// that makes none.
 	TTFT float64
 	// Uncached is the prompt tokens the first candidate is believed not
 	// to hold in its prefix cache: what a prefill leg would spare it.
@@ -376,7 +377,7 @@ func (b *Balancer) order(p *PickInfo, primary int, total []float64, dst []*Backe
 	cands := p.Cands
 	out := append(dst[:0], cands[primary].Backend)
 	dec.Work[0] = b.work(p, &cands[primary])
-	dec.TTFT = cands[primary].TTFT
+	dec.TTFT = cands[primary].FirstToken()
 	// Each fallback is the best below the one before it in (score, then
 	// earlier index) order, so no candidate is taken twice.
 	prev := -1

@@ -175,6 +175,8 @@ func medianRow(policy string, rows []Row) Row {
 		FailedFollowUps: int(math.Round(pick(func(r Row) float64 { return float64(r.FailedFollowUps) }))),
 		UnsentTurns:     int(math.Round(pick(func(r Row) float64 { return float64(r.UnsentTurns) }))),
 		Saturated:       pick(func(r Row) float64 { return r.Saturated }),
+		EstimateError:   pick(func(r Row) float64 { return r.EstimateError }),
+		EstimateRatio:   pick(func(r Row) float64 { return r.EstimateRatio }),
 	}
 	for _, r := range rows {
 		m.TTFTP90s = append(m.TTFTP90s, r.TTFTP90)
