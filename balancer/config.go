@@ -251,7 +251,16 @@ type ModelRoute struct {
 	// Priority is the admission priority of the model's requests when they
 	// carry no priority header. (default 0)
 	Priority int `mapstructure:"priority"`
+	// SLOTTFT and SLOTPOT are the deadlines of the model's requests that
+	// set none (x-slo-ttft-ms, x-slo-tpot-ms) and whose key sets none: to
+	// the first token, and per later token; 0 is none, at most a day.
+	// (default 0)
+	SLOTTFT time.Duration `mapstructure:"slo_ttft"`
+	SLOTPOT time.Duration `mapstructure:"slo_tpot"`
 }
+
+// MaxDeadline bounds a deadline, from config or a header: a day.
+const MaxDeadline = 24 * time.Hour
 
 // ModelTarget is a target model and its weight.
 type ModelTarget struct {
@@ -400,6 +409,14 @@ func ValidateModels(routes []ModelRoute) error {
 		}
 		if len(r.Targets) > 1 && sum <= 0 {
 			errs = append(errs, fmt.Errorf("%s.targets: weights must not all be 0", at))
+		}
+		for _, d := range []struct {
+			key string
+			v   time.Duration
+		}{{"slo_ttft", r.SLOTTFT}, {"slo_tpot", r.SLOTPOT}} {
+			if d.v < 0 || d.v > MaxDeadline {
+				errs = append(errs, fmt.Errorf("%s.%s: must be 0 (none) to 24h, got %s", at, d.key, d.v))
+			}
 		}
 	}
 	return errors.Join(errs...)

@@ -1,12 +1,16 @@
 package balancer
 
-import "slices"
+import (
+	"slices"
+	"time"
+)
 
 // route is a public model name's targets with cumulative weights.
 type route struct {
-	targets  []string
-	cum      []float64
-	priority int
+	targets    []string
+	cum        []float64
+	priority   int
+	ttft, tpot time.Duration // the model's default deadlines
 }
 
 // SetModels replaces the model aliases and splits, at once for every
@@ -19,7 +23,7 @@ func (b *Balancer) SetModels(models []ModelRoute) {
 func newRoutes(models []ModelRoute) map[string]*route {
 	m := make(map[string]*route, len(models))
 	for _, r := range models {
-		rt := &route{priority: r.Priority}
+		rt := &route{priority: r.Priority, ttft: r.SLOTTFT, tpot: r.SLOTPOT}
 		sum := 0.0
 		for _, t := range r.Targets {
 			w := t.Weight
@@ -53,6 +57,15 @@ func (b *Balancer) Route(model string) (target string, priority int) {
 		}
 	}
 	return rt.targets[len(rt.targets)-1], rt.priority
+}
+
+// Deadlines returns the default deadlines of a public model name's
+// requests (models[].slo_ttft, slo_tpot); 0 is none.
+func (b *Balancer) Deadlines(model string) (ttft, tpot time.Duration) {
+	if rt := (*b.routes.Load())[model]; rt != nil {
+		return rt.ttft, rt.tpot
+	}
+	return 0, 0
 }
 
 // PublicModels returns the model names routes add, sorted.

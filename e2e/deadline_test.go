@@ -7,7 +7,9 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/llmlb/llmlb/balancer"
 	"github.com/llmlb/llmlb/proxy"
 	"github.com/llmlb/llmlb/sim"
 )
@@ -147,4 +149,41 @@ func TestContinuationIsNotRefusedForItsDeadline(t *testing.T) {
 		return
 	}
 	t.Fatal("no prompt of 20 was placed on the truncating server")
+}
+
+// A deadline from config: a model's applies to its requests that set
+// none; a key's goes before it; the header goes before both.
+func TestDeadlineDefaultsFromConfig(t *testing.T) {
+	urls := simBackends(t, 2, sim.SteadyConfig{Speed: 100, DecodeTokensPerSecond: 2000})
+	cfg := testConfig(urls)
+	cfg.Models = []balancer.ModelRoute{{Name: "tight", Targets: []balancer.ModelTarget{{Model: testModel}}, Priority: -1, SLOTTFT: time.Millisecond}}
+	cfg.Auth = proxy.AuthConfig{Keys: []proxy.KeyConfig{
+		{Name: "alpha", Key: proxy.HashKey(testKeyA), AllowPriorityHeader: true},
+		{Name: "bravo", Key: proxy.HashKey(testKeyB), SLOTTFT: time.Hour},
+	}}
+	inst := startTest(t, cfg, 2)
+	post := func(key string, h map[string]string) int {
+		req, _ := http.NewRequest(http.MethodPost, "http://"+inst.Addr+"/v1/completions",
+			strings.NewReader(`{"model":"tight","prompt":"hello","max_tokens":3}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+key)
+		for k, v := range h {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if got := post(testKeyA, nil); got != http.StatusTooManyRequests {
+		t.Errorf("the model's 1ms deadline, sheddable: %d, want 429", got)
+	}
+	if got := post(testKeyB, nil); got != http.StatusOK {
+		t.Errorf("the key's hour goes before the model's 1ms: %d, want 200", got)
+	}
+	if got := post(testKeyA, map[string]string{"x-slo-ttft-ms": "3600000"}); got != http.StatusOK {
+		t.Errorf("the header's hour goes before the model's 1ms: %d, want 200", got)
+	}
 }

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/llmlb/llmlb/balancer"
 )
 
 // AuthConfig is the `auth:` section of config.yaml: the API keys clients
@@ -57,6 +59,12 @@ type KeyConfig struct {
 	// prompt and completion tokens the backend reports in usage when a
 	// completion or chat answer ends. 0 means no limit. (default 0)
 	TokensPerMinute int `mapstructure:"tokens_per_minute"`
+	// SLOTTFT and SLOTPOT are the deadlines of this key's requests that
+	// set none (x-slo-ttft-ms, x-slo-tpot-ms): to the first token, and
+	// per later token; they go before the model's (models[].slo_ttft).
+	// 0 is none, at most a day. (default 0)
+	SLOTTFT time.Duration `mapstructure:"slo_ttft"`
+	SLOTPOT time.Duration `mapstructure:"slo_tpot"`
 }
 
 // maxPerMinute bounds a limit, so that a unit's share of the minute is
@@ -125,6 +133,14 @@ func (c AuthConfig) Validate() error {
 				errs = append(errs, fmt.Errorf("%s.%s: must be 0 (no limit) to %d, got %d", at, l.name, maxPerMinute, l.n))
 			}
 		}
+		for _, d := range []struct {
+			name string
+			v    time.Duration
+		}{{"slo_ttft", k.SLOTTFT}, {"slo_tpot", k.SLOTPOT}} {
+			if d.v < 0 || d.v > balancer.MaxDeadline {
+				errs = append(errs, fmt.Errorf("%s.%s: must be 0 (none) to 24h, got %s", at, d.name, d.v))
+			}
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -151,6 +167,7 @@ type tenant struct {
 	models              []string // nil: every model
 	priority            *int
 	allowPriorityHeader bool
+	deadlines           deadlines // the key's default deadlines; 0: none
 	limiter             *limiter
 }
 
@@ -225,7 +242,8 @@ func (s *Server) SetAuth(c AuthConfig) error {
 			l = &limiter{}
 		}
 		l.setLimits(now, k.RequestsPerMinute, k.TokensPerMinute)
-		t := &tenant{name: k.Name, hash: h, priority: k.Priority, allowPriorityHeader: k.AllowPriorityHeader, limiter: l}
+		t := &tenant{name: k.Name, hash: h, priority: k.Priority, allowPriorityHeader: k.AllowPriorityHeader, limiter: l,
+			deadlines: deadlines{ttft: k.SLOTTFT, tpot: k.SLOTPOT}}
 		if len(k.Models) > 0 {
 			t.models = slices.Clone(k.Models)
 		}

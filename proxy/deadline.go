@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/llmlb/llmlb/balancer"
 )
 
 // The deadline headers: llm-d's (the Inference Extension's router reads
@@ -21,8 +23,8 @@ const (
 	headerSGLangTPS  = "X-Sgl-Tps-Slo"
 )
 
-// maxDeadline bounds a deadline header: a day.
-const maxDeadline = 24 * time.Hour
+// maxDeadline bounds a deadline header, as config's are bounded.
+const maxDeadline = balancer.MaxDeadline
 
 // deadlines are a request's latency targets; 0 is none.
 type deadlines struct {

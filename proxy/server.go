@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -393,9 +394,14 @@ func (s *Server) balancerRequest(r *http.Request, req *Request, t *tenant) (*bal
 		prio = *t.priority
 	}
 	bcfg := s.bal.Config()
-	// The deadlines are trusted as the priority is: from any client
-	// without keys, and with keys from those allowed to set a priority.
+	// The deadlines: the header's, trusted as the priority is (from any
+	// client without keys, and with keys from those allowed to set a
+	// priority), else the key's, else the model's.
 	var dl deadlines
+	dl.ttft, dl.tpot = s.bal.Deadlines(req.Model)
+	if t != nil {
+		dl.ttft, dl.tpot = cmp.Or(t.deadlines.ttft, dl.ttft), cmp.Or(t.deadlines.tpot, dl.tpot)
+	}
 	if trusted := t == nil || t.allowPriorityHeader; trusted {
 		if h := r.Header.Get(bcfg.Admission.PriorityHeader); h != "" {
 			p, err := strconv.Atoi(strings.TrimSpace(h))
@@ -404,10 +410,11 @@ func (s *Server) balancerRequest(r *http.Request, req *Request, t *tenant) (*bal
 			}
 			prio = p
 		}
-		var err error
-		if dl, err = readDeadlines(r.Header); err != nil {
+		h, err := readDeadlines(r.Header)
+		if err != nil {
 			return nil, deadlines{}, err
 		}
+		dl.ttft, dl.tpot = cmp.Or(h.ttft, dl.ttft), cmp.Or(h.tpot, dl.tpot)
 	}
 	breq := &balancer.Request{
 		Model:        target,
