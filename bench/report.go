@@ -29,18 +29,18 @@ type Row struct {
 	TPOTP50 float64 `json:"tpot_p50"`
 	TPOTP90 float64 `json:"tpot_p90"`
 	// Split is the requests that took a prefill leg ([Result.Split]).
-	Split      int     `json:"split,omitempty"`
+	Split int `json:"split,omitempty"`
 	// EstimateError is the median of each request's |estimated TTFT -
 	// observed| / observed, from the pick, and EstimateRatio the median
 	// estimated / observed (below 1: the estimate is short); 0 for a
 	// policy that estimates no TTFT.
 	EstimateError float64 `json:"ttft_estimate_error_p50,omitempty"`
 	EstimateRatio float64 `json:"ttft_estimate_ratio_p50,omitempty"`
-	Throughput float64 `json:"output_tokens_per_s"`
-	HitRate    float64 `json:"hit_rate"`
-	Imbalance  float64 `json:"imbalance"`
-	Refused    int     `json:"refused"`
-	Failed     int     `json:"failed"`
+	Throughput    float64 `json:"output_tokens_per_s"`
+	HitRate       float64 `json:"hit_rate"`
+	Imbalance     float64 `json:"imbalance"`
+	Refused       int     `json:"refused"`
+	Failed        int     `json:"failed"`
 	// FollowUps is the stored follow-ups sent, FailedFollowUps those that
 	// reached a server not storing the response they continue (a 404,
 	// counted in neither Refused nor Failed), and UnsentTurns the later
