@@ -205,3 +205,29 @@ func TestPeersWorkCountsAsRunning(t *testing.T) {
 		t.Errorf("peers cleared: %+v", got)
 	}
 }
+
+// A model's saturation is the mean of its ready backends' fill toward the
+// thresholds, each capped at 1; a backend that is down does not count,
+// and what the balancer sent since the scrape does.
+func TestModelSaturation(t *testing.T) {
+	b := newBal(t, "ttft")
+	q := float64(b.cfg.Saturation.Queue)
+	down := ready("c", 0, 0, 0)
+	down.State = StateDown
+	b.Update(ready("a", q/2, 1, 0.1), ready("b", 2*q, 1, 0.1), down)
+	got := b.Saturation()
+	if len(got) != 1 || got[0].Model != "m" || !near(got[0].Level, 0.75) {
+		t.Fatalf("saturation %+v, want m at 0.75 (a half full, b past full, c down)", got)
+	}
+	for range int(q / 2) {
+		g := b.NewGuard()
+		g.Attach(backend(t, b, "a"), Work{UncachedTokens: 100}, time.Now())
+	}
+	if got := b.Saturation(); !near(got[0].Level, 1) {
+		t.Errorf("a filled by what was sent since its scrape: %+v, want 1", got)
+	}
+	b.cfg.Saturation.Queue, b.cfg.Saturation.KV = 0, 0
+	if got := b.Saturation(); got != nil {
+		t.Errorf("no thresholds: %+v, want none", got)
+	}
+}

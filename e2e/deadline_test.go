@@ -60,6 +60,9 @@ func TestDeadlines(t *testing.T) {
 		t.Errorf("a loose deadline: %d", status)
 	}
 	ss := scrapeAdmin(t, inst.AdminAddr)
+	if v, n := sum(ss, "llmlb_model_saturation", `model="`+testModel+`"`); n != 1 || v < 0 || v > 1 {
+		t.Errorf("llmlb_model_saturation for %s: %d series, %v; want one, 0 to 1", testModel, n, v)
+	}
 	for _, w := range []struct {
 		labels []string
 		want   float64

@@ -139,6 +139,9 @@ var (
 		[]string{"backend"}, nil)
 	queueLenDesc = prometheus.NewDesc("llmlb_admission_queue_length",
 		"Requests waiting in the admission queue.", nil, nil)
+	saturationDesc = prometheus.NewDesc("llmlb_model_saturation",
+		"How saturated each model's backends are, 0 to 1: the mean over its ready backends of max(queued / balancer.saturation.queue, KV use / balancer.saturation.kv), capped at 1. At 1 new requests wait or are shed: a signal to scale on.",
+		[]string{"model"}, nil)
 	stateDesc = prometheus.NewDesc("llmlb_backend_state",
 		"1 for the state each backend is in (unknown, ready, down, draining), 0 for the others.",
 		[]string{"backend", "state"}, nil)
@@ -172,6 +175,7 @@ func (c *inFlightCollector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d
 	}
 	ch <- queueLenDesc
+	ch <- saturationDesc
 	ch <- refusedDesc
 	ch <- ejectedDesc
 	ch <- backendEjectionsDesc
@@ -180,6 +184,9 @@ func (c *inFlightCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *inFlightCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, s := range c.bal.Saturation() {
+		ch <- prometheus.MustNewConstMetric(saturationDesc, prometheus.GaugeValue, s.Level, s.Model)
+	}
 	for _, be := range c.bal.Snapshot().Backends {
 		ch <- prometheus.MustNewConstMetric(inFlightDesc, prometheus.GaugeValue, float64(be.Ledger.InFlight()), be.ID)
 		ej := be.Ledger.Ejection()

@@ -19,6 +19,7 @@ import (
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
@@ -40,12 +41,16 @@ func isConfig(t *testing.T, path string) bool {
 }
 
 // manifestDecoder decodes Kubernetes manifests into the k8s.io/api types of
-// the apiVersion and kind they name, strictly: an unknown or misspelt field,
-// a duplicate key, or a kind outside core/v1 and apps/v1 is an error.
+// the apiVersion and kind they name, and KEDA's ScaledObject into
+// [scaledObject], strictly: an unknown or misspelt field, a duplicate key,
+// or a kind outside core/v1, apps/v1, autoscaling/v2 and KEDA's
+// ScaledObject is an error.
 var manifestDecoder = func() runtime.Decoder {
 	s := runtime.NewScheme()
 	utilruntime.Must(corev1.AddToScheme(s))
 	utilruntime.Must(appsv1.AddToScheme(s))
+	utilruntime.Must(autoscalingv2.AddToScheme(s))
+	s.AddKnownTypeWithName(kedaGroupVersion.WithKind("ScaledObject"), &scaledObject{})
 	return serializer.NewCodecFactory(s, serializer.EnableStrict).UniversalDeserializer()
 }()
 
