@@ -60,6 +60,12 @@ func TestDeadlines(t *testing.T) {
 		t.Errorf("a loose deadline: %d", status)
 	}
 	ss := scrapeAdmin(t, inst.AdminAddr)
+	if p, _ := sum(ss, "llmlb_ttft_predicted_seconds_total"); p <= 0 {
+		t.Errorf("no predicted TTFT counted for the streams answered: %v", p)
+	}
+	if o, _ := sum(ss, "llmlb_ttft_observed_seconds_total"); o <= 0 {
+		t.Errorf("no observed TTFT counted for the streams answered: %v", o)
+	}
 	if v, n := sum(ss, "llmlb_model_saturation", `model="`+testModel+`"`); n != 1 || v < 0 || v > 1 {
 		t.Errorf("llmlb_model_saturation for %s: %d series, %v; want one, 0 to 1", testModel, n, v)
 	}

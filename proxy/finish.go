@@ -181,6 +181,11 @@ func (s *Server) observed(ex *exchange, backend, name, model string, status int,
 	if !u.FirstToken.IsZero() && ex.req.Stream {
 		ex.ttft = u.FirstToken.Sub(ex.sentAt)
 		s.metrics.ttft.WithLabelValues(backend, model).Observe(ex.ttft.Seconds())
+		// The pick's estimate was of its first candidate, answering alone.
+		if ex.dec.TTFT > 0 && ex.attempts == 1 && ex.continuations == 0 && ex.pd == nil {
+			s.metrics.ttftPredicted.WithLabelValues(backend).Add(ex.dec.TTFT)
+			s.metrics.ttftObserved.WithLabelValues(backend).Add(ex.ttft.Seconds())
+		}
 	}
 	s.picks.add(pickEntry{At: time.Now(), ID: ex.id, Model: model, Backend: backend, BackendName: name, Reason: ex.reason(), Status: status, TTFT: ex.ttft, Duration: took}, u)
 	if !u.Known {

@@ -22,6 +22,7 @@ type metrics struct {
 	promptTokens, completionTokens, cachedTokens *prometheus.CounterVec
 	predicted                                    *prometheus.CounterVec // backend
 	reported                                     *prometheus.CounterVec // backend
+	ttftPredicted, ttftObserved                  *prometheus.CounterVec // backend
 	retries                                      *prometheus.CounterVec // backend (the one that failed)
 	continuations                                *prometheus.CounterVec // reason, result
 	picks                                        *prometheus.CounterVec // backend, reason
@@ -72,6 +73,14 @@ func newMetrics(reg prometheus.Registerer, bal *balancer.Balancer) *metrics {
 		predicted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmlb_prefix_predicted_tokens_total",
 			Help: "Prompt tokens the balancer expected the chosen backend to hold in its prefix cache, over requests whose backend reported cached tokens; compare with llmlb_prefix_reported_tokens_total.",
+		}, []string{"backend"}),
+		ttftPredicted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmlb_ttft_predicted_seconds_total",
+			Help: "The time to first token the pick estimated for streams the first chosen backend answered, summed; compare with llmlb_ttft_observed_seconds_total.",
+		}, []string{"backend"}),
+		ttftObserved: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmlb_ttft_observed_seconds_total",
+			Help: "The time to first token those streams took, from sending the request to the backend, summed.",
 		}, []string{"backend"}),
 		reported: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmlb_prefix_reported_tokens_total",
@@ -129,6 +138,7 @@ func newMetrics(reg prometheus.Registerer, bal *balancer.Balancer) *metrics {
 		m.pdLegTTFB.WithLabelValues(l)
 	}
 	reg.MustRegister(m.pdRequests, m.pdLegTTFB)
+	reg.MustRegister(m.ttftPredicted, m.ttftObserved)
 	reg.MustRegister(m.requests, m.slo, m.ttfb, m.ttft, m.itl, m.duration, m.predicted, m.reported, m.retries, m.continuations, m.picks, m.tokenize, m.queueWait, &inFlightCollector{bal: bal})
 	return m
 }
