@@ -42,6 +42,9 @@ type Options struct {
 	// SharedLedger, when positive, is the interval at which the replicas
 	// share their ledgers ([Cluster.SharedLedger]); zero: they do not.
 	SharedLedger time.Duration
+	// SLO, when set, judges every served request against its targets
+	// ([Cluster.SLO]): the table's goodput and attainment.
+	SLO SLO
 	// KVEvents: the servers publish KV-cache events and the default reads
 	// them ([Cluster.KVEvents]).
 	KVEvents bool
@@ -279,7 +282,7 @@ func Bench(ctx context.Context, o Options) (Report, error) {
 			for j := range jobs {
 				spec := specs[j.p]
 				c := Cluster{Presets: presets, EngineModel: o.EngineModel, Engine: o.Engine, Policy: spec.policy, Seed: o.Params.Seed, Replicas: o.Replicas, Perturb: o.Perturb, KVEvents: o.KVEvents,
-					Roles: spec.roles, SharedLedger: o.SharedLedger}
+					Roles: spec.roles, SharedLedger: o.SharedLedger, SLO: o.SLO}
 				if spec.pd != nil {
 					bcfg := balancer.DefaultConfig()
 					bcfg.PD = *spec.pd

@@ -528,3 +528,37 @@ func TestEstimateErrorIsReported(t *testing.T) {
 		t.Errorf("the table has no estimate column:\n%s", b.String())
 	}
 }
+
+// With SLO targets, a run counts the served requests that met them: all
+// of them against a loose target, none against one no request can meet,
+// and the row turns the count into goodput and the share of requests sent
+// (a refused one missed).
+func TestGoodput(t *testing.T) {
+	w, err := Build("shared-prefix", Params{Scale: 0.05, Seed: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		slo  SLO
+		want func(met, served int) bool
+	}{
+		{SLO{TTFT: time.Hour, TPOT: time.Hour}, func(met, served int) bool { return met == served && served > 0 }},
+		{SLO{TTFT: time.Nanosecond}, func(met, _ int) bool { return met == 0 }},
+		{SLO{}, func(met, _ int) bool { return met == 0 }},
+	} {
+		res, err := Run(Cluster{Presets: Presets(2, -1), Seed: 1, SLO: c.slo}, w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !c.want(res.Met, len(res.TTFT)) {
+			t.Errorf("SLO %+v: %d of %d served met it", c.slo, res.Met, len(res.TTFT))
+		}
+		if row := Summarize(res); row.SLO != (c.slo != SLO{}) {
+			t.Errorf("SLO %+v: row says SLO %v", c.slo, row.SLO)
+		}
+	}
+	row := Summarize(Result{SLO: SLO{TTFT: time.Second}, Met: 3, TTFT: make([]time.Duration, 4), Refused: 1, Duration: 2 * time.Second})
+	if row.Goodput != 1.5 || row.Attainment != 0.6 {
+		t.Errorf("3 of 5 sent met in 2s: goodput %v, attainment %v; want 1.5/s and 0.6", row.Goodput, row.Attainment)
+	}
+}

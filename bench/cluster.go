@@ -58,6 +58,11 @@ type Cluster struct {
 	// tick, so a replica's view of the others is up to one interval old.
 	// Zero is no sharing: each replica knows only its own work.
 	SharedLedger time.Duration
+	// SLO, when either target is set, counts the served requests that met
+	// both ([Result.Met]): their first token within SLO.TTFT of their
+	// arrival, each later one within SLO.TPOT of the one before, on
+	// average.
+	SLO SLO
 	// Seed seeds the scrape jitter and the policies' randomness.
 	Seed uint64
 	// Perturb scales the engines' real costs without telling the
@@ -129,12 +134,22 @@ type Result struct {
 	// Trace holds one record a served request, in first-token order,
 	// when the run was traced ([Cluster.Trace]).
 	Trace []TraceRecord
+	// SLO is the cluster's ([Cluster.SLO]), and Met counts the served
+	// requests that met it.
+	SLO SLO
+	Met int
 	// EstimateRatios are, for each request of one leg whose pick
 	// estimated its time to first token (the default policy's), that
 	// estimate over the time the first token took from the pick, in
 	// first-token order.
 	EstimateRatios []float64
 }
+
+// SLO is a request's latency targets: to its first token from its
+// arrival, and per later token; 0 is none.
+type SLO struct{ TTFT, TPOT time.Duration }
+
+func (s SLO) set() bool { return s.TTFT > 0 || s.TPOT > 0 }
 
 // replica is one balancer in front of every server.
 type replica struct {
@@ -163,6 +178,7 @@ type run struct {
 	res      Result
 	ttft     []time.Duration // by request index; -1 not served
 	e2e      []time.Duration
+	tpot     []time.Duration // by request index: time per output token after the first; 0 for one token
 	flights  map[*sim.Seq]*flight
 	queued   int // flights in admission queues
 	entering int // flights picked but not yet at their server
@@ -370,6 +386,7 @@ func (r *run) build() error {
 	}
 	r.ttft = make([]time.Duration, len(r.w.Requests))
 	r.e2e = make([]time.Duration, len(r.w.Requests))
+	r.tpot = make([]time.Duration, len(r.w.Requests))
 	for i := range r.ttft {
 		r.ttft[i], r.e2e[i] = -1, -1
 	}

@@ -51,6 +51,9 @@ type Command struct {
 	// R replicas sharing to R independent ones, and a sweep runs its R
 	// replicas sharing. It needs Replicas above 1; zero is off.
 	SharedLedger time.Duration
+	// SLO, when set, adds goodput and attainment to each table
+	// ([Options.SLO]).
+	SLO SLO
 	// Sweep runs each workload at a ladder of arrival rates: Rates, a
 	// comma-separated list of factors ("": [DefaultLadder]), at Seeds
 	// seeds from Params.Seed on. Seeds is at least 1, and above 1 only
@@ -108,6 +111,9 @@ func (c Command) Run(ctx context.Context, stdout io.Writer) (err error) {
 	case c.Backends == 0:
 		c.Backends = 8
 	}
+	if c.SLO.TTFT < 0 || c.SLO.TPOT < 0 {
+		return fmt.Errorf("bench: --slo-ttft %v and --slo-tpot %v must not be negative", c.SLO.TTFT, c.SLO.TPOT)
+	}
 	if c.SharedLedger < 0 || c.SharedLedger > 0 && c.Replicas < 2 {
 		return fmt.Errorf("bench: --shared-ledger %v: give a positive interval, with --replicas 2 or more", c.SharedLedger)
 	}
@@ -123,7 +129,7 @@ func (c Command) Run(ctx context.Context, stdout io.Writer) (err error) {
 	}
 	opts := Options{Workloads: c.Workloads, Policies: c.Policies, Backends: c.Backends, Slow: c.Slow, Params: c.Params,
 		Engine: c.Engine, EngineModel: c.EngineModel, Clients: c.Clients, Perturb: pert, KVEvents: c.KVEvents, Progress: c.Progress, Prefill: c.Prefill, Decisions: c.Decisions,
-		SharedLedger: c.SharedLedger}
+		SharedLedger: c.SharedLedger, SLO: c.SLO}
 	if c.TraceFile != "" {
 		tr, terr := NewTraceWriter(c.TraceFile, c.Params.Seed)
 		if terr != nil {

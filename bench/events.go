@@ -148,10 +148,15 @@ func (r *run) finish() {
 		}
 		rep.waiting = nil
 	}
+	slo := r.c.SLO
+	r.res.SLO = slo
 	for i, d := range r.ttft {
 		if d >= 0 {
 			r.res.TTFT = append(r.res.TTFT, d)
 			r.res.E2E = append(r.res.E2E, r.e2e[i])
+			if slo.set() && r.e2e[i] >= 0 && (slo.TTFT == 0 || d <= slo.TTFT) && (slo.TPOT == 0 || r.tpot[i] <= slo.TPOT) {
+				r.res.Met++
+			}
 		}
 	}
 	if len(r.w.Requests) > 0 {

@@ -36,11 +36,18 @@ type Row struct {
 	// policy that estimates no TTFT.
 	EstimateError float64 `json:"ttft_estimate_error_p50,omitempty"`
 	EstimateRatio float64 `json:"ttft_estimate_ratio_p50,omitempty"`
-	Throughput    float64 `json:"output_tokens_per_s"`
-	HitRate       float64 `json:"hit_rate"`
-	Imbalance     float64 `json:"imbalance"`
-	Refused       int     `json:"refused"`
-	Failed        int     `json:"failed"`
+	// Goodput is, with SLO targets (--slo-ttft, --slo-tpot), the requests
+	// that met them per second, and Attainment their share of the
+	// requests sent (a refused or failed one missed them); SLO says the
+	// targets were set.
+	Goodput    float64 `json:"goodput_per_s,omitempty"`
+	Attainment float64 `json:"attainment,omitempty"`
+	SLO        bool    `json:"slo,omitempty"`
+	Throughput float64 `json:"output_tokens_per_s"`
+	HitRate    float64 `json:"hit_rate"`
+	Imbalance  float64 `json:"imbalance"`
+	Refused    int     `json:"refused"`
+	Failed     int     `json:"failed"`
 	// FollowUps is the stored follow-ups sent, FailedFollowUps those that
 	// reached a server not storing the response they continue (a 404,
 	// counted in neither Refused nor Failed), and UnsentTurns the later
@@ -121,6 +128,15 @@ func Summarize(r Result) Row {
 	if r.PromptTokens > 0 {
 		row.HitRate = float64(r.CachedTokens) / float64(r.PromptTokens)
 	}
+	if r.SLO.set() {
+		row.SLO = true
+		if r.Duration > 0 {
+			row.Goodput = float64(r.Met) / r.Duration.Seconds()
+		}
+		if sent := len(r.TTFT) + r.Refused + r.Failed; sent > 0 {
+			row.Attainment = float64(r.Met) / float64(sent)
+		}
+	}
 	if n := len(r.EstimateRatios); n > 0 {
 		ratios, errs := slices.Clone(r.EstimateRatios), make([]float64, n)
 		for i, x := range ratios {
@@ -156,6 +172,10 @@ func WriteTable(w io.Writer, t Table) {
 	if stored {
 		head = append(head, "failed follow-ups", "unsent turns")
 	}
+	slo := t.hasSLO()
+	if slo {
+		head = append(head, "goodput", "attained")
+	}
 	estimated := t.hasEstimates()
 	if estimated {
 		head = append(head, "ttft est err", "est/obs")
@@ -174,6 +194,9 @@ func WriteTable(w io.Writer, t Table) {
 		}
 		if stored {
 			row = append(row, followUps(r), fmt.Sprint(r.UnsentTurns))
+		}
+		if slo {
+			row = append(row, fmt.Sprintf("%.1f/s", r.Goodput), fmt.Sprintf("%.1f%%", 100*r.Attainment))
 		}
 		if estimated {
 			row = append(row, "-", "-")
@@ -198,6 +221,11 @@ func (t Table) hasFollowUps() bool {
 		}
 	}
 	return false
+}
+
+// hasSLO reports whether the rows were judged against SLO targets.
+func (t Table) hasSLO() bool {
+	return len(t.Results) > 0 && t.Results[0].SLO
 }
 
 // hasEstimates reports whether some row's policy estimated TTFT; only

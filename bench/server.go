@@ -81,7 +81,8 @@ func (r *run) step(i int) {
 			f.guard.Release()
 			r.e2e[f.idx] = r.now - f.arrived
 			if n := o.Seq.Generated; n > 1 {
-				r.res.TPOT = append(r.res.TPOT, (r.e2e[f.idx]-r.ttft[f.idx])/time.Duration(n-1))
+				r.tpot[f.idx] = (r.e2e[f.idx] - r.ttft[f.idx]) / time.Duration(n-1)
+				r.res.TPOT = append(r.res.TPOT, r.tpot[f.idx])
 			}
 			r.res.OutputTokens += int64(o.Seq.Generated)
 			r.last = max(r.last, r.now)

@@ -177,6 +177,9 @@ func medianRow(policy string, rows []Row) Row {
 		Saturated:       pick(func(r Row) float64 { return r.Saturated }),
 		EstimateError:   pick(func(r Row) float64 { return r.EstimateError }),
 		EstimateRatio:   pick(func(r Row) float64 { return r.EstimateRatio }),
+		Goodput:         pick(func(r Row) float64 { return r.Goodput }),
+		Attainment:      pick(func(r Row) float64 { return r.Attainment }),
+		SLO:             len(rows) > 0 && rows[0].SLO,
 	}
 	for _, r := range rows {
 		m.TTFTP90s = append(m.TTFTP90s, r.TTFTP90)
