@@ -238,6 +238,9 @@ func WriteSweep(w io.Writer, curves []Curve) {
 			rows = append(rows, row)
 		}
 		writeAligned(w, rows)
+		if slices.ContainsFunc(c.Tables, Table.hasSLO) {
+			writeAttainment(w, c)
+		}
 	}
 	seeds := 0
 	if len(curves) > 0 && len(curves[0].Tables) > 0 && len(curves[0].Tables[0].Results) > 0 {
@@ -307,6 +310,37 @@ func WriteSweep(w io.Writer, curves []Curve) {
 			}
 			rows = append(rows, row)
 		}
+	}
+	writeAligned(w, rows)
+}
+
+// attainmentGoal is the share of requests meeting their SLO targets at
+// which a policy sustains a rate, the serving papers' usual 90%
+// (DistServe, Zhong et al., OSDI 2024).
+const attainmentGoal = 0.9
+
+// writeAttainment prints a curve's goodput and attainment per policy at
+// every rate, and the highest rate of the ladder up to which each policy
+// attains attainmentGoal at every rate.
+func writeAttainment(w io.Writer, c Curve) {
+	fmt.Fprintf(w, "\n%s: goodput / attained at each arrival-rate factor, and the rate each policy sustains at %.0f%% attained\n", c.Name, 100*attainmentGoal)
+	head := []string{"policy"}
+	for _, t := range c.Tables {
+		head = append(head, fmt.Sprintf("x%g", t.Rate))
+	}
+	head = append(head, "sustains")
+	rows := [][]string{head}
+	for pi, r := range c.Tables[0].Results {
+		row := []string{r.Policy}
+		sustains, ok := "-", true
+		for _, t := range c.Tables {
+			x := t.Results[pi]
+			row = append(row, fmt.Sprintf("%.1f/s / %.1f%%", x.Goodput, 100*x.Attainment))
+			if ok = ok && x.Attainment >= attainmentGoal; ok {
+				sustains = fmt.Sprintf("x%g", t.Rate)
+			}
+		}
+		rows = append(rows, append(row, sustains))
 	}
 	writeAligned(w, rows)
 }

@@ -117,3 +117,18 @@ func TestPairedRatioTellsAGapFromNoise(t *testing.T) {
 		}
 	}
 }
+
+// A policy sustains the highest rate up to which it attains 90% at every
+// rate; one that never does sustains none.
+func TestAttainmentSustainedRate(t *testing.T) {
+	table := func(rate float64, a, b float64) Table {
+		return Table{Rate: rate, Results: []Row{{Policy: "a", SLO: true, Attainment: a}, {Policy: "b", SLO: true, Attainment: b}}}
+	}
+	c := Curve{Name: "w", Tables: []Table{table(0.5, 0.95, 0.5), table(1, 0.92, 0.95), table(2, 0.5, 0.95)}}
+	var out strings.Builder
+	writeAttainment(&out, c)
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 4 || !strings.HasSuffix(strings.TrimSpace(lines[2]), "x1") || !strings.HasSuffix(strings.TrimSpace(lines[3]), "-") {
+		t.Errorf("sustained rates:\n%s\nwant a at x1 and b at none (it misses at x0.5)", out.String())
+	}
+}
