@@ -132,3 +132,18 @@ func TestAttainmentSustainedRate(t *testing.T) {
 		t.Errorf("sustained rates:\n%s\nwant a at x1 and b at none (it misses at x0.5)", out.String())
 	}
 }
+
+// The seeds' median row keeps every figure a row has, TPOT and the P/D
+// split among them (they were dropped), and the seeds' own TTFT p90s.
+func TestMedianRowKeepsEveryFigure(t *testing.T) {
+	rows := []Row{
+		{TTFTP90: 1, TPOTP50: 0.01, TPOTP90: 0.02, Split: 10, Goodput: 5, Attainment: 0.9, SLO: true, EstimateError: 0.1, EstimateRatio: 1.1},
+		{TTFTP90: 3, TPOTP50: 0.03, TPOTP90: 0.04, Split: 30, Goodput: 7, Attainment: 0.7, SLO: true, EstimateError: 0.3, EstimateRatio: 1.3},
+		{TTFTP90: 2, TPOTP50: 0.02, TPOTP90: 0.03, Split: 20, Goodput: 6, Attainment: 0.8, SLO: true, EstimateError: 0.2, EstimateRatio: 1.2},
+	}
+	m := medianRow("p", rows)
+	if m.TTFTP90 != 2 || m.TPOTP50 != 0.02 || m.TPOTP90 != 0.03 || m.Split != 20 || m.Goodput != 6 || m.Attainment != 0.8 || !m.SLO ||
+		m.EstimateError != 0.2 || m.EstimateRatio != 1.2 || len(m.TTFTP90s) != 3 {
+		t.Errorf("median row %+v", m)
+	}
+}
