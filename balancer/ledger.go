@@ -95,8 +95,8 @@ func (l *Ledger) Own() Load {
 // heard from. A pick counts it as running work and KV use (whole where
 // the backend reports neither, else as its change since the last scrape,
 // which counts what the peers had sent before it), never as queued
-// prefill ahead of the request: counted so, it sent requests off the
-// servers holding their prompt (docs/design/cluster.md#load).
+// prefill ahead of the request, which this balancer's drain estimate
+// cannot age (docs/design/cluster.md#load-in-flight-counted-from-the-scrape).
 func (l *Ledger) SetPeers(p Load) {
 	if p == (Load{}) {
 		if l.peers.Load() != nil {

@@ -148,9 +148,6 @@ func replicaID() string {
 	return host + "-" + strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(b[:])
 }
 
-// ID returns this replica's name in the fleet's state.
-func (c *Cluster) ID() string { return c.id }
-
 // Up reports whether the fleet's state answers.
 func (c *Cluster) Up() bool { return c.up.Load() }
 

@@ -19,8 +19,7 @@ type Config struct {
 	Redis RedisConfig `mapstructure:"redis"`
 	// ShareLoad publishes this replica's work in flight per backend every
 	// PublishInterval and counts the other replicas' in every pick. Off by
-	// default: at a scrape interval of 100ms the scraped queues carry most
-	// of it, and the bench measured no gain on the default engine model
+	// default: the servers' scraped queues already carry most of it
 	// (docs/benchmarks.md#with-a-shared-ledger). (default false)
 	ShareLoad bool `mapstructure:"share_load"`
 	// PublishInterval is how often the load is published and read; a

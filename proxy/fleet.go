@@ -67,8 +67,8 @@ func (s *Server) admitFleet(ex *exchange, r *http.Request, t *tenant, est int) (
 		name = t.name
 	}
 	var session string
-	if h := s.bal.Config().Session.Header; h != "" {
-		session = r.Header.Get(h)
+	if s.sessionHeader != "" {
+		session = r.Header.Get(s.sessionHeader)
 	}
 	if rpm == 0 && tpm == 0 && session == "" {
 		return false, nil

@@ -52,7 +52,8 @@ type Server struct {
 	tok                   *tokenizer   // nil tokenizes nothing
 	tracer                trace.Tracer // nil makes no spans
 	dropTrace             bool
-	fleet                 Fleet // nil: an llmlb alone
+	fleet                 Fleet  // nil: an llmlb alone
+	sessionHeader         string // balancer.session.header, read once: the balancer's config is fixed
 }
 
 // Options are what a [Server] is built from. Only the API keys change
@@ -99,7 +100,8 @@ func New(o Options) (*Server, error) {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{cfg: cfg, bal: bal, logger: logger, started: time.Now(), picks: newPickLog(), buffers: &sizedPool{},
-		accessLog: o.AccessLog, logPrompts: o.LogPrompts, dropTrace: o.DropTraceContext, fleet: o.Fleet}
+		accessLog: o.AccessLog, logPrompts: o.LogPrompts, dropTrace: o.DropTraceContext, fleet: o.Fleet,
+		sessionHeader: bal.Config().Session.Header}
 	if o.Tracer != nil {
 		s.tracer = o.Tracer.Tracer("github.com/llmlb/llmlb/proxy")
 	}
