@@ -23,6 +23,11 @@ var (
 	// ErrShed: a sheddable request (negative priority) met saturation with
 	// the queue filling ([AdmissionConfig.ShedAt]) (429).
 	ErrShed = errors.New("every backend is saturated and the request is sheddable")
+	// ErrEvicted: a sheddable request in flight was ended for a request
+	// of higher priority that waited [AdmissionConfig.EvictAfter] (429).
+	// It is the cause its work is cancelled with, never returned by a
+	// pick.
+	ErrEvicted = errors.New("a sheddable request was ended for a request of higher priority")
 )
 
 // ErrSaturated is returned by [Balancer.Pick] when every backend that could
@@ -86,6 +91,13 @@ type admission struct {
 	shedAt    float64
 	outTokens int // output tokens assumed for a request without MaxTokens
 	rand      func() uint64
+	// evictAfter is how long a waiter of priority 0 or more waits before
+	// each eviction; 0 is off.
+	evictAfter time.Duration
+
+	// ev is the sheddable requests in flight, for eviction; empty when it
+	// is off.
+	ev evictables
 
 	mu    sync.Mutex
 	bands []*band // guarded by mu; the bands with waiters, highest priority first
@@ -126,11 +138,12 @@ type waiter struct {
 
 func newAdmission(cfg Config, rand func() uint64) *admission {
 	return &admission{
-		max:       cfg.Admission.MaxQueue,
-		fairness:  cfg.Admission.Fairness,
-		shedAt:    cfg.Admission.ShedAt,
-		outTokens: cfg.TTFT.DefaultMaxTokens,
-		rand:      rand,
+		max:        cfg.Admission.MaxQueue,
+		fairness:   cfg.Admission.Fairness,
+		shedAt:     cfg.Admission.ShedAt,
+		outTokens:  cfg.TTFT.DefaultMaxTokens,
+		rand:       rand,
+		evictAfter: cfg.Admission.EvictAfter,
 	}
 }
 
@@ -415,7 +428,10 @@ func (b *Balancer) RetryAfter() time.Duration {
 // TTFT deadline, earliest first, then FIFO.
 // A sheddable request (negative priority) may be refused with [ErrShed] as
 // the queue fills ([AdmissionConfig.ShedAt]); a full queue gives
-// [ErrQueueFull]; the timeout [ErrQueueTimeout].
+// [ErrQueueFull]; the timeout [ErrQueueTimeout]. With
+// [AdmissionConfig.EvictAfter] set, a request of priority 0 or more ends a
+// sheddable request in flight each time it has waited that long
+// ([Ticket.Evict]).
 func (b *Balancer) PickWait(ctx context.Context, req *Request, dst []*Backend) (Decision, error) {
 	dec, err := b.Pick(req, dst)
 	if !errors.Is(err, ErrSaturated) {
@@ -427,6 +443,17 @@ func (b *Balancer) PickWait(ctx context.Context, req *Request, dst []*Backend) (
 	}
 	timer := time.NewTimer(b.cfg.Admission.Timeout)
 	defer timer.Stop()
+	// A request that may evict does so each time it has waited
+	// EvictAfter more: at most once a period, so that one that a
+	// freed place did not reach (the head took it, or the backend's
+	// queue did) does not empty the fleet of sheddable work at once.
+	var evict *time.Timer
+	var evictC <-chan time.Time // nil: never
+	if t.mayEvict() {
+		evict = time.NewTimer(b.adm.evictAfter)
+		defer evict.Stop()
+		evictC = evict.C
+	}
 	for {
 		select {
 		case <-t.w.ch:
@@ -436,6 +463,10 @@ func (b *Balancer) PickWait(ctx context.Context, req *Request, dst []*Backend) (
 		case <-timer.C:
 			t.Leave("timeout")
 			return dec, ErrQueueTimeout
+		case <-evictC:
+			t.Evict()
+			evict.Reset(b.adm.evictAfter)
+			continue // the evicted request's release wakes the head
 		}
 		dec, err = t.Pick(dst)
 		if !errors.Is(err, ErrSaturated) {
@@ -497,4 +528,120 @@ func (t *Ticket) Leave(reason string) {
 	t.done = true
 	t.b.adm.leave(t.w, false)
 	t.b.adm.refuse(reason)
+}
+
+// mayEvict reports whether the ticket's request may evict: eviction is on
+// and the request is not sheddable itself.
+func (t *Ticket) mayEvict() bool {
+	return t.b.adm.evictAfter > 0 && t.req.Priority >= 0
+}
+
+// Evict ends one sheddable request in flight for the ticket's request,
+// which has waited [AdmissionConfig.EvictAfter] (once more), and reports
+// whether there was one to end: the one [evictables.take] chooses. Only a
+// request of priority 0 or more that still waits evicts. Its place goes
+// to the head of the queue, woken when the evicted request's guard is
+// released. [Balancer.PickWait] calls it each time its request has waited
+// EvictAfter more; a driver with its own clock does the same.
+func (t *Ticket) Evict() bool {
+	if t.done || !t.mayEvict() {
+		return false
+	}
+	v := t.b.adm.ev.take(t.req)
+	if v == nil {
+		return false
+	}
+	v.evict()
+	return true
+}
+
+// Evictable registers req, a sheddable request (negative priority) just
+// picked with its Guard, as one eviction may end ([AdmissionConfig.EvictAfter]).
+// evict must end the request's work at once without blocking (cancel its
+// context with [ErrEvicted]); it is called at most once, from the evicting
+// request's goroutine. done deregisters the request and must be called
+// when it ends, on every path; an evict already under way may still run.
+// A request that is not sheddable, has no Guard, or meets eviction off is
+// not registered, and done does nothing. Safe for concurrent use.
+func (b *Balancer) Evictable(req *Request, evict func()) (done func()) {
+	if b.adm.evictAfter <= 0 || req.Priority >= 0 || req.Guard == nil || evict == nil {
+		return func() {}
+	}
+	return b.adm.ev.add(&evictable{prio: req.Priority, guard: req.Guard, evict: evict})
+}
+
+// evictables is the sheddable requests in flight that eviction may end, in
+// the order they were picked, newest last. Safe for concurrent use.
+//
+// The rule follows llm-d's in-flight eviction (llm-d/llm-d-router,
+// docs/flow-control-eviction.md at
+// 88d2b9dd9e454c003c76f83105330a2e1a194a24, from PR #2093): only
+// negative priorities are revocable, lowest priority first and the newest
+// first among equals, since it has the least work done and the fewest
+// tokens delivered to throw away; the evicted client gets an error it may
+// retry (429) and llmlb retries nothing. Where llm-d sizes each round of
+// evictions from the pool's saturation gauge and waits for the last
+// round's confirmations, llmlb's trigger is one waiter's wait: a request
+// that waited EvictAfter ends one request, on a backend that could serve
+// it, and no more until it has waited EvictAfter again.
+type evictables struct {
+	mu   sync.Mutex
+	list []*evictable // guarded by mu; oldest first
+}
+
+// evictable is one sheddable request in flight. Immutable.
+type evictable struct {
+	prio  int
+	guard *Guard // where the request is now: Guard.Backend
+	evict func()
+}
+
+// add registers v and returns the function that deregisters it.
+func (e *evictables) add(v *evictable) (done func()) {
+	e.mu.Lock()
+	e.list = append(e.list, v)
+	e.mu.Unlock()
+	return func() { e.remove(v) }
+}
+
+// remove drops v if it is still listed.
+func (e *evictables) remove(v *evictable) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if i := slices.Index(e.list, v); i >= 0 {
+		e.list = slices.Delete(e.list, i, i+1)
+	}
+}
+
+// take removes and returns the request to evict for req: of those of
+// lower priority than req's whose backend could serve req, the lowest
+// priority, newest first; nil if there is none. A request between two
+// backends (its guard attached to none) is passed over.
+func (e *evictables) take(req *Request) *evictable {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	best := -1
+	for i := len(e.list) - 1; i >= 0; i-- {
+		v := e.list[i]
+		if v.prio >= req.Priority || best >= 0 && v.prio >= e.list[best].prio {
+			continue
+		}
+		if couldServe(v.guard.Backend(), req) {
+			best = i
+		}
+	}
+	if best < 0 {
+		return nil
+	}
+	v := e.list[best]
+	e.list = slices.Delete(e.list, best, best+1)
+	return v
+}
+
+// couldServe reports whether be is one of the backends a pick for req
+// may choose, whatever its load and health: it serves the model in the
+// role asked, and is neither avoided nor other than the holder.
+func couldServe(be *Backend, req *Request) bool {
+	return be != nil && be.Serves(req.Model) && be.Role.takes(req.Role) &&
+		(req.Avoid == "" || be.ID != req.Avoid) && (req.Holder == "" || be.ID == req.Holder)
 }

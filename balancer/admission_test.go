@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -447,6 +448,178 @@ func TestAdmissionShedsAsQueueFills(t *testing.T) {
 			}
 			if _, err := a.enter(&Request{}, time.Time{}); !errors.Is(err, ErrQueueFull) {
 				t.Errorf("full queue: %v, want ErrQueueFull", err)
+			}
+		})
+	}
+}
+
+// evictionBal is admissionBal with eviction after a second, and a second
+// saturated backend "x" that serves another model.
+func evictionBal(t *testing.T) *Balancer {
+	b := newBal(t, "ttft", func(c *Config, _ *Deps) {
+		c.Admission.MaxQueue = 10
+		c.Admission.Timeout = time.Minute
+		c.Admission.EvictAfter = time.Second
+	})
+	other := ready("x", 20, 4, 0.5)
+	other.Models = []string{"other"}
+	b.Update(ready("a", 20, 4, 0.5), other)
+	return b
+}
+
+// inFlight is a request picked onto be and registered for eviction; its
+// evict records label on evicted and ends it, as the proxy's does.
+type inFlight struct {
+	guard *Guard
+	done  func()
+}
+
+func startInFlight(b *Balancer, be *Backend, label string, prio int, evicted chan<- string) *inFlight {
+	f := &inFlight{guard: b.NewGuard()}
+	f.guard.Attach(be, Work{UncachedTokens: 100, DecodeTokens: 10}, time.Now())
+	f.done = b.Evictable(&Request{Model: "m", Priority: prio, Guard: f.guard}, func() {
+		evicted <- label
+		f.end()
+	})
+	return f
+}
+
+func (f *inFlight) end() {
+	f.done()
+	f.guard.Release()
+}
+
+// TestAdmissionEvictsNewestSheddable: a request of priority 0 that waits
+// past evict_after ends one sheddable request in flight per period, the
+// lowest priority first and the newest first among equals; never one of
+// priority 0, one that ended, or one on a backend that does not serve its
+// model. When capacity frees it is served, and every ledger is back to 0.
+func TestAdmissionEvictsNewestSheddable(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := evictionBal(t)
+		a, x := backend(t, b, "a"), backend(t, b, "x")
+		evicted := make(chan string, 10)
+		all := []*inFlight{
+			startInFlight(b, a, "oldest, -2", -2, evicted),
+			startInFlight(b, a, "older, -1", -1, evicted),
+			startInFlight(b, a, "priority 0", 0, evicted),
+			startInFlight(b, a, "newer, -1", -1, evicted),
+			startInFlight(b, x, "other model, -3", -3, evicted),
+		}
+		ended := startInFlight(b, a, "ended, -1", -1, evicted)
+		ended.end()
+
+		type result struct {
+			dec Decision
+			err error
+		}
+		res := make(chan result, 1)
+		g := b.NewGuard()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel() // a failed test leaves no waiter behind
+		go func() {
+			d, err := b.PickWait(ctx, &Request{Model: "m", Guard: g}, nil)
+			res <- result{d, err}
+		}()
+		next := func() string {
+			synctest.Wait()
+			select {
+			case l := <-evicted:
+				return l
+			default:
+				return ""
+			}
+		}
+		time.Sleep(999 * time.Millisecond)
+		if got := next(); got != "" {
+			t.Fatalf("evicted %q before evict_after", got)
+		}
+		var order []string
+		for range 4 {
+			time.Sleep(time.Millisecond)
+			order = append(order, next())
+			time.Sleep(time.Second - time.Millisecond)
+			if got := next(); got != "" {
+				t.Fatalf("evicted %q within a period of the last", got)
+			}
+		}
+		if want := []string{"oldest, -2", "newer, -1", "older, -1", ""}; !slices.Equal(order, want) {
+			t.Errorf("evicted %q, want %q", order, want)
+		}
+		if b.QueueLen() != 1 {
+			t.Fatalf("queue length %d, want the urgent request still waiting", b.QueueLen())
+		}
+		b.Update(ready("a", 0, 2, 0.1))
+		synctest.Wait()
+		r := <-res
+		if r.err != nil || r.dec.Candidates[0].ID != "a" {
+			t.Errorf("urgent request: %v, %v; want it served by a", r.err, ids(r.dec.Candidates))
+		}
+		g.Release()
+		for _, f := range all {
+			f.end()
+		}
+		for _, be := range []*Backend{a, x} {
+			if n := be.Ledger.InFlight(); n != 0 {
+				t.Errorf("%s: %d in flight, want 0", be.ID, n)
+			}
+		}
+	})
+}
+
+// TestAdmissionOnlyUrgentWaitersEvict: a sheddable waiter never evicts, nor
+// does any with eviction off, where nothing is registered either.
+func TestAdmissionOnlyUrgentWaitersEvict(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		evictAfter time.Duration
+		prio       int
+		want       bool
+	}{
+		{"urgent", time.Second, 0, true},
+		{"sheddable", time.Second, -1, false},
+		{"off", 0, 5, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newBal(t, "ttft", func(c *Config, _ *Deps) { c.Admission.EvictAfter = tc.evictAfter; c.Admission.ShedAt = 1 })
+			b.Update(ready("a", 20, 4, 0.5))
+			evicted := make(chan string, 1)
+			f := startInFlight(b, backend(t, b, "a"), "victim", -2, evicted)
+			defer f.end()
+			tk, err := b.Enqueue(&Request{Model: "m", Priority: tc.prio})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tk.Leave("cancelled")
+			if got := tk.Evict(); got != tc.want {
+				t.Errorf("Evict() = %v, want %v", got, tc.want)
+			}
+			if got := len(evicted) == 1; got != tc.want {
+				t.Errorf("victim evicted: %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestAdmissionEvictAfterValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		evict    time.Duration
+		maxQueue int
+		wantErr  string
+	}{
+		{"off", 0, 0, ""},
+		{"on", time.Second, 10, ""},
+		{"negative", -time.Second, 10, "must not be negative"},
+		{"past the timeout", time.Minute, 10, "must be below admission.timeout"},
+		{"queue off", time.Second, 0, "needs admission.max_queue"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := DefaultConfig()
+			cfg.Admission.EvictAfter, cfg.Admission.MaxQueue = tc.evict, tc.maxQueue
+			err := cfg.Validate()
+			if tc.wantErr == "" && err != nil || tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), "balancer.admission.evict_after: "+tc.wantErr)) {
+				t.Errorf("Validate() = %v, want %q", err, tc.wantErr)
 			}
 		})
 	}

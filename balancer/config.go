@@ -197,6 +197,15 @@ type AdmissionConfig struct {
 	// header is ignored: a client is not trusted to choose its share.
 	// (default "")
 	TenantHeader string `mapstructure:"tenant_header"`
+	// EvictAfter turns eviction on: a request of priority 0 or more that
+	// has waited this long in the queue ends the sheddable request in
+	// flight (negative priority) of lowest priority, newest first among
+	// equals, on a backend that could serve it, and again each time it
+	// waits this long more. The evicted request's client gets an error in
+	// its API's shape (an error event mid-stream, else a 429), and its
+	// backend request is cancelled. Must be below Timeout. 0 is off.
+	// (default 0)
+	EvictAfter time.Duration `mapstructure:"evict_after"`
 }
 
 // SessionConfig is session affinity.
@@ -354,6 +363,14 @@ func (c Config) Validate() error {
 	}
 	if c.Admission.ShedAt < 0 || c.Admission.ShedAt > 1 {
 		bad("admission.shed_at", "must be in [0, 1], got %g", c.Admission.ShedAt)
+	}
+	switch e := c.Admission.EvictAfter; {
+	case e < 0:
+		bad("admission.evict_after", "must not be negative (0 is off), got %s", e)
+	case e > 0 && e >= c.Admission.Timeout:
+		bad("admission.evict_after", "must be below admission.timeout (%s), which no request waits past, or 0 (off); got %s", c.Admission.Timeout, e)
+	case e > 0 && c.Admission.MaxQueue == 0:
+		bad("admission.evict_after", "needs admission.max_queue above 0: no request waits with the queue off, got %s", e)
 	}
 	if c.Session.MaxSessions < 1 {
 		bad("session.max_sessions", "must be at least 1, got %d", c.Session.MaxSessions)
