@@ -506,8 +506,9 @@ func TestAdmissionEvictsNewestSheddable(t *testing.T) {
 			startInFlight(b, a, "newer, -1", -1, evicted),
 			startInFlight(b, x, "other model, -3", -3, evicted),
 		}
+		// Deregistered, but still on a: deregistration alone keeps it.
 		ended := startInFlight(b, a, "ended, -1", -1, evicted)
-		ended.end()
+		ended.done()
 
 		type result struct {
 			dec Decision
@@ -559,6 +560,7 @@ func TestAdmissionEvictsNewestSheddable(t *testing.T) {
 		for _, f := range all {
 			f.end()
 		}
+		ended.guard.Release()
 		for _, be := range []*Backend{a, x} {
 			if n := be.Ledger.InFlight(); n != 0 {
 				t.Errorf("%s: %d in flight, want 0", be.ID, n)
