@@ -74,6 +74,9 @@ func (s *Server) logAccess(ex *exchange, r *http.Request, status int) {
 			attrs = append(attrs, slog.String("error", ex.streamErr.Error()))
 		}
 	}
+	if ex.evicted() {
+		attrs = append(attrs, slog.Bool("evicted", true))
+	}
 	if ex.pd != nil && ex.pd.prefill != "" {
 		attrs = append(attrs, slog.String("prefill_backend", ex.pd.prefill))
 	}

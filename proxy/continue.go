@@ -39,9 +39,10 @@ type resumer struct {
 var _ stream.Resumer = (*resumer)(nil)
 
 // gone reports whether nobody waits for the stream: the client left, or
-// llmlb's request timeout ended it.
+// llmlb's request timeout ended it. An evicted stream's client still
+// waits, for the error event that says so.
 func (c *resumer) gone() bool {
-	return c.req.Context().Err() != nil || c.ex.client.Err() != nil
+	return c.req.Context().Err() != nil && !c.ex.evicted() || c.ex.client.Err() != nil
 }
 
 // broke records a break of the exchange's stream.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb/balancer"
+	"github.com/llmlb/llmlb/proxy/stream"
 )
 
 // StatusClientClosed is the status recorded (never sent) when the client went
@@ -177,6 +178,9 @@ func (s *Server) errorFor(clientCtx context.Context, err error) *HTTPError {
 		fde *fleetDownError
 	)
 	switch {
+	case errors.Is(err, balancer.ErrEvicted) && clientCtx.Err() == nil:
+		// Before any other cause: eviction's cancel is what the others are.
+		return &HTTPError{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "evicted", Msg: stream.EvictedMessage, Err: err, RetryAfter: s.bal.RetryAfter()}
 	case errors.As(err, &he):
 		return he
 	case errors.As(err, &fde):

@@ -21,7 +21,8 @@ import (
 // It rides in the request context from [Server.withExchange] through the
 // handler and ReverseProxy's Rewrite, RoundTrip, ModifyResponse and
 // ErrorHandler, all of which run on the handler's goroutine; only the
-// stream timers' cancel runs elsewhere, and it touches no field.
+// stream timers' cancel runs elsewhere, and it touches no field, and an
+// eviction, which touches only evict's atomic flag.
 type exchange struct {
 	// set on arrival
 	id     string
@@ -79,6 +80,10 @@ type exchange struct {
 	// pd is the request's prefill leg, nil for a request answered in one
 	// leg (pd.go).
 	pd *pdPlan
+	// evict is the request's registration for eviction, nil for a request
+	// eviction may not end (evict.go). It is the one part of the exchange
+	// another goroutine touches, through its atomic fired.
+	evict *eviction
 
 	// forward
 	forwarded bool // handed to ReverseProxy
@@ -164,7 +169,7 @@ func (s *Server) withExchange(next http.Handler) http.Handler {
 // fail ends the exchange with llmlb's own answer to err, as [errorFor]
 // maps it; a client that left is not answered.
 func (s *Server) fail(ex *exchange, err error) {
-	he := s.errorFor(ex.client, err)
+	he := s.errorFor(ex.client, ex.evictedErr(err))
 	ex.failure = he
 	switch {
 	case he.Status == StatusClientClosed:

@@ -13,12 +13,15 @@ import (
 
 // status is the request's status as counted and logged, decided here and
 // nowhere else: what the client was answered, 499 when it left first, and
-// for an answer that did not end (ReverseProxy aborted the stream) 504
-// when the proxy cut a stalled stream, 502 when the backend cut it.
+// for an answer that did not end (ReverseProxy aborted the stream) 429
+// when eviction ended it, 504 when the proxy cut a stalled stream, 502
+// when the backend cut it.
 func (s *Server) status(ex *exchange) int {
 	switch {
 	case ex.failure != nil && ex.failure.Status == StatusClientClosed, !ex.ended && ex.client.Err() != nil:
 		return StatusClientClosed
+	case !ex.ended && ex.evicted(): // ended mid-stream with an error event
+		return s.errorFor(ex.client, balancer.ErrEvicted).Status
 	case ex.ended && ex.w.status == 0:
 		return http.StatusOK // nothing written: net/http answers 200
 	case ex.ended:
@@ -34,6 +37,7 @@ func (s *Server) status(ex *exchange) int {
 // records the request: metrics and the status page for model routes, the
 // access line for all but the health and readiness probes.
 func (s *Server) finish(ex *exchange, r *http.Request) {
+	ex.endEviction() // first: a request that has ended is not evicted
 	s.dropCanonical(ex)
 	status := s.status(ex)
 	if ex.inference {

@@ -454,7 +454,7 @@ var _ stream.Judged = (*attemptBody)(nil)
 // Ended tells passive health how the stream ended by its API's protocol:
 // whole (reason ""), or broken. A cut or a stall was judged as it was
 // read; an error event counts as a failed answer, a body that ended
-// before its terminator as a cut.
+// before its terminator as a cut, and an eviction as nothing.
 func (b *attemptBody) Ended(reason string) {
 	if reason != "" && b.end == nil {
 		b.end = fmt.Errorf("stream broke (%s)", reason) // the attempt's span says so
@@ -466,6 +466,7 @@ func (b *attemptBody) Ended(reason string) {
 	switch reason {
 	case "":
 		b.bal.Succeeded(b.be)
+	case stream.BreakEvicted: // llmlb ended it: nothing of the backend's
 	case stream.BreakError:
 		b.bal.Failed(b.be, balancer.FailStatus)
 	default:

@@ -25,6 +25,7 @@ type metrics struct {
 	ttftPredicted, ttftObserved                  *prometheus.CounterVec // backend
 	retries                                      *prometheus.CounterVec // backend (the one that failed)
 	continuations                                *prometheus.CounterVec // reason, result
+	evictions                                    *prometheus.CounterVec // model, backend
 	picks                                        *prometheus.CounterVec // backend, reason
 	tokenize                                     *prometheus.CounterVec // result
 	queueWait                                    prometheus.Histogram
@@ -100,6 +101,10 @@ func newMetrics(reg prometheus.Registerer, bal *balancer.Balancer) *metrics {
 			m.continuations.WithLabelValues(reason, result) // at 0 from the start, so rates see the first break
 		}
 	}
+	m.evictions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "llmlb_evictions_total",
+		Help: "Sheddable requests (negative priority) in flight that llmlb ended for a request of higher priority that waited balancer.admission.evict_after, by requested model and the backend they were on: the client got an error event, or a 429 if nothing had been sent.",
+	}, []string{"model", "backend"})
 	m.picks = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "llmlb_picks_total",
 		Help: "Backends chosen first for a request, by backend and reason (prefix-hit, least-load, lora, affinity, ...).",
@@ -139,7 +144,7 @@ func newMetrics(reg prometheus.Registerer, bal *balancer.Balancer) *metrics {
 	}
 	reg.MustRegister(m.pdRequests, m.pdLegTTFB)
 	reg.MustRegister(m.ttftPredicted, m.ttftObserved)
-	reg.MustRegister(m.requests, m.slo, m.ttfb, m.ttft, m.itl, m.duration, m.predicted, m.reported, m.retries, m.continuations, m.picks, m.tokenize, m.queueWait, &inFlightCollector{bal: bal})
+	reg.MustRegister(m.requests, m.slo, m.ttfb, m.ttft, m.itl, m.duration, m.predicted, m.reported, m.retries, m.continuations, m.evictions, m.picks, m.tokenize, m.queueWait, &inFlightCollector{bal: bal})
 	return m
 }
 

@@ -144,11 +144,17 @@ func (e *pdEngines) server(t *testing.T, role string, sglang bool) *httptest.Ser
 // declared by role.
 func pdFront(t *testing.T, e *pdEngines, sglang bool) (f *testFront, prefill, decode []string) {
 	t.Helper()
+	return pdFrontOn(t, e, sglang, newTestBalancer)
+}
+
+// pdFrontOn is pdFront on a balancer newBal makes.
+func pdFrontOn(t *testing.T, e *pdEngines, sglang bool, newBal func(testing.TB, ...string) *balancer.Balancer) (f *testFront, prefill, decode []string) {
+	t.Helper()
 	for range 2 {
 		prefill = append(prefill, e.server(t, "prefill", sglang).URL)
 		decode = append(decode, e.server(t, "decode", sglang).URL)
 	}
-	f = newFront(t, DefaultConfig(), append(append([]string{}, prefill...), decode...)...)
+	f = newFrontOn(t, DefaultConfig(), newBal(t, append(append([]string{}, prefill...), decode...)...))
 	engine := "vllm"
 	if sglang {
 		engine = "sglang"

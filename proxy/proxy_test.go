@@ -93,6 +93,13 @@ func newTestBalancerCandidates(tb testing.TB, n int, backendURLs ...string) *bal
 	if err != nil {
 		tb.Fatal(err)
 	}
+	bal.Update(readySpecs(tb, backendURLs...)...)
+	return bal
+}
+
+// readySpecs are ready vLLM backends at backendURLs serving testModel.
+func readySpecs(tb testing.TB, backendURLs ...string) []balancer.Spec {
+	tb.Helper()
 	var specs []balancer.Spec
 	for _, u := range backendURLs {
 		pu, err := url.Parse(u)
@@ -101,8 +108,7 @@ func newTestBalancerCandidates(tb testing.TB, n int, backendURLs ...string) *bal
 		}
 		specs = append(specs, balancer.Spec{ID: u, URL: pu, Engine: "vllm", Models: []string{testModel}, State: balancer.StateReady})
 	}
-	bal.Update(specs...)
-	return bal
+	return specs
 }
 
 // waitHandler waits for n proxy handlers to return.

@@ -54,6 +54,7 @@ type Server struct {
 	dropTrace             bool
 	fleet                 Fleet  // nil: an llmlb alone
 	sessionHeader         string // balancer.session.header, read once: the balancer's config is fixed
+	evicts                bool   // balancer.admission.evict_after is set: sheddable requests may be evicted
 }
 
 // Options are what a [Server] is built from. Only the API keys change
@@ -101,7 +102,7 @@ func New(o Options) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, bal: bal, logger: logger, started: time.Now(), picks: newPickLog(), buffers: &sizedPool{},
 		accessLog: o.AccessLog, logPrompts: o.LogPrompts, dropTrace: o.DropTraceContext, fleet: o.Fleet,
-		sessionHeader: bal.Config().Session.Header}
+		sessionHeader: bal.Config().Session.Header, evicts: bal.Config().Admission.EvictAfter > 0}
 	if o.Tracer != nil {
 		s.tracer = o.Tracer.Tracer("github.com/llmlb/llmlb/proxy")
 	}
@@ -210,7 +211,8 @@ func (s *Server) Handler() http.Handler {
 // serveModel handles a POST whose body names a model, in stages on the
 // request's exchange: authorize, parse, admit (the key's models and
 // limits), route, tokenize (for a policy that reads KV-cache events),
-// pick, forward. Each stage either fills the exchange in
+// pick, forward (under the context eviction may cancel, for a sheddable
+// request: [Server.evictable]). Each stage either fills the exchange in
 // or ends it with an error; [Server.withExchange] finishes it whatever
 // the path. The key is checked before the body is read, so a client
 // without one costs no body read, and every refusal of the key's comes
@@ -241,6 +243,7 @@ func (s *Server) serveModel(k Kind) http.HandlerFunc {
 			s.fail(ex, err)
 			return
 		}
+		r = s.evictable(ex, r)
 		if ex.pd != nil {
 			s.forwardPD(ex, r)
 			return
@@ -588,6 +591,7 @@ func (s *Server) streamAnswer(ex *exchange, src io.ReadCloser, edit func(dst, se
 		Continuations: c.t.continuations,
 		Uncontinuable: ex.req.Uncontinuable,
 		Gone:          c.gone,
+		Evicted:       ex.evicted,
 		OnBreak:       c.broke,
 	})
 	ex.obs = r
@@ -623,6 +627,7 @@ func (s *Server) errorHandler(w http.ResponseWriter, r *http.Request, err error)
 	if errors.As(context.Cause(r.Context()), &pdErr) { // an SGLang prefill leg failed: its decode leg was aborted
 		err = pdErr
 	}
+	err = ex.evictedErr(err)
 	he := s.errorFor(ex.client, err)
 	if he.Status != StatusClientClosed { // nobody to answer otherwise; not an error of ours
 		if be := ex.guard.Backend(); be != nil && s.cfg.BackendHeaders {

@@ -27,6 +27,10 @@ const (
 	BreakStall     = "stall"     // silent past the idle limit
 	BreakError     = "error"     // the server sent an error event
 	BreakTruncated = "truncated" // the body ended cleanly before the API's terminator
+	// BreakEvicted is what a source is told ([Judged]) of a stream llmlb
+	// ended itself ([Options.Evicted]); it is no break of the server's,
+	// and not counted as one.
+	BreakEvicted = "evicted"
 )
 
 // What became of a break: the outcome label of
@@ -101,6 +105,12 @@ type Options struct {
 	// client left, or llmlb's request timeout): a break then ends it
 	// with its cause and nothing else. Nil means someone always waits.
 	Gone func() bool
+	// Evicted, if not nil, reports whether llmlb itself ended the stream
+	// to make room for a request of higher priority (its source's read
+	// then fails, cancelled): the client's stream ends with an error
+	// event that says so, never continued, and OnBreak is not told, since
+	// no server broke it.
+	Evicted func() bool
 	// OnBreak, if not nil, is told of every break: its reason, what
 	// became of it, and its cause.
 	OnBreak func(reason, outcome string, cause error)
@@ -262,6 +272,14 @@ func (r *Reader) judge(reason string) {
 // it was owed.
 func (r *Reader) broke(cause error, reason string) {
 	r.pending, r.brk, r.skip = r.pending[:0], nil, false
+	if r.evicted() {
+		r.judge(BreakEvicted)
+		r.err = cause
+		if !r.failed { // a server's error event reached the client first: it stands
+			r.fail(cause, "")
+		}
+		return
+	}
 	r.judge(reason)
 	if r.opt.Gone != nil && r.opt.Gone() {
 		r.err = cause
@@ -284,7 +302,9 @@ func (r *Reader) broke(cause error, reason string) {
 	r.left--
 	src, err := r.opt.Resume.Resume(Rest{Text: r.text.String(), Tokens: r.delivered()})
 	if err != nil {
-		r.report(reason, OutcomeFailed, cause)
+		if !r.evicted() { // evicted while it waited for another server: no failure of theirs
+			r.report(reason, OutcomeFailed, cause)
+		}
 		r.fail(cause, "no other server could continue it")
 		return
 	}
@@ -345,30 +365,48 @@ func (r *Reader) delivered() int {
 	return r.events
 }
 
+// EvictedMessage is what the client of a request llmlb ended for one of
+// higher priority is told ([Options.Evicted]), in an error event or, when
+// nothing was sent yet, a 429.
+const EvictedMessage = "This request's priority is sheddable and it was ended to make room for a request of higher priority; retry later."
+
+// evicted reports whether llmlb ended the stream for a request of higher
+// priority ([Options.Evicted]).
+func (r *Reader) evicted() bool { return r.opt.Evicted != nil && r.opt.Evicted() }
+
 // fail ends the client's stream with an error event in its API's shape
-// and cause.
+// and cause: the server's stream broke and why, or, for an evicted
+// stream, that it was ended for a request of higher priority, as a rate
+// limit the client may retry after (the 429 it gets when nothing was
+// sent yet).
 func (r *Reader) fail(cause error, why string) {
-	msg, _ := json.Marshal("The model server's stream broke and " + why + ".")
+	msg := "The model server's stream broke and " + why + "."
+	code, openAIType, anthropicType := "stream_broken", "server_error", "api_error"
+	if r.evicted() {
+		msg = EvictedMessage
+		code, openAIType, anthropicType = "evicted", "rate_limit_error", "rate_limit_error"
+	}
+	m, _ := json.Marshal(msg)
 	switch r.opt.API {
 	case Messages:
 		// Anthropic's error event (docs.anthropic.com, "Error events";
 		// anthropic-sdk-python raises on it).
-		r.out = append(r.out, "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":"...)
-		r.out = append(r.out, msg...)
+		r.out = append(r.out, "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\""+anthropicType+"\",\"message\":"...)
+		r.out = append(r.out, m...)
 		r.out = append(r.out, "}}\n\n"...)
 	case Responses:
 		// OpenAI's ResponseErrorEvent (openai-python,
 		// src/openai/types/responses/response_error_event.py): every
 		// field is required, sequence_number one past the last event's.
-		r.out = append(r.out, "event: error\ndata: {\"type\":\"error\",\"code\":\"stream_broken\",\"message\":"...)
-		r.out = append(r.out, msg...)
+		r.out = append(r.out, "event: error\ndata: {\"type\":\"error\",\"code\":\""+code+"\",\"message\":"...)
+		r.out = append(r.out, m...)
 		r.out = append(r.out, ",\"param\":null,\"sequence_number\":"...)
 		r.out = strconv.AppendInt(r.out, int64(r.seq+1), 10)
 		r.out = append(r.out, "}\n\n"...)
 	default:
 		r.out = append(r.out, `data: {"error":{"message":`...)
-		r.out = append(r.out, msg...)
-		r.out = append(r.out, `,"type":"server_error","param":null,"code":"stream_broken"}}`+"\n\n"...)
+		r.out = append(r.out, m...)
+		r.out = append(r.out, `,"type":"`+openAIType+`","param":null,"code":"`+code+`"}}`+"\n\n"...)
 	}
 	r.err = cause
 }
