@@ -608,17 +608,19 @@ func TestAdmissionEvictAfterValidate(t *testing.T) {
 		name     string
 		evict    time.Duration
 		maxQueue int
+		policy   string
 		wantErr  string
 	}{
-		{"off", 0, 0, ""},
-		{"on", time.Second, 10, ""},
-		{"negative", -time.Second, 10, "must not be negative"},
-		{"past the timeout", time.Minute, 10, "must be below admission.timeout"},
-		{"queue off", time.Second, 0, "needs admission.max_queue"},
+		{"off", 0, 0, "round-robin", ""},
+		{"on", time.Second, 10, "ttft", ""},
+		{"negative", -time.Second, 10, "ttft", "must not be negative"},
+		{"past the timeout", time.Minute, 10, "ttft", "must be below admission.timeout"},
+		{"queue off", time.Second, 0, "ttft", "needs admission.max_queue"},
+		{"a policy with no queue", time.Second, 10, "round-robin", `policy "round-robin" has no admission queue`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := DefaultConfig()
-			cfg.Admission.EvictAfter, cfg.Admission.MaxQueue = tc.evict, tc.maxQueue
+			cfg.Admission.EvictAfter, cfg.Admission.MaxQueue, cfg.Policy = tc.evict, tc.maxQueue, tc.policy
 			err := cfg.Validate()
 			if tc.wantErr == "" && err != nil || tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), "balancer.admission.evict_after: "+tc.wantErr)) {
 				t.Errorf("Validate() = %v, want %q", err, tc.wantErr)

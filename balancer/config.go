@@ -371,6 +371,10 @@ func (c Config) Validate() error {
 		bad("admission.evict_after", "must be below admission.timeout (%s), which no request waits past, or 0 (off); got %s", c.Admission.Timeout, e)
 	case e > 0 && c.Admission.MaxQueue == 0:
 		bad("admission.evict_after", "needs admission.max_queue above 0: no request waits with the queue off, got %s", e)
+	case e > 0:
+		if pr, err := LookupPreset(c.Policy); err == nil && !pr.Admission {
+			bad("admission.evict_after", "policy %q has no admission queue, so no request waits to evict, got %s", c.Policy, e)
+		}
 	}
 	if c.Session.MaxSessions < 1 {
 		bad("session.max_sessions", "must be at least 1, got %d", c.Session.MaxSessions)
