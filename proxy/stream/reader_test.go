@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"reflect"
 	"strings"
@@ -414,5 +415,67 @@ func TestReaderServerErrorAfterFinishIsNotCompleted(t *testing.T) {
 	got, err := io.ReadAll(r)
 	if err == nil || strings.Contains(string(got), "[DONE]") || !strings.HasSuffix(string(got), "data: {\"error\":{\"message\":\"boom\"}}\n\n") {
 		t.Errorf("the client got\n%s\n(%v); want the server's error event last and the stream failed", got, err)
+	}
+}
+
+// noResume fails a test that continues a stream it should not.
+type noResume struct{ t *testing.T }
+
+func (n noResume) Resume(Rest) (io.ReadCloser, error) {
+	n.t.Error("an evicted stream was continued")
+	return nil, errors.New("no")
+}
+
+// judgedSource records what the reader told it of the stream's end.
+type judgedSource struct {
+	io.Reader
+	ended []string
+}
+
+func (j *judgedSource) Ended(reason string) { j.ended = append(j.ended, reason) }
+func (j *judgedSource) Close() error        { return nil }
+
+// TestReaderEvictedStream: a stream llmlb evicted ends, whatever the
+// source's read says, with an error event of code evicted in its API's
+// shape and the read's cause, is never continued, reports no break, and
+// tells its source it was evicted, not broken; the same cut not evicted
+// is a break.
+func TestReaderEvictedStream(t *testing.T) {
+	cancelled := errors.New("context canceled")
+	for _, tc := range []struct {
+		name     string
+		api      API
+		in       string
+		wantTail string
+	}{
+		{"chat", Chat, cutAt(vllmStream, 3), `{"error":{"message":"` + EvictedMessage + `","type":"rate_limit_error","param":null,"code":"evicted"}}` + "\n\n"},
+		{"messages", Messages, cutAt(messagesStream, 4), `event: error` + "\n" + `data: {"type":"error","error":{"type":"rate_limit_error","message":"` + EvictedMessage + `"}}` + "\n\n"},
+		{"responses", Responses, cutAt(responsesStream, 1), `{"type":"error","code":"evicted","message":"` + EvictedMessage + `","param":null,"sequence_number":3}` + "\n\n"},
+	} {
+		for _, evicted := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s evicted %v", tc.name, evicted), func(t *testing.T) {
+				src := &judgedSource{Reader: io.MultiReader(strings.NewReader(tc.in), iotest.ErrReader(cancelled))}
+				breaks := 0
+				opt := Options{API: tc.api, Now: fakeClock(), Continuations: 2,
+					Evicted: func() bool { return evicted },
+					OnBreak: func(string, string, error) { breaks++ }}
+				if evicted {
+					opt.Resume = noResume{t}
+				}
+				got, err := io.ReadAll(NewReader(src, opt))
+				if !errors.Is(err, cancelled) {
+					t.Errorf("error %v, want the read's cause", err)
+				}
+				if evicted != strings.HasSuffix(string(got), tc.wantTail) {
+					t.Errorf("the client got\n%s\nwant it to end with the eviction's event: %v", got, evicted)
+				}
+				if wantBreaks := map[bool]int{true: 0, false: 1}[evicted]; breaks != wantBreaks {
+					t.Errorf("%d breaks reported, want %d", breaks, wantBreaks)
+				}
+				if want := map[bool]string{true: BreakEvicted, false: BreakCut}[evicted]; len(src.ended) != 1 || src.ended[0] != want {
+					t.Errorf("source told %q, want %q", src.ended, want)
+				}
+			})
+		}
 	}
 }
