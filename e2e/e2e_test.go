@@ -71,7 +71,20 @@ func startTest(t *testing.T, cfg config.Config, n int) *serve.Instance {
 // startSource is startTest with a config source to reload from.
 func startSource(t *testing.T, cfg config.Config, src *serve.Source, n int) *serve.Instance {
 	t.Helper()
-	inst, err := serve.Start(t.Context(), cfg, src, io.Discard)
+	return startWith(t, cfg, src, io.Discard, n)
+}
+
+// startLogged is startTest that keeps the instance's log.
+func startLogged(t *testing.T, cfg config.Config, n int) (*serve.Instance, *lockedBuffer) {
+	t.Helper()
+	logs := &lockedBuffer{}
+	return startWith(t, cfg, nil, logs, n), logs
+}
+
+// startWith is startSource writing the instance's log to stderr.
+func startWith(t *testing.T, cfg config.Config, src *serve.Source, stderr io.Writer, n int) *serve.Instance {
+	t.Helper()
+	inst, err := serve.Start(t.Context(), cfg, src, stderr)
 	if err != nil {
 		t.Fatal(err)
 	}

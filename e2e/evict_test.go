@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/llmlb/llmlb/internal/e2etest"
-	"github.com/llmlb/llmlb/internal/serve"
 	"github.com/llmlb/llmlb/proxy"
 	"github.com/llmlb/llmlb/sim"
 )
@@ -116,20 +114,21 @@ func TestEvictionEndsNewestSheddableStream(t *testing.T) {
 			cfg.Balancer.Saturation.Queue, cfg.Balancer.Saturation.KV = 0, 0.5
 			cfg.Balancer.Admission.EvictAfter = 100 * time.Millisecond
 			cfg.Log.Level, cfg.Log.Format = "info", "json"
-			logs := &lockedBuffer{}
-			inst, err := serve.Start(t.Context(), cfg, nil, logs)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				if err := inst.Wait(); err != nil {
-					t.Errorf("shutdown: %v", err)
-				}
-			})
-			e2etest.WaitBackends(t, inst.AdminAddr, 1)
+			inst, logs := startLogged(t, cfg, 1)
 
 			older := startEvictStream(t, inst.Addr, tc.older, "alpha")
 			newer := startEvictStream(t, inst.Addr, tc.newer, "bravo")
+			// A reading taken as the newer stream started may not count
+			// it, and llmlb's ledger counts it only from after that
+			// reading's arrival: wait for one that shows both running,
+			// which every later one does.
+			if !waitFor(10*time.Second, func() bool {
+				bs, err := proxy.FetchBackends(http.DefaultClient, "http://"+inst.AdminAddr)
+				return err == nil && len(bs) == 1 && !bs[0].Stale && bs[0].Metrics != nil &&
+					bs[0].Metrics.Running.V == 2 && bs[0].Metrics.KVUsage.V >= cfg.Balancer.Saturation.KV
+			}) {
+				t.Fatal("the server never reported both streams running and its KV cache past the threshold")
+			}
 			status, _, _, body := deadlinePost(t, inst.Addr, "/v1/completions", nil) // priority 0; waits, then is served
 			if status != http.StatusOK {
 				t.Errorf("urgent request: %d %s, want 200", status, body)

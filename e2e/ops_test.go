@@ -154,17 +154,7 @@ func TestOperationsMixedRun(t *testing.T) {
 	cfg.Balancer.Policy = "round-robin"                                                             // every backend is first in turn
 	cfg.Models = []balancer.ModelRoute{{Name: "chat-alias", Targets: []balancer.ModelTarget{{Model: testModel}}}}
 	cfg.Log.Level, cfg.Log.Format = "info", "json"
-	logs := &lockedBuffer{}
-	inst, err := serve.Start(t.Context(), cfg, nil, logs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := inst.Wait(); err != nil {
-			t.Errorf("shutdown: %v", err)
-		}
-	})
-	e2etest.WaitBackends(t, inst.AdminAddr, 3) // g1, g2, bad
+	inst, logs := startLogged(t, cfg, 3) // g1, g2, bad
 
 	base := "http://" + inst.Addr
 	sent := 0

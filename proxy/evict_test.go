@@ -232,17 +232,7 @@ func TestEvictionDuringPrefillLeg(t *testing.T) {
 	if resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(string(b), `"code":"evicted"`) {
 		t.Errorf("evicted in its prefill leg: %d %s, want 429 evicted", resp.StatusCode, b)
 	}
-	select {
-	case <-e.prefillHeld: // the prefill leg saw its cancellation
-	case <-time.After(10 * time.Second):
-		t.Fatal("the prefill leg was not cancelled")
-	}
-	f.waitHandler(t, 1)
-	e.mu.Lock()
-	if len(e.legs) != 1 {
-		t.Errorf("legs = %d, want the prefill leg alone", len(e.legs))
-	}
-	e.mu.Unlock()
+	e.prefillCancelledAlone(t, f)
 	checkLedgersZero(t, f.bal)
 }
 

@@ -355,6 +355,15 @@ func TestClientGoneDuringPrefillCancelsIt(t *testing.T) {
 		resp.Body.Close()
 		t.Fatalf("the request answered %d after its client left", resp.StatusCode)
 	}
+	e.prefillCancelledAlone(t, f)
+	f.checkLedgerZero(t)
+}
+
+// prefillCancelledAlone checks that a request held in its prefill leg
+// (prefillHeld) had that leg cancelled, sent no decode leg, and that f's
+// handler returned.
+func (e *pdEngines) prefillCancelledAlone(t *testing.T, f *testFront) {
+	t.Helper()
 	select {
 	case <-e.prefillHeld: // the prefill leg saw its cancellation
 	case <-time.After(10 * time.Second):
@@ -366,7 +375,6 @@ func TestClientGoneDuringPrefillCancelsIt(t *testing.T) {
 	if len(e.legs) != 1 {
 		t.Errorf("legs = %d, want the prefill leg alone", len(e.legs))
 	}
-	f.checkLedgerZero(t)
 }
 
 // TestSGLangBootstrap: with SGLang servers both legs carry the same
