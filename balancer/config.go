@@ -101,6 +101,12 @@ type TTFTConfig struct {
 	// however much they differ below it. 0 turns it off: the tie window
 	// alone decides. (default 1)
 	ColdBacklog float64 `mapstructure:"-"`
+	// Replicated says other balancers route to the same backends without
+	// sharing this one's state (cluster.stateless_replicas): new prompts
+	// and conversations are then placed by a hash every replica computes
+	// alike, rather than where this balancer's own view of load and cache
+	// says ([TTFTPicker.place]). (default false: one balancer alone)
+	Replicated bool `mapstructure:"-"`
 	// MissWeight scales what a candidate's uncached tokens cost the
 	// requests that share its GPU (TTFTScorer): 1 counts each such request
 	// once, 0 scores each request by its own first token time alone.

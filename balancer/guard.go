@@ -21,6 +21,11 @@ type Work struct {
 	// backend's estimate with them.
 	AheadTokens float64
 	QueuedAhead float64
+	// Running is the requests the picker saw running on the backend, and
+	// LoadsAdapter that the request's adapter was to be loaded there:
+	// terms of the learned estimate ([Estimate]) as well.
+	Running      float64
+	LoadsAdapter bool
 	// PrefillSeconds is the estimated prefill time of UncachedTokens on
 	// the backend; it extends the backend's drain time ([Ledger]).
 	PrefillSeconds float64
@@ -150,8 +155,9 @@ func (g *Guard) FirstByte(now time.Time) time.Duration {
 	l.pendingTokens.Add(-int64(g.work.UncachedTokens))
 	l.addAdapter(g.work.Adapter, 0, 1)
 	if g.cfg != nil && !g.work.SlotWait && !g.work.Remote {
-		l.est.observe(g.work.AheadTokens+float64(g.work.UncachedTokens), g.work.QueuedAhead, d.Seconds(),
-			1/g.cfg.PrefillRate, g.cfg.BaseLatency.Seconds())
+		pr := prior(g.cfg)
+		l.est.observe(firstByte{Own: float64(g.work.UncachedTokens), Ahead: g.work.AheadTokens, Queued: g.work.QueuedAhead,
+			Running: g.work.Running, Load: g.work.LoadsAdapter}, d.Seconds(), &pr)
 	}
 	if g.bal != nil && g.stream && !g.work.Remote {
 		g.bal.firstByte(g.backend, g.work.UncachedTokens, d)

@@ -10,7 +10,7 @@ import (
 // have keys of their own: the last whole block of a first turn may lie
 // inside the system prompt, so the key reads the bytes after it too.
 func TestShortFirstMessagesKeepConversationsApart(t *testing.T) {
-	b := newBal(t, "ttft")
+	b := replicated(t)
 	b.Update(busy("a", 0, 0, 0.1), busy("b", 0, 0, 0.1), busy("c", 0, 0, 0.1), busy("d", 0, 0, 0.1))
 	sys := strings.Repeat("You are a helpful assistant. ", 200)
 	n := map[string]int{}

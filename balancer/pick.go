@@ -414,6 +414,7 @@ func (b *Balancer) work(p *PickInfo, c *Candidate) Work {
 		inv = 1 / est.Rate
 	}
 	w := Work{UncachedTokens: c.UncachedTokens, DecodeTokens: decode, Adapter: c.adapter, AheadTokens: c.AheadTokens, QueuedAhead: c.Queued, SlotWait: c.slotWait,
+		Running: c.Running, LoadsAdapter: c.LoRA == LoRAFree || c.LoRA == LoRAUnknown,
 		PrefillSeconds: float64(c.UncachedTokens) * inv}
 	// A stored response's follow-up (Holder) teaches no rate: its server
 	// counts the whole stored conversation, not the bytes seen here.

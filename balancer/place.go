@@ -56,6 +56,7 @@ type TTFTPicker struct {
 
 	turns  conversations
 	routed promptStarts
+	cold   atomic.Uint64 // new prompts placed alone: [Ledger.coldAt]'s clock
 }
 
 var (
@@ -81,7 +82,7 @@ func (t *TTFTPicker) Choose(p *PickInfo, total []float64) (int, Reason) {
 	// A conversation goes to its home, a cold prompt by its first block.
 	off := t.cfg.Off
 	conv := false
-	if p.Conversation != 0 && !off.has(ruleConversations) {
+	if p.Conversation != 0 && !off.has(ruleConversations) && t.cfg.Replicated {
 		later := p.Req.LaterTurn()
 		conv = later || t.turns.mostlyLater(p.Key)
 		if !p.Dry {
@@ -328,7 +329,7 @@ func (t *TTFTPicker) place(p *PickInfo, conv, evicted bool) int {
 	if conv {
 		key = p.Conversation
 	}
-	pick, top := -1, uint64(0)
+	pick, top, last := -1, uint64(0), uint64(0)
 	for i := range p.Cands {
 		switch {
 		case conv && speed(i) > (1+t.cfg.CopyMargin)*fastest:
@@ -336,9 +337,21 @@ func (t *TTFTPicker) place(p *PickInfo, conv, evicted bool) int {
 		case !conv && (!ok(i) || !hasRoom(i)):
 			continue
 		}
-		if h := mix(key ^ p.Cands[i].Backend.idHash); pick < 0 || h > top {
-			pick, top = i, h
+		// Alone, a new prompt goes to the qualified backend that took a
+		// new prompt least recently, so that new prompts spread evenly and
+		// each cache holds its share; replicas that share no state must
+		// agree instead, and go by the highest rendezvous hash, which also
+		// breaks ties.
+		h, at := mix(key^p.Cands[i].Backend.idHash), uint64(0)
+		if !t.cfg.Replicated {
+			at = p.Cands[i].Backend.Ledger.coldAt.Load()
 		}
+		if pick < 0 || at < last || at == last && h > top {
+			pick, top, last = i, h, at
+		}
+	}
+	if pick >= 0 && !conv && !t.cfg.Replicated && !p.Dry {
+		p.Cands[pick].Backend.Ledger.coldAt.Store(t.cold.Add(1))
 	}
 	if conv && pick >= 0 && (!ok(pick) || !hasRoom(pick)) {
 		return -1 // home is busy or full

@@ -7,8 +7,14 @@ import (
 	"time"
 )
 
+// replicated is a ttft balancer among replicas that share no state
+// ([TTFTConfig.Replicated]).
+func replicated(t testing.TB) *Balancer {
+	return newBal(t, "ttft", func(c *Config, _ *Deps) { c.TTFT.Replicated = true })
+}
+
 func TestTiesAgreeAcrossReplicasAndSpread(t *testing.T) {
-	r1, r2 := newBal(t, "ttft"), newBal(t, "ttft")
+	r1, r2 := replicated(t), replicated(t)
 	specs := []Spec{ready("a", 0, 0, 0), ready("b", 0, 0, 0), ready("c", 0, 0, 0), ready("d", 0, 0, 0)}
 	r1.Update(specs...)
 	r2.Update(specs...)
@@ -99,7 +105,7 @@ func TestNoCopyBehindAQueue(t *testing.T) {
 // (so their loads differ by one request), place a new prompt on the same
 // backend.
 func TestIndependentBalancersAgreeOnNewPrompts(t *testing.T) {
-	r1, r2 := newBal(t, "ttft"), newBal(t, "ttft")
+	r1, r2 := replicated(t), replicated(t)
 	specs := []Spec{busy("a", 2, 8, 0.3), busy("b", 2, 7, 0.3), busy("c", 3, 8, 0.35), busy("d", 2, 9, 0.3)}
 	r1.Update(specs...)
 	r2.Update(specs...)
@@ -150,7 +156,7 @@ func TestReplicasWithNoisyEstimatesAgreeOnNewPrompts(t *testing.T) {
 // four idle identical servers at KV use kv, each having learned its own
 // prefill rate for each server, as replicas do from their own few samples.
 func noisyReplicas(t *testing.T, kv float64) (r1, r2 *Balancer) {
-	r1, r2 = newBal(t, "ttft"), newBal(t, "ttft")
+	r1, r2 = replicated(t), replicated(t)
 	specs := []Spec{busy("a", 0, 0, kv), busy("b", 0, 0, kv), busy("c", 0, 0, kv), busy("d", 0, 0, kv)}
 	r1.Update(specs...)
 	r2.Update(specs...)
@@ -160,7 +166,7 @@ func noisyReplicas(t *testing.T, kv float64) (r1, r2 *Balancer) {
 		for i, id := range []string{"a", "b", "c", "d"} {
 			for j := range 50 {
 				work := float64(1000 + 200*(j%20))
-				backend(t, r, id).Ledger.est.observe(work, 0, 0.02+work/rs[i], 1/r.cfg.TTFT.PrefillRate, 0.02)
+				backend(t, r, id).Ledger.est.observe(firstByte{Own: work}, 0.02+work/rs[i], testPrior(1/r.cfg.TTFT.PrefillRate, 0.02))
 			}
 		}
 	}
@@ -321,7 +327,7 @@ func TestReplicasFollowAConversation(t *testing.T) {
 // requests are later turns, so that a replica that sees only a later turn
 // finds its conversation where the first turn went.
 func TestFirstTurnsFollowTheirPrefixUntilConversationsReturn(t *testing.T) {
-	b := newBal(t, "ttft")
+	b := replicated(t)
 	b.Update(busy("a", 0, 0, 0.1), busy("b", 0, 0, 0.1), busy("c", 0, 0, 0.1), busy("d", 0, 0, 0.1))
 	sys := strings.Repeat("You answer questions about one long document. ", 100)
 	chat := func(c int, later bool) *Request {
@@ -399,5 +405,64 @@ func TestConversationsCountsLaterTurnsPerPrefix(t *testing.T) {
 	c.note(other, true)
 	if c.mostlyLater(key) || c.mostlyLater(other) {
 		t.Error("a new key in the slot keeps the old key's counts")
+	}
+}
+
+// A balancer alone spreads new prompts evenly: each of four identical
+// servers takes five of twenty new prompt groups, where a hash of each
+// group's first block (what replicas that share no state must agree on)
+// gives some servers more groups than their caches may hold.
+func TestAloneSpreadsNewPromptsEvenly(t *testing.T) {
+	groups := func(b *Balancer) map[string]int {
+		b.Update(busy("a", 0, 0, 0.1), busy("b", 0, 0, 0.1), busy("c", 0, 0, 0.1), busy("d", 0, 0, 0.1))
+		n := map[string]int{}
+		for g := range 20 {
+			d, err := b.Pick(distinct(g, 3000), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n[d.Candidates[0].ID]++
+		}
+		return n
+	}
+	alone := groups(newBal(t, "ttft"))
+	for _, id := range []string{"a", "b", "c", "d"} {
+		if alone[id] != 5 {
+			t.Errorf("alone, 20 new prompt groups went %v, want 5 to each", alone)
+			break
+		}
+	}
+	if hashed := groups(replicated(t)); hashed["a"] == 5 && hashed["b"] == 5 && hashed["c"] == 5 {
+		t.Errorf("replicated, the groups went %v: the test's prompts do not tell the rules apart", hashed)
+	}
+}
+
+// A balancer alone sends a conversation's later turn where its earlier
+// turns went, by what its index knows, not by a hash of the conversation.
+func TestAloneFollowsAConversation(t *testing.T) {
+	b := newBal(t, "ttft")
+	b.Update(busy("a", 0, 0, 0.1), busy("b", 0, 0, 0.1), busy("c", 0, 0, 0.1), busy("d", 0, 0, 0.1))
+	sys := strings.Repeat("You are a helpful assistant. ", 200)
+	turn := func(c, n int) *Request {
+		p := fmt.Appendf([]byte(sys), "user: conversation %d asks %s", c, strings.Repeat("q", 600))
+		first := len(p)
+		for k := 1; k < n; k++ {
+			p = fmt.Appendf(p, " assistant: answer %d %s user: more %d", k, strings.Repeat("a", 800), k)
+		}
+		return &Request{Model: "m", Prompt: p, PromptTokens: len(p) / 4, MaxTokens: 100, FirstUser: len(sys), FirstTurn: first}
+	}
+	for c := range 20 {
+		at := ""
+		for n := 1; n <= 3; n++ {
+			d, err := b.Pick(turn(c, n), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if id := d.Candidates[0].ID; at != "" && id != at {
+				t.Fatalf("conversation %d: turn %d went to %s, its earlier turns to %s (%s)", c, n, id, at, d.Reason)
+			} else {
+				at = id
+			}
+		}
 	}
 }

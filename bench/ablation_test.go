@@ -8,8 +8,10 @@ import (
 )
 
 // TestAblatedPoliciesRun runs every default-no-RULE policy on two small
-// workloads beside the default, and checks that the rules those
-// workloads exercise change where requests go when turned off. The
+// workloads beside the default, with two replicas that share no state
+// (the placement rules agreement needs act only there), and checks that
+// the rules those workloads exercise change where requests go when
+// turned off. The
 // rest (the miss cost's arrivals term, the KV penalty and the saturation
 // knobs) act only under loads too long for a unit test; they must still
 // build and run.
@@ -25,7 +27,7 @@ func TestAblatedPoliciesRun(t *testing.T) {
 		loads = append(loads, w)
 	}
 	servers := func(policy string, w *Workload) []string {
-		res, err := Run(Cluster{Presets: Presets(4, 1), Policy: policy, Seed: 1, Trace: true}, w)
+		res, err := Run(Cluster{Presets: Presets(4, 1), Policy: policy, Seed: 1, Trace: true, Replicas: 2}, w)
 		if err != nil {
 			t.Fatalf("Run(%s, %s): %v", policy, w.Name, err)
 		}

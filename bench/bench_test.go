@@ -406,10 +406,11 @@ func TestPerturbChangesTheEnginesNotTheBalancer(t *testing.T) {
 // TestKVEventsKeepReplicasTogether: on the Mooncake conversation trace,
 // whose prompts carry no conversation key, eight replicas that read the
 // servers' KV events keep most of one replica's hit rate, where eight that
-// know only their own picks lose half of it. A twentieth of the trace is
-// a noisy draw: 8 replicas with events keep 0.78-0.92 of one replica's
-// hit rate at seeds 1-4 here (0.96-0.98 on the whole trace), those
-// without them about 0.4.
+// know only their own picks lose about half of it. A twentieth of the
+// trace is a noisy draw: at seeds 1-4 (`llmlb bench --workload
+// mooncake-conversation --scale 0.05 --replicas 8 [--kv-events]`), 8
+// replicas with events hit 9.1-9.5% and those without 4.8-6.5%, 1.42-1.92
+// times as much, so the test asks for 1.25.
 func TestKVEventsKeepReplicasTogether(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a long virtual-time replay; make test runs it")
@@ -441,7 +442,7 @@ func TestKVEventsKeepReplicasTogether(t *testing.T) {
 		return
 	}
 	t.Logf("hit rate: 1 replica with events %.3f, 8 without %.3f, 8 with %.3f", one, eight, eightEvents)
-	if eightEvents < 0.75*one || eightEvents < 1.5*eight {
+	if eightEvents < 0.75*one || eightEvents < 1.25*eight {
 		t.Errorf("8 replicas reading events kept %.3f of one replica's hit rate (%.3f against %.3f); 8 without them %.3f", eightEvents/one, eightEvents, one, eight)
 	}
 }

@@ -307,6 +307,9 @@ func (r *run) build() error {
 	} else if r.c.Policy != "" && r.c.Policy != DefaultPolicy {
 		bcfg.Policy = r.c.Policy
 	}
+	// Replicas place new prompts by a hash they compute alike, as `llmlb
+	// serve` does with cluster.stateless_replicas or Redis.
+	bcfg.TTFT.Replicated = r.c.Replicas > 1
 	pr, err := balancer.LookupPreset(bcfg.Policy)
 	if err != nil {
 		return err

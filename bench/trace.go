@@ -56,13 +56,21 @@ type TraceRecord struct {
 	// less queued was there to go to.
 	LeastLeftTokens int    `json:"least_prefill_left_tokens"`
 	LeastServer     string `json:"least_server"`
+	// EstimatedTTFTS is the first token's time the pick estimated on the
+	// chosen server (0 for the policies that estimate none), and
+	// QueuedEstimated and RunningEstimated the requests it saw waiting and
+	// running there.
+	EstimatedTTFTS   float64 `json:"ttft_estimated_s"`
+	QueuedEstimated  float64 `json:"queued_estimated"`
+	RunningEstimated float64 `json:"running_estimated"`
 }
 
 // tracePick fills in what the servers held and had left when f was
 // picked for server f.srv.
 func (r *run) tracePick(f *flight, dec *balancer.Decision) {
 	t := &TraceRecord{Request: f.idx, Replica: f.rep, Server: r.servers[f.srv].id, Reason: string(dec.Reason),
-		ArrivedS: f.arrived.Seconds(), AheadTokens: dec.Work[0].AheadTokens, UncachedTokens: dec.Work[0].UncachedTokens}
+		ArrivedS: f.arrived.Seconds(), AheadTokens: dec.Work[0].AheadTokens, UncachedTokens: dec.Work[0].UncachedTokens,
+		EstimatedTTFTS: dec.TTFT, QueuedEstimated: dec.Work[0].QueuedAhead, RunningEstimated: dec.Work[0].Running}
 	best, least := f.srv, f.srv
 	t.LeastLeftTokens = math.MaxInt
 	for i, s := range r.servers {

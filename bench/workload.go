@@ -12,6 +12,8 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/llmlb/llmlb/sim"
 )
 
 // Part is a run of deterministic prompt text: the same ID always gives the
@@ -187,6 +189,9 @@ func WorkloadNames() []string { return slices.Clone(workloadNames) }
 // nothing, so they say nothing about routing by cache.
 var pdWorkloadNames = []string{"long-prompt", "mixed"}
 
+// otherWorkloadNames are built-in workloads run only when named.
+var otherWorkloadNames = []string{"prefix-groups"}
+
 // PDWorkloadNames lists the workloads a P/D comparison runs by default.
 func PDWorkloadNames() []string { return slices.Clone(pdWorkloadNames) }
 
@@ -231,8 +236,10 @@ func Build(name string, p Params) (*Workload, error) {
 		w = longPrompt(p, rng)
 	case "mixed":
 		w = mixed(p, rng)
+	case "prefix-groups":
+		w = prefixGroups(p, rng)
 	default:
-		return nil, fmt.Errorf("unknown workload %q (have %v)", name, append(WorkloadNames(), pdWorkloadNames...))
+		return nil, fmt.Errorf("unknown workload %q (have %v)", name, slices.Concat(workloadNames, pdWorkloadNames, otherWorkloadNames))
 	}
 	if err != nil {
 		return nil, err
@@ -255,6 +262,7 @@ var defaultRate = map[string]float64{
 	"agentic":               1,
 	"long-prompt":           1,
 	"mixed":                 1,
+	"prefix-groups":         1,
 }
 
 func rate(name string, p Params) float64 {
@@ -392,6 +400,38 @@ func sharedPrefix(p Params, rng *rand.Rand) *Workload {
 	}
 	return w
 }
+
+// prefixGroups is inference-perf's shared_prefix data as issue 56 ran it
+// against llm-d's simulator: 20 groups of a 3,000-token system prompt, 5
+// prompts a group each adding a 600-token question (tokens as llm-d-sim's
+// engines count them, [LLMDSimTokenizer] bytes each), sent in a shuffled
+// order over and over (inference-perf cycles through its prompts:
+// kubernetes-sigs/inference-perf,
+// inference_perf/datagen/shared_prefix_datagen.py at 3788ed5a), up to
+// 1,000 output tokens (uniform: the simulator answers a random length up
+// to max_tokens), Poisson arrivals at 8/s (rate 2 is the issue's 16/s),
+// 1,200 requests.
+func prefixGroups(p Params, rng *rand.Rand) *Workload {
+	const groups, prompts = 20, 5
+	order := rng.Perm(groups * prompts)
+	r := rate("prefix-groups", p)
+	n := max(1, int(1200*p.Scale))
+	w := &Workload{Rate: r}
+	for i, at := range poisson(rng, n, 8*r) {
+		k := uint64(order[i%len(order)])
+		g := k / prompts
+		w.Requests = append(w.Requests, Request{
+			At:        at,
+			Parts:     []Part{{ID: 15<<32 + g, Tokens: simTokens(3000)}, {ID: 16<<32 + k, Tokens: simTokens(600)}},
+			System:    1,
+			MaxTokens: 1 + rng.IntN(1000),
+		})
+	}
+	return w
+}
+
+// simTokens is how many of the workloads' tokens make n of llm-d-sim's.
+func simTokens(n int) int { return int(math.Round(float64(n) * LLMDSimTokenizer / sim.BytesPerToken)) }
 
 // multiTurn: conversations whose every turn resends the whole history (a
 // system prompt, then each user message and answer so far) plus a new

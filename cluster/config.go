@@ -17,6 +17,14 @@ type Config struct {
 	// Redis is where the state lives; without an address, nowhere: the
 	// process keeps its limits, sessions and ledger to itself.
 	Redis RedisConfig `mapstructure:"redis"`
+	// StatelessReplicas says other llmlb replicas route to the same
+	// backends without Redis: new prompts and conversations are then
+	// placed by a hash every replica computes alike, so that they agree
+	// without talking. Without it and without Redis, llmlb takes itself
+	// to be alone and places them by its own view of load and cache
+	// (docs/routing.md#new-prompts). With Redis they are placed by the
+	// hash too. (default false)
+	StatelessReplicas bool `mapstructure:"stateless_replicas"`
 	// ShareLoad publishes this replica's work in flight per backend every
 	// PublishInterval and counts the other replicas' in every pick. Off by
 	// default: the servers' scraped queues already carry most of it
@@ -89,6 +97,10 @@ func DefaultConfig() Config {
 
 // Enabled reports whether c names a Redis server.
 func (c Config) Enabled() bool { return c.Redis.Address != "" }
+
+// Replicated reports whether other replicas route beside this one, with
+// Redis or without: what [balancer.TTFTConfig.Replicated] needs.
+func (c Config) Replicated() bool { return c.StatelessReplicas || c.Enabled() }
 
 // Validate reports every problem in c at once.
 func (c Config) Validate() error {

@@ -231,7 +231,9 @@ func totalRequests(t *testing.T, adminAddr string) int64 {
 // of their own, every turn went to the system prompt's backend.
 func TestTwoReplicasFollowAConversation(t *testing.T) {
 	urls := simBackends(t, 4, sim.SteadyConfig{Speed: 50})
-	lbs := []*serve.Instance{startTest(t, testConfig(urls), 4), startTest(t, testConfig(urls), 4)}
+	cfg := testConfig(urls)
+	cfg.Cluster.StatelessReplicas = true
+	lbs := []*serve.Instance{startTest(t, cfg, 4), startTest(t, cfg, 4)}
 	for _, lb := range lbs {
 		waitFresh(t, lb.AdminAddr, 4)
 	}

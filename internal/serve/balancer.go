@@ -17,7 +17,9 @@ func newInstrumentedBalancer(cfg config.Config, kv *kvevents.Store, reg promethe
 	if kv != nil {
 		deps.Events = kv
 	}
-	b, idx, err := balancer.Build(cfg.Balancer, cfg.Prefix, deps, cfg.Models, logger)
+	bcfg := cfg.Balancer
+	bcfg.TTFT.Replicated = cfg.Cluster.Replicated()
+	b, idx, err := balancer.Build(bcfg, cfg.Prefix, deps, cfg.Models, logger)
 	if err != nil {
 		return nil, err
 	}
