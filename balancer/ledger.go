@@ -30,9 +30,12 @@ type Ledger struct {
 	// (Unix nanoseconds; 0 never set): each attach extends it by the
 	// request's estimated prefill time ([Work.PrefillSeconds]).
 	drainAt atomic.Int64
-	// coldAt is when, on its picker's clock, the backend last took a new
-	// prompt placed by a balancer alone ([TTFTPicker.place]).
-	coldAt atomic.Uint64
+	// placed is the new prompts a balancer alone placed here
+	// ([TTFTPicker.place]): their tokens, decayed by [placedDecay] for
+	// every new prompt placed anywhere since, as of the placement numbered
+	// placedAt on the picker's count.
+	placed   atomic.Uint64 // float64 bits
+	placedAt atomic.Uint64
 	// sentSize is the mean uncached prompt tokens of the requests sent
 	// here, each new one weighted sentSizeWeight (float64 bits; 0 before
 	// the first): the size a queued request this balancer did not send
@@ -314,3 +317,24 @@ func (l *Ledger) ObserveSuccess() {
 // FailureStreak returns the number of failures since the last success, which
 // passive health checking ejects on.
 func (l *Ledger) FailureStreak() int64 { return l.streak.Load() }
+
+// placedDecay is what a new prompt placed anywhere leaves of the weight of
+// those placed before it ([Ledger.placedWeight]): a backend's earlier
+// prompts count for half after some 35 more.
+const placedDecay = 0.98
+
+// placedWeight returns the decayed tokens of the new prompts placed here
+// as of placement n.
+func (l *Ledger) placedWeight(n uint64) float64 {
+	w := math.Float64frombits(l.placed.Load())
+	if at := l.placedAt.Load(); n > at {
+		w *= math.Pow(placedDecay, float64(n-at))
+	}
+	return w
+}
+
+// place adds a new prompt of tokens placed here as placement n.
+func (l *Ledger) place(tokens int, n uint64) {
+	l.placed.Store(math.Float64bits(l.placedWeight(n) + float64(tokens)))
+	l.placedAt.Store(n)
+}

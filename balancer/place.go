@@ -17,17 +17,19 @@ import (
 // a placement lasts; and replicas that share no state must place a prompt
 // alike. In the order Choose applies them:
 //
-//   - A conversation goes by its own key ([PickInfo.Conversation]) on every
-//     later turn and, once most requests on its system prompt are later
-//     turns ([conversations]), on its first; a cold prompt (no candidate
-//     holds any of it) goes by bounded-load rendezvous of its first block.
-//     Both are placed by a hash every replica computes alike
-//     ([TTFTPicker.place]), since a replica's index knows where a
-//     conversation's earlier turns went only if it routed them, and a tie
-//     window on first-token estimates does not hold still. A first turn
-//     is placed so only on a system prompt whose requests come back:
-//     one-off questions on a shared document belong with their prefix.
-//     ColdBacklog 0 turns this rule off. See
+//   - A cold prompt (no candidate holds any of it) is placed
+//     ([TTFTPicker.place]). Alone, on the backend that took the fewest
+//     new prompt tokens lately, so that new prompts spread evenly over the
+//     caches (docs/design/ttft.md#alone). With [TTFTConfig.Replicated], by
+//     bounded-load rendezvous of its first block, and a conversation by its
+//     own key ([PickInfo.Conversation]) on every later turn and, once most
+//     requests on its system prompt are later turns ([conversations]), on
+//     its first: a hash every replica computes alike, since a replica's
+//     index knows where a conversation's earlier turns went only if it
+//     routed them, and a tie window on first-token estimates does not hold
+//     still. A first turn is placed so only on a system prompt whose
+//     requests come back: one-off questions on a shared document belong
+//     with their prefix. ColdBacklog 0 turns this rule off. See
 //     docs/design/ttft.md#rendezvous and docs/design/ttft.md#conversations.
 //   - Otherwise the highest score wins, but a candidate that holds less of
 //     the prompt than the best holder must beat it by CopyMargin, and
@@ -56,7 +58,7 @@ type TTFTPicker struct {
 
 	turns  conversations
 	routed promptStarts
-	cold   atomic.Uint64 // new prompts placed alone: [Ledger.coldAt]'s clock
+	placed atomic.Uint64 // new prompts placed alone: [Ledger.place]'s count
 }
 
 var (
@@ -216,10 +218,11 @@ func (s *promptStarts) has(key uint64) bool {
 // apart; candidates of further classes count as their own.
 const maxClasses = 8
 
-// place returns the candidate a cold prompt goes to by bounded-load
-// rendezvous of its first block, or -1 when fewer than two qualify (one
-// backend is no choice to agree on): the highest rendezvous hash of the
-// key among the candidates that
+// place returns the candidate a cold prompt goes to, or -1 when fewer
+// than two qualify (one backend is no choice to agree on): alone, the one
+// that took the fewest new prompt tokens lately, ties by rendezvous; with
+// [TTFTConfig.Replicated], by bounded-load rendezvous of its first block,
+// the highest rendezvous hash of the key. Either among the candidates that
 //
 //   - are as fast as the fastest, within CopyMargin, by their
 //     hardware class's time plus their own penalties (a full cache, the
@@ -329,7 +332,8 @@ func (t *TTFTPicker) place(p *PickInfo, conv, evicted bool) int {
 	if conv {
 		key = p.Conversation
 	}
-	pick, top, last := -1, uint64(0), uint64(0)
+	pick, top, least := -1, uint64(0), 0.0
+	n := t.placed.Load()
 	for i := range p.Cands {
 		switch {
 		case conv && speed(i) > (1+t.cfg.CopyMargin)*fastest:
@@ -337,21 +341,21 @@ func (t *TTFTPicker) place(p *PickInfo, conv, evicted bool) int {
 		case !conv && (!ok(i) || !hasRoom(i)):
 			continue
 		}
-		// Alone, a new prompt goes to the qualified backend that took a
-		// new prompt least recently, so that new prompts spread evenly and
-		// each cache holds its share; replicas that share no state must
-		// agree instead, and go by the highest rendezvous hash, which also
-		// breaks ties.
-		h, at := mix(key^p.Cands[i].Backend.idHash), uint64(0)
+		// Alone, a new prompt goes to the qualified backend that took the
+		// fewest new prompt tokens lately, so that new prompts spread
+		// evenly over the caches, even after a backend was passed over
+		// while busy; replicas that share no state must agree instead, and
+		// go by the highest rendezvous hash, which also breaks ties.
+		h, w := mix(key^p.Cands[i].Backend.idHash), 0.0
 		if !t.cfg.Replicated {
-			at = p.Cands[i].Backend.Ledger.coldAt.Load()
+			w = p.Cands[i].Backend.Ledger.placedWeight(n)
 		}
-		if pick < 0 || at < last || at == last && h > top {
-			pick, top, last = i, h, at
+		if pick < 0 || w < least || w == least && h > top {
+			pick, top, least = i, h, w
 		}
 	}
 	if pick >= 0 && !conv && !t.cfg.Replicated && !p.Dry {
-		p.Cands[pick].Backend.Ledger.coldAt.Store(t.cold.Add(1))
+		p.Cands[pick].Backend.Ledger.place(p.Req.PromptTokens, t.placed.Add(1))
 	}
 	if conv && pick >= 0 && (!ok(pick) || !hasRoom(pick)) {
 		return -1 // home is busy or full

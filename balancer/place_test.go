@@ -2,6 +2,7 @@ package balancer
 
 import (
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -464,5 +465,32 @@ func TestAloneFollowsAConversation(t *testing.T) {
 				at = id
 			}
 		}
+	}
+}
+
+// Alone, new prompts spread by their tokens: groups of 1,000 and 6,000
+// tokens, one after another, leave no server with twice another's share,
+// where taking turns would give two servers every long group.
+func TestAloneSpreadsNewPromptTokens(t *testing.T) {
+	b := newBal(t, "ttft")
+	b.Update(busy("a", 0, 0, 0.1), busy("b", 0, 0, 0.1), busy("c", 0, 0, 0.1), busy("d", 0, 0, 0.1))
+	tokens := map[string]int{}
+	for g := range 24 {
+		n := 1000
+		if g%2 == 1 {
+			n = 6000
+		}
+		d, err := b.Pick(distinct(g, n), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tokens[d.Candidates[0].ID] += n
+	}
+	least, most := math.MaxInt, 0
+	for _, id := range []string{"a", "b", "c", "d"} {
+		least, most = min(least, tokens[id]), max(most, tokens[id])
+	}
+	if most > 2*least {
+		t.Errorf("new prompt tokens by server: %v, want none with twice another's", tokens)
 	}
 }
