@@ -63,6 +63,11 @@ type Cluster struct {
 	// arrival, each later one within SLO.TPOT of the one before, on
 	// average.
 	SLO SLO
+	// HideTargets: the balancer is told neither the requests' priorities
+	// nor their deadlines ([Request.Priority], [Request.SLO]), though they
+	// are still judged by their targets, to measure what acting on them
+	// earns.
+	HideTargets bool
 	// Seed seeds the scrape jitter and the policies' randomness.
 	Seed uint64
 	// Perturb scales the engines' real costs without telling the
@@ -135,9 +140,15 @@ type Result struct {
 	// when the run was traced ([Cluster.Trace]).
 	Trace []TraceRecord
 	// SLO is the cluster's ([Cluster.SLO]), and Met counts the served
-	// requests that met it.
-	SLO SLO
-	Met int
+	// requests that met it, or in a workload whose requests carry their
+	// own targets (OwnTargets, [Workload.OwnTargets]) those that met
+	// their own, a request without any meeting them if served. Targeted
+	// counts the requests sent that carry targets of their own, and
+	// TargetedMet those of them that met them.
+	SLO                   SLO
+	Met                   int
+	OwnTargets            bool
+	Targeted, TargetedMet int
 	// EstimateRatios are, for each request of one leg whose pick
 	// estimated its time to first token (the default policy's), that
 	// estimate over the time the first token took from the pick, in
@@ -150,6 +161,16 @@ type Result struct {
 type SLO struct{ TTFT, TPOT time.Duration }
 
 func (s SLO) set() bool { return s.TTFT > 0 || s.TPOT > 0 }
+
+// met reports whether a served request's time to first token and time per
+// later token meet s; every time meets the zero SLO.
+func (s SLO) met(ttft, tpot time.Duration) bool {
+	return (s.TTFT == 0 || ttft <= s.TTFT) && (s.TPOT == 0 || tpot <= s.TPOT)
+}
+
+// judged reports whether the run's requests were judged against targets:
+// the run's, or their own.
+func (r *Result) judged() bool { return r.SLO.set() || r.OwnTargets }
 
 // replica is one balancer in front of every server.
 type replica struct {

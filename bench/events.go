@@ -148,14 +148,21 @@ func (r *run) finish() {
 		}
 		rep.waiting = nil
 	}
-	slo := r.c.SLO
-	r.res.SLO = slo
+	r.res.SLO, r.res.OwnTargets = r.c.SLO, r.w.OwnTargets()
 	for i, d := range r.ttft {
 		if d >= 0 {
 			r.res.TTFT = append(r.res.TTFT, d)
 			r.res.E2E = append(r.res.E2E, r.e2e[i])
-			if slo.set() && r.e2e[i] >= 0 && (slo.TTFT == 0 || d <= slo.TTFT) && (slo.TPOT == 0 || r.tpot[i] <= slo.TPOT) {
-				r.res.Met++
+			slo := r.c.SLO
+			if r.res.OwnTargets {
+				slo = r.w.Requests[i].SLO
+			}
+			if !r.res.judged() || r.e2e[i] < 0 || !slo.met(d, r.tpot[i]) {
+				continue
+			}
+			r.res.Met++
+			if r.w.Requests[i].SLO.set() {
+				r.res.TargetedMet++
 			}
 		}
 	}

@@ -46,6 +46,16 @@ func (r *run) arrive(i int) {
 	f.breq = balancer.Request{Model: model, Seed: prefix.Seed(model, ""), PromptTokens: r.c.Perturb.tokens(req.Tokens()), MaxTokens: req.MaxTokens,
 		UserText: req.AppendUserText(nil, r.reps[rep].bal.Config().ConsistentHash.PrefixBytes)}
 	f.breq.FirstUser, f.breq.FirstTurn = req.FirstTurn()
+	if !r.c.HideTargets {
+		// As the proxy reads X-Llmlb-Priority and x-slo-ttft-ms.
+		f.breq.Priority = req.Priority
+		if req.SLO.TTFT > 0 {
+			f.breq.TTFTDeadline, f.breq.Arrived = req.SLO.TTFT, r.clock()
+		}
+	}
+	if req.SLO.set() {
+		r.res.Targeted++
+	}
 	if req.Stored > 0 {
 		r.res.FollowUps++
 		r.storedFollowUp(f)
@@ -123,7 +133,7 @@ func (r *run) dispatch(f *flight) bool {
 	r.newOnly = false
 	r.dst = dec.Candidates
 	switch {
-	case errors.Is(err, balancer.ErrQueueFull), errors.Is(err, balancer.ErrShed):
+	case errors.Is(err, balancer.ErrQueueFull), errors.Is(err, balancer.ErrShed), errors.Is(err, balancer.ErrDeadline):
 		r.res.Refused++
 		r.ended(f.idx, false)
 		return true

@@ -43,11 +43,19 @@ type Row struct {
 	Goodput    float64 `json:"goodput_per_s,omitempty"`
 	Attainment float64 `json:"attainment,omitempty"`
 	SLO        bool    `json:"slo,omitempty"`
-	Throughput float64 `json:"output_tokens_per_s"`
-	HitRate    float64 `json:"hit_rate"`
-	Imbalance  float64 `json:"imbalance"`
-	Refused    int     `json:"refused"`
-	Failed     int     `json:"failed"`
+	// OwnTargets: the workload's requests carry their own targets, each
+	// judged by its own (a request without any meets them if served:
+	// [Request.SLO]); InteractiveGoodput and InteractiveAttainment are
+	// then the goodput and attainment of the requests that carry targets
+	// alone (slo-mixed's interactive class).
+	OwnTargets            bool    `json:"own_targets,omitempty"`
+	InteractiveGoodput    float64 `json:"interactive_goodput_per_s,omitempty"`
+	InteractiveAttainment float64 `json:"interactive_attainment,omitempty"`
+	Throughput            float64 `json:"output_tokens_per_s"`
+	HitRate               float64 `json:"hit_rate"`
+	Imbalance             float64 `json:"imbalance"`
+	Refused               int     `json:"refused"`
+	Failed                int     `json:"failed"`
 	// FollowUps is the stored follow-ups sent, FailedFollowUps those that
 	// reached a server not storing the response they continue (a 404,
 	// counted in neither Refused nor Failed), and UnsentTurns the later
@@ -128,13 +136,17 @@ func Summarize(r Result) Row {
 	if r.PromptTokens > 0 {
 		row.HitRate = float64(r.CachedTokens) / float64(r.PromptTokens)
 	}
-	if r.SLO.set() {
-		row.SLO = true
+	if r.judged() {
+		row.SLO, row.OwnTargets = true, r.OwnTargets
 		if r.Duration > 0 {
 			row.Goodput = float64(r.Met) / r.Duration.Seconds()
+			row.InteractiveGoodput = float64(r.TargetedMet) / r.Duration.Seconds()
 		}
 		if sent := len(r.TTFT) + r.Refused + r.Failed; sent > 0 {
 			row.Attainment = float64(r.Met) / float64(sent)
+		}
+		if r.Targeted > 0 {
+			row.InteractiveAttainment = float64(r.TargetedMet) / float64(r.Targeted)
 		}
 	}
 	if n := len(r.EstimateRatios); n > 0 {
@@ -172,9 +184,12 @@ func WriteTable(w io.Writer, t Table) {
 	if stored {
 		head = append(head, "failed follow-ups", "unsent turns")
 	}
-	slo := t.hasSLO()
+	slo, own := t.hasSLO(), t.hasOwnTargets()
 	if slo {
 		head = append(head, "goodput", "attained")
+	}
+	if own {
+		head = append(head, "interactive goodput", "attained")
 	}
 	estimated := t.hasEstimates()
 	if estimated {
@@ -197,6 +212,9 @@ func WriteTable(w io.Writer, t Table) {
 		}
 		if slo {
 			row = append(row, fmt.Sprintf("%.1f/s", r.Goodput), fmt.Sprintf("%.1f%%", 100*r.Attainment))
+		}
+		if own {
+			row = append(row, fmt.Sprintf("%.1f/s", r.InteractiveGoodput), fmt.Sprintf("%.1f%%", 100*r.InteractiveAttainment))
 		}
 		if estimated {
 			row = append(row, "-", "-")
@@ -226,6 +244,12 @@ func (t Table) hasFollowUps() bool {
 // hasSLO reports whether the rows were judged against SLO targets.
 func (t Table) hasSLO() bool {
 	return len(t.Results) > 0 && t.Results[0].SLO
+}
+
+// hasOwnTargets reports whether the workload's requests carried their
+// own targets, so that the table shows the interactive class apart.
+func (t Table) hasOwnTargets() bool {
+	return len(t.Results) > 0 && t.Results[0].OwnTargets
 }
 
 // hasEstimates reports whether some row's policy estimated TTFT; only

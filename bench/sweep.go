@@ -160,29 +160,32 @@ func medianRow(policy string, rows []Row) Row {
 		return median(vs)
 	}
 	m := Row{Policy: policy,
-		TTFTP50:         pick(func(r Row) float64 { return r.TTFTP50 }),
-		TTFTP90:         pick(func(r Row) float64 { return r.TTFTP90 }),
-		TTFTP99:         pick(func(r Row) float64 { return r.TTFTP99 }),
-		TTFTMean:        pick(func(r Row) float64 { return r.TTFTMean }),
-		E2EP50:          pick(func(r Row) float64 { return r.E2EP50 }),
-		E2EP99:          pick(func(r Row) float64 { return r.E2EP99 }),
-		TPOTP50:         pick(func(r Row) float64 { return r.TPOTP50 }),
-		TPOTP90:         pick(func(r Row) float64 { return r.TPOTP90 }),
-		Split:           int(math.Round(pick(func(r Row) float64 { return float64(r.Split) }))),
-		Throughput:      pick(func(r Row) float64 { return r.Throughput }),
-		HitRate:         pick(func(r Row) float64 { return r.HitRate }),
-		Imbalance:       pick(func(r Row) float64 { return r.Imbalance }),
-		Refused:         int(math.Round(pick(func(r Row) float64 { return float64(r.Refused) }))),
-		Failed:          int(math.Round(pick(func(r Row) float64 { return float64(r.Failed) }))),
-		FollowUps:       int(math.Round(pick(func(r Row) float64 { return float64(r.FollowUps) }))),
-		FailedFollowUps: int(math.Round(pick(func(r Row) float64 { return float64(r.FailedFollowUps) }))),
-		UnsentTurns:     int(math.Round(pick(func(r Row) float64 { return float64(r.UnsentTurns) }))),
-		Saturated:       pick(func(r Row) float64 { return r.Saturated }),
-		EstimateError:   pick(func(r Row) float64 { return r.EstimateError }),
-		EstimateRatio:   pick(func(r Row) float64 { return r.EstimateRatio }),
-		Goodput:         pick(func(r Row) float64 { return r.Goodput }),
-		Attainment:      pick(func(r Row) float64 { return r.Attainment }),
-		SLO:             len(rows) > 0 && rows[0].SLO,
+		TTFTP50:               pick(func(r Row) float64 { return r.TTFTP50 }),
+		TTFTP90:               pick(func(r Row) float64 { return r.TTFTP90 }),
+		TTFTP99:               pick(func(r Row) float64 { return r.TTFTP99 }),
+		TTFTMean:              pick(func(r Row) float64 { return r.TTFTMean }),
+		E2EP50:                pick(func(r Row) float64 { return r.E2EP50 }),
+		E2EP99:                pick(func(r Row) float64 { return r.E2EP99 }),
+		TPOTP50:               pick(func(r Row) float64 { return r.TPOTP50 }),
+		TPOTP90:               pick(func(r Row) float64 { return r.TPOTP90 }),
+		Split:                 int(math.Round(pick(func(r Row) float64 { return float64(r.Split) }))),
+		Throughput:            pick(func(r Row) float64 { return r.Throughput }),
+		HitRate:               pick(func(r Row) float64 { return r.HitRate }),
+		Imbalance:             pick(func(r Row) float64 { return r.Imbalance }),
+		Refused:               int(math.Round(pick(func(r Row) float64 { return float64(r.Refused) }))),
+		Failed:                int(math.Round(pick(func(r Row) float64 { return float64(r.Failed) }))),
+		FollowUps:             int(math.Round(pick(func(r Row) float64 { return float64(r.FollowUps) }))),
+		FailedFollowUps:       int(math.Round(pick(func(r Row) float64 { return float64(r.FailedFollowUps) }))),
+		UnsentTurns:           int(math.Round(pick(func(r Row) float64 { return float64(r.UnsentTurns) }))),
+		Saturated:             pick(func(r Row) float64 { return r.Saturated }),
+		EstimateError:         pick(func(r Row) float64 { return r.EstimateError }),
+		EstimateRatio:         pick(func(r Row) float64 { return r.EstimateRatio }),
+		Goodput:               pick(func(r Row) float64 { return r.Goodput }),
+		Attainment:            pick(func(r Row) float64 { return r.Attainment }),
+		SLO:                   len(rows) > 0 && rows[0].SLO,
+		OwnTargets:            len(rows) > 0 && rows[0].OwnTargets,
+		InteractiveGoodput:    pick(func(r Row) float64 { return r.InteractiveGoodput }),
+		InteractiveAttainment: pick(func(r Row) float64 { return r.InteractiveAttainment }),
 	}
 	for _, r := range rows {
 		m.TTFTP90s = append(m.TTFTP90s, r.TTFTP90)
@@ -325,25 +328,49 @@ const attainmentGoal = 0.9
 // writeAttainment prints a curve's goodput and attainment per policy at
 // every rate, and the highest rate of the ladder up to which each policy
 // attains attainmentGoal at every rate.
+//
+// For a workload whose requests carry their own targets, each cell adds
+// the interactive class's attainment (the requests with targets), and a
+// second column the rate each policy sustains at 90% of those.
 func writeAttainment(w io.Writer, c Curve) {
-	fmt.Fprintf(w, "\n%s: goodput / attained at each arrival-rate factor, and the rate each policy sustains at %.0f%% attained\n", c.Name, 100*attainmentGoal)
+	own := slices.ContainsFunc(c.Tables, Table.hasOwnTargets)
+	what := "goodput / attained"
+	if own {
+		what += " / interactive attained"
+	}
+	fmt.Fprintf(w, "\n%s: %s at each arrival-rate factor, and the rate each policy sustains at %.0f%% attained\n", c.Name, what, 100*attainmentGoal)
 	head := []string{"policy"}
 	for _, t := range c.Tables {
 		head = append(head, fmt.Sprintf("x%g", t.Rate))
 	}
 	head = append(head, "sustains")
+	if own {
+		head = append(head, "interactive sustains")
+	}
 	rows := [][]string{head}
 	for pi, r := range c.Tables[0].Results {
 		row := []string{r.Policy}
 		sustains, ok := "-", true
+		inter, iok := "-", true
 		for _, t := range c.Tables {
 			x := t.Results[pi]
-			row = append(row, fmt.Sprintf("%.1f/s / %.1f%%", x.Goodput, 100*x.Attainment))
+			cell := fmt.Sprintf("%.1f/s / %.1f%%", x.Goodput, 100*x.Attainment)
+			if own {
+				cell += fmt.Sprintf(" / %.1f%%", 100*x.InteractiveAttainment)
+			}
+			row = append(row, cell)
 			if ok = ok && x.Attainment >= attainmentGoal; ok {
 				sustains = fmt.Sprintf("x%g", t.Rate)
 			}
+			if iok = iok && x.InteractiveAttainment >= attainmentGoal; iok {
+				inter = fmt.Sprintf("x%g", t.Rate)
+			}
 		}
-		rows = append(rows, append(row, sustains))
+		row = append(row, sustains)
+		if own {
+			row = append(row, inter)
+		}
+		rows = append(rows, row)
 	}
 	writeAligned(w, rows)
 }

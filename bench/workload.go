@@ -44,6 +44,17 @@ type Request struct {
 	// API is the API the request is sent to. The emulation routes every
 	// API alike, on the whole prompt, except a Stored follow-up.
 	API API
+	// Priority is the request's admission priority, as X-Llmlb-Priority
+	// sends it: negative is sheddable. 0 is the default.
+	Priority int
+	// SLO, when set, is the request's own latency targets, sent as
+	// x-slo-ttft-ms and x-slo-tpot-ms are: the balancer is told the TTFT
+	// deadline ([balancer.Request.TTFTDeadline], from the arrival), and
+	// the request is judged by them. In a workload where some request
+	// has targets of its own ([Workload.OwnTargets]), one without any is
+	// met if it is served; elsewhere every request is judged by the run's
+	// targets ([Cluster.SLO]), which the balancer is not told.
+	SLO SLO
 	// Stored, when positive, makes the request a Responses API follow-up
 	// naming its session's previous turn (previous_response_id): its
 	// first Stored parts are the conversation the server that answered
@@ -167,6 +178,18 @@ type Workload struct {
 	Rate float64
 }
 
+// OwnTargets reports whether some request carries latency targets of its
+// own ([Request.SLO]): then each request is judged by its own, and the
+// run's targets are not used.
+func (w *Workload) OwnTargets() bool {
+	for i := range w.Requests {
+		if w.Requests[i].SLO.set() {
+			return true
+		}
+	}
+	return false
+}
+
 // hasSessions reports whether some request waits for an earlier one's
 // answer ([Request.Session]).
 func (w *Workload) hasSessions() bool {
@@ -190,7 +213,7 @@ func WorkloadNames() []string { return slices.Clone(workloadNames) }
 var pdWorkloadNames = []string{"long-prompt", "mixed"}
 
 // otherWorkloadNames are built-in workloads run only when named.
-var otherWorkloadNames = []string{"prefix-groups"}
+var otherWorkloadNames = []string{"prefix-groups", "slo-mixed"}
 
 // PDWorkloadNames lists the workloads a P/D comparison runs by default.
 func PDWorkloadNames() []string { return slices.Clone(pdWorkloadNames) }
@@ -238,6 +261,8 @@ func Build(name string, p Params) (*Workload, error) {
 		w = mixed(p, rng)
 	case "prefix-groups":
 		w = prefixGroups(p, rng)
+	case "slo-mixed":
+		w = sloMixed(p, rng)
 	default:
 		return nil, fmt.Errorf("unknown workload %q (have %v)", name, slices.Concat(workloadNames, pdWorkloadNames, otherWorkloadNames))
 	}
@@ -263,6 +288,7 @@ var defaultRate = map[string]float64{
 	"long-prompt":           1,
 	"mixed":                 1,
 	"prefix-groups":         1,
+	"slo-mixed":             1,
 }
 
 func rate(name string, p Params) float64 {
@@ -593,6 +619,48 @@ func mixed(p Params, rng *rand.Rand) *Workload {
 			System: 1, MaxTokens: 100 + rng.IntN(301)}
 		if rng.IntN(5) == 0 {
 			q = Request{At: t, Parts: []Part{{ID: 21<<32 + uint64(i), Tokens: 6000 + rng.IntN(4001)}}, MaxTokens: 100 + rng.IntN(101)}
+		}
+		w.Requests = append(w.Requests, q)
+	}
+	return w
+}
+
+// sloMixed: interactive chats with deadlines and sheddable batch
+// documents without, at Poisson arrivals of 30 a second, 3,000 of them
+// (the rate at which the round-robin baseline on the eight default servers
+// starts to miss: busy, not drowning): the mix that
+// goodput is judged on (requests meeting their targets per second, as
+// DistServe, Zhong et al., OSDI 2024, compares systems) and that llm-d's
+// SLO-aware routing is for (x-slo-ttft-ms and x-slo-tpot-ms, read per
+// request; a request of negative priority is sheddable and refused when
+// no server can meet its deadline: llm-d/llm-d-router
+// pkg/epp/framework/plugins/requestcontrol/admitter/latencyslo/README.md
+// and scheduling/filter/sloheadroomtier/README.md at ebab6879;
+// llm-d.ai/docs/architecture/advanced/latency-predictor).
+//
+// Three in four are interactive, priority 0: one of eight 1,000-token
+// system prompts and a question of 100-600 tokens, answered in 50-300
+// tokens (Splitwise's conversation trace, Patel et al., ISCA 2024: a
+// median prompt of 1,020 tokens, a median answer of 129), each with its
+// own targets: the first token within 250 ms of its arrival and 50 ms a
+// token after it. 250 ms is DistServe's chatbot TTFT target (Table 1,
+// OPT-13B on A100s); its TPOT target there, 100 ms, would never bind an
+// 8B model on an H100 (about 7-11 ms a token up to 16 concurrent
+// requests), so the TPOT target is the level of a heavily batched server,
+// 47 ms at 64 clients in the h100-8b preset's calibration source. The
+// fourth is a batch job, priority -1 and no targets: a 4,000-8,000-token
+// document that shares nothing (DistServe's summarization workload is of
+// long documents), answered in 200-600 tokens. Its prefill is what makes
+// a chat that lands beside it miss its deadline.
+func sloMixed(p Params, rng *rand.Rand) *Workload {
+	n := max(1, int(3000*p.Scale))
+	r := rate("slo-mixed", p)
+	w := &Workload{Rate: r}
+	for i, t := range poisson(rng, n, 30*r) {
+		q := Request{At: t, Parts: []Part{{ID: 23<<32 + uint64(rng.IntN(8)), Tokens: 1000}, {ID: 24<<32 + uint64(i), Tokens: 100 + rng.IntN(501)}},
+			System: 1, MaxTokens: 50 + rng.IntN(251), SLO: SLO{TTFT: 250 * time.Millisecond, TPOT: 50 * time.Millisecond}}
+		if rng.IntN(4) == 0 {
+			q = Request{At: t, Parts: []Part{{ID: 25<<32 + uint64(i), Tokens: 4000 + rng.IntN(4001)}}, MaxTokens: 200 + rng.IntN(401), Priority: -1}
 		}
 		w.Requests = append(w.Requests, q)
 	}
