@@ -31,6 +31,12 @@ type Preset struct {
 	// it was then configured, for `llmlb bench --scenario` (whose
 	// experiments name it), not for serve.
 	BenchOnly bool
+	// Unlisted: serve does not offer the preset yet ([PolicyNames] leaves
+	// it out, and config.yaml's list of policies need not name it),
+	// though the benchmark runs it with the others. Dropping it offers
+	// the preset to serve, once config.yaml and docs/configuration.md
+	// describe it.
+	Unlisted bool
 	// ScrapeInterval is the peer's metrics refresh; 0 keeps scrape.interval.
 	ScrapeInterval time.Duration
 	// Admission: llmlb's saturation filter and admission queue apply.
@@ -176,6 +182,20 @@ var presets = []Preset{
 		},
 	},
 	{
+		// llm-d's predicted-latency profile, the one that reads
+		// x-slo-ttft-ms: its SLO headroom tier filter and latency SLO
+		// admitter on llmlb's TTFT estimate in place of llm-d's trained
+		// predictor ([SLOHeadroomPicker], [SLOAdmitter]); no flow control.
+		Name: "llm-d-slo", Index: eppIndex(131072), ScrapeInterval: 50 * time.Millisecond, Unlisted: true,
+		Follows: "llm-d/llm-d-router at ebab6879: config/charts/routerlib/templates/_config.yaml (latencyPredictor.enabled profile: strict prefix-cache-affinity-filter 0.99, slo-headroom-tier-filter, loose prefix-cache-affinity-filter 0.80, both maxTTFTPenaltyMs 5000 with ttftSource latencyPredictor, latency-scorer, weighted-random-picker, latency-slo-admitter); " +
+			"scheduling/filter/sloheadroomtier/plugin.go (epsilonExploreNeg 0.01), requestcontrol/admitter/latencyslo/plugin.go, scheduling/scorer/latency/plugin.go (strategy least, wMax 100), " +
+			"requestcontrol/dataproducer/predictedlatency/prediction.go (TPOT headroom 0 when not streaming), under pkg/epp/framework/plugins/",
+		build: func(cfg Config, d Deps) *policy {
+			est := TTFTScorer{cfg: cfg.TTFT}
+			return &policy{scorers: []weighted{{&SLOAdmitter{est: est, now: d.Now}, 1}}, picker: &SLOHeadroomPicker{est: est, now: d.Now, rand: d.Rand}}
+		},
+	},
+	{
 		// NVIDIA Dynamo's KV router without KV events (--no-router-kv-events):
 		// it matches prompts against its own routing decisions, 16-token
 		// blocks (vLLM's), full blocks only, each forgotten 120 s after it
@@ -259,11 +279,11 @@ func LookupPreset(name string) (Preset, error) {
 
 // PolicyNames returns the policy names config accepts, the default first:
 // every preset `llmlb serve` can run (not those that need the simulator's
-// true caches).
+// true caches, reproduce an experiment, or are [Preset.Unlisted]).
 func PolicyNames() []string {
 	var out []string
 	for _, p := range presets {
-		if !p.TrueCache && !p.BenchOnly {
+		if !p.TrueCache && !p.BenchOnly && !p.Unlisted {
 			out = append(out, p.Name)
 		}
 	}

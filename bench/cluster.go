@@ -335,7 +335,7 @@ func (r *run) build() error {
 	if err != nil {
 		return err
 	}
-	if err := bcfg.Validate(); err != nil && !pr.TrueCache && !pr.BenchOnly {
+	if err := bcfg.Validate(); err != nil && !pr.TrueCache && !pr.BenchOnly && !pr.Unlisted {
 		return err
 	}
 	r.followsStored = pr.FollowsStored
