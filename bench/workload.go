@@ -611,27 +611,17 @@ func longPrompt(p Params, rng *rand.Rand) *Workload {
 // a 6,000-10,000-token document that shares nothing, asked for 100-200
 // tokens. The chats' decodes share servers with the documents' prefills.
 func mixed(p Params, rng *rand.Rand) *Workload {
-	n := max(1, int(2500*p.Scale))
-	r := rate("mixed", p)
-	w := &Workload{Rate: r}
-	for i, t := range poisson(rng, n, 10*r) {
-		q := Request{At: t, Parts: []Part{{ID: 22<<32 + uint64(rng.IntN(8)), Tokens: 1000}, {ID: 20<<32 + uint64(i), Tokens: 100 + rng.IntN(501)}},
-			System: 1, MaxTokens: 100 + rng.IntN(301)}
-		if rng.IntN(5) == 0 {
-			q = Request{At: t, Parts: []Part{{ID: 21<<32 + uint64(i), Tokens: 6000 + rng.IntN(4001)}}, MaxTokens: 100 + rng.IntN(101)}
-		}
-		w.Requests = append(w.Requests, q)
-	}
-	return w
+	return chatsAndDocs{name: "mixed", requests: 2500, perSecond: 10, docEvery: 5,
+		system: 22 << 32, question: 20 << 32, doc: 21 << 32,
+		chatOut: [2]int{100, 400}, docTokens: [2]int{6000, 10000}, docOut: [2]int{100, 200}}.build(p, rng)
 }
 
 // sloMixed: interactive chats with deadlines and sheddable batch
-// documents without, at Poisson arrivals of 30 a second, 3,000 of them
-// (the rate at which the round-robin baseline on the eight default servers
-// starts to miss: busy, not drowning): the mix that
-// goodput is judged on (requests meeting their targets per second, as
-// DistServe, Zhong et al., OSDI 2024, compares systems) and that llm-d's
-// SLO-aware routing is for (x-slo-ttft-ms and x-slo-tpot-ms, read per
+// documents without, 3,000 at Poisson arrivals of 30 a second (about
+// where the round-robin baseline on the eight default servers starts to
+// miss: busy, not drowning). It is the mix that goodput is judged on
+// (requests meeting their targets per second, as DistServe, Zhong et al.,
+// OSDI 2024, compares systems) and that llm-d's SLO-aware routing is for (x-slo-ttft-ms and x-slo-tpot-ms, read per
 // request; a request of negative priority is sheddable and refused when
 // no server can meet its deadline: llm-d/llm-d-router
 // pkg/epp/framework/plugins/requestcontrol/admitter/latencyslo/README.md
@@ -653,14 +643,39 @@ func mixed(p Params, rng *rand.Rand) *Workload {
 // long documents), answered in 200-600 tokens. Its prefill is what makes
 // a chat that lands beside it miss its deadline.
 func sloMixed(p Params, rng *rand.Rand) *Workload {
-	n := max(1, int(3000*p.Scale))
-	r := rate("slo-mixed", p)
+	return chatsAndDocs{name: "slo-mixed", requests: 3000, perSecond: 30, docEvery: 4,
+		system: 23 << 32, question: 24 << 32, doc: 25 << 32,
+		chatOut: [2]int{50, 300}, docTokens: [2]int{4000, 8000}, docOut: [2]int{200, 600},
+		chatSLO: SLO{TTFT: 250 * time.Millisecond, TPOT: 50 * time.Millisecond}, docPriority: -1}.build(p, rng)
+}
+
+// chatsAndDocs is the shape mixed and slo-mixed share: Poisson arrivals,
+// each a chat on one of eight 1,000-token system prompts with a question
+// of 100-600 tokens, or one time in docEvery a document that shares
+// nothing. Ranges are inclusive; the IDs are each part's own prefix.
+type chatsAndDocs struct {
+	name                  string
+	requests              int     // at Scale 1
+	perSecond             float64 // at Rate 1
+	docEvery              int
+	system, question, doc uint64
+	chatOut               [2]int
+	docTokens, docOut     [2]int
+	chatSLO               SLO // each chat's own targets; zero: none
+	docPriority           int
+}
+
+func (m chatsAndDocs) build(p Params, rng *rand.Rand) *Workload {
+	n := max(1, int(float64(m.requests)*p.Scale))
+	r := rate(m.name, p)
 	w := &Workload{Rate: r}
-	for i, t := range poisson(rng, n, 30*r) {
-		q := Request{At: t, Parts: []Part{{ID: 23<<32 + uint64(rng.IntN(8)), Tokens: 1000}, {ID: 24<<32 + uint64(i), Tokens: 100 + rng.IntN(501)}},
-			System: 1, MaxTokens: 50 + rng.IntN(251), SLO: SLO{TTFT: 250 * time.Millisecond, TPOT: 50 * time.Millisecond}}
-		if rng.IntN(4) == 0 {
-			q = Request{At: t, Parts: []Part{{ID: 25<<32 + uint64(i), Tokens: 4000 + rng.IntN(4001)}}, MaxTokens: 200 + rng.IntN(401), Priority: -1}
+	between := func(lo, hi int) int { return lo + rng.IntN(hi-lo+1) }
+	for i, t := range poisson(rng, n, m.perSecond*r) {
+		q := Request{At: t, Parts: []Part{{ID: m.system + uint64(rng.IntN(8)), Tokens: 1000}, {ID: m.question + uint64(i), Tokens: between(100, 600)}},
+			System: 1, MaxTokens: between(m.chatOut[0], m.chatOut[1]), SLO: m.chatSLO}
+		if rng.IntN(m.docEvery) == 0 {
+			q = Request{At: t, Parts: []Part{{ID: m.doc + uint64(i), Tokens: between(m.docTokens[0], m.docTokens[1])}},
+				MaxTokens: between(m.docOut[0], m.docOut[1]), Priority: m.docPriority}
 		}
 		w.Requests = append(w.Requests, q)
 	}
