@@ -277,7 +277,7 @@ func learnRate(t *testing.T, b *Balancer, id string, rate float64) {
 	t.Helper()
 	for i := range 50 {
 		work := float64(1000 + 200*(i%20))
-		backend(t, b, id).Ledger.est.observe(firstByte{Own: work}, 0.02+work/rate, testPrior(1/b.cfg.TTFT.PrefillRate, 0.02))
+		backend(t, b, id).Ledger.est.observe(work, 0, 0.02+work/rate, 1/b.cfg.TTFT.PrefillRate, 0.02)
 	}
 }
 

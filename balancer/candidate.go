@@ -91,17 +91,26 @@ type Candidate struct {
 	// queued ahead (AheadTokens) and the queue wait.
 	Backlog float64 `json:"backlog_seconds"`
 	Cost    float64 `json:"cost_seconds"`
+	// First is the learned first-token estimate ([Candidate.FirstToken]),
+	// 0 when not set.
+	First float64 `json:"first_token_seconds"`
 
 	adapter  string // the request's adapter on this backend, or ""
 	slotWait bool   // the adapter may wait for a slot here (Work.SlotWait)
 }
 
 // FirstToken is the estimate of the time to the request's first token
-// on the candidate, in seconds: its prefill, the queue's wait and an
-// adapter's load. The score's TTFT adds two terms that are not times to
-// the first token, the decode the request loses to a busier batch and the
-// penalty of a full KV cache, so a deadline is judged by this instead.
-func (c *Candidate) FirstToken() float64 { return c.Prefill + c.QueueWait + c.LoRAPenalty }
+// on the candidate, in seconds, which deadlines are judged by: First, the
+// backend's learned model's ([FirstTokenModel]), when the scorer set it,
+// else the cost's prefill, queue wait and adapter load. The cost's TTFT
+// adds two terms that are not times to the first token, the decode the
+// request loses to a busier batch and the penalty of a full KV cache.
+func (c *Candidate) FirstToken() float64 {
+	if c.First > 0 {
+		return c.First
+	}
+	return c.Prefill + c.QueueWait + c.LoRAPenalty
+}
 
 // filter is the first stage: the backends that may take the request, in
 // snapshot order, as p.Cands, and the tier they came from (fresh, stale or

@@ -6,8 +6,9 @@ import (
 	"sync/atomic"
 )
 
-// Estimate is a backend's learned first-token model. A request's first
-// token is expected
+// FirstTokenModel is a backend's learned model of a request's first
+// token, which deadlines are judged by ([Candidate.FirstToken]). It is
+// expected
 //
 //	Base + RunningWait×running
 //	  + (own + AheadShare×ahead)/Rate
@@ -25,7 +26,7 @@ import (
 // running beside it (the slowdowns); an adapter loads in some time or at
 // once. The terms are learned from the backend's answers rather than
 // assumed (see docs/design/ttft.md#learned-terms).
-type Estimate struct {
+type FirstTokenModel struct {
 	Base          float64 `json:"base_seconds"`
 	Rate          float64 `json:"prefill_tokens_per_second"`
 	AheadShare    float64 `json:"ahead_share"`
@@ -40,11 +41,11 @@ type Estimate struct {
 
 // learned reports whether e has enough samples and a prefill rate to
 // stand for its backend; until then the fleet's or the config's is used.
-func (e Estimate) learned() bool { return e.Samples >= minSamples && e.Rate > 0 }
+func (e FirstTokenModel) learned() bool { return e.Samples >= minSamples && e.Rate > 0 }
 
-// Estimate returns the backend's learned first-token model; zero fields
-// are not learned yet.
-func (l *Ledger) Estimate() Estimate { return l.est.load() }
+// FirstTokenModel returns the backend's learned first-token model; zero
+// fields are not learned yet.
+func (l *Ledger) FirstTokenModel() FirstTokenModel { return l.first.load() }
 
 // The terms of the estimate, in the order of the features of a sample
 // ([firstByte.features]) and of the coefficients the estimator learns.
@@ -90,14 +91,14 @@ func prior(cfg *TTFTConfig) [numTerms]float64 {
 	return p
 }
 
-// estimator learns the estimate's coefficients by exponentially weighted
+// firstTokenLearner learns the model's coefficients by exponentially weighted
 // least squares over first bytes, drawn toward the prior ([estimator.fit]):
 // a term the samples do not vary (no request ever ran beside another)
 // keeps its prior, and terms the samples vary together share what they
 // explain rather than swinging apart. Readers load the published estimate; writers (first bytes) hold
 // mu.
-type estimator struct {
-	cur     atomic.Pointer[Estimate]
+type firstTokenLearner struct {
+	cur     atomic.Pointer[FirstTokenModel]
 	samples atomic.Int64
 
 	mu     sync.Mutex
@@ -108,8 +109,8 @@ type estimator struct {
 	learnt bool                        // guarded by mu; a fit was published
 }
 
-// estDecay weighs old samples: about the last 100 dominate.
-const estDecay = 0.99
+// modelDecay weighs old samples: about the last 100 dominate.
+const modelDecay = 0.99
 
 // outlier is the relative distance from the fit past which a first byte
 // weighs less: at twice it, half.
@@ -118,8 +119,8 @@ const outlier = 0.5
 // priorSamples is how many samples' worth the prior weighs in each term.
 const priorSamples = 0.005
 
-func (e *estimator) load() Estimate {
-	var est Estimate
+func (e *firstTokenLearner) load() FirstTokenModel {
+	var est FirstTokenModel
 	if p := e.cur.Load(); p != nil {
 		est = *p
 	}
@@ -129,7 +130,7 @@ func (e *estimator) load() Estimate {
 
 // observe folds in one first byte, which came ttft seconds after the pick,
 // and publishes the new fit.
-func (e *estimator) observe(f firstByte, ttft float64, pr *[numTerms]float64) {
+func (e *firstTokenLearner) observe(f firstByte, ttft float64, pr *[numTerms]float64) {
 	x := f.features()
 	for _, v := range x {
 		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
@@ -155,11 +156,11 @@ func (e *estimator) observe(f firstByte, ttft float64, pr *[numTerms]float64) {
 		}
 	}
 	e.samples.Add(1)
-	e.n = e.n*estDecay + w
+	e.n = e.n*modelDecay + w
 	for i := range numTerms {
-		e.xy[i] = e.xy[i]*estDecay + w*x[i]*ttft
+		e.xy[i] = e.xy[i]*modelDecay + w*x[i]*ttft
 		for j := range numTerms {
-			e.xx[i][j] = e.xx[i][j]*estDecay + w*x[i]*x[j]
+			e.xx[i][j] = e.xx[i][j]*modelDecay + w*x[i]*x[j]
 		}
 	}
 	c, ok := e.fit(pr)
@@ -168,7 +169,7 @@ func (e *estimator) observe(f firstByte, ttft float64, pr *[numTerms]float64) {
 	}
 	e.coef, e.learnt = c, e.samples.Load() >= minSamples
 	inv := c[termOwn]
-	est := &Estimate{
+	est := &FirstTokenModel{
 		Base: c[termBase], Rate: 1 / inv, AheadShare: c[termAhead] / inv, RunningWait: c[termRunning],
 		OwnSlowdown: c[termOwnRunning] / inv, AheadSlowdown: c[termAheadRunning] / inv,
 		QueueWait: c[termQueued], QueueSlowdown: c[termOwnQueued] / inv, LoRALoad: c[termLoRA],
@@ -199,7 +200,7 @@ func bounds(pr *[numTerms]float64) (lo, hi [numTerms]float64) {
 // does not depend on the term's units. The prefill ahead is drawn toward
 // the request's own rate rather than toward the prior's: until the samples
 // say otherwise, a token ahead costs what one of the request's own does.
-func (e *estimator) fit(pr *[numTerms]float64) (c [numTerms]float64, ok bool) {
+func (e *firstTokenLearner) fit(pr *[numTerms]float64) (c [numTerms]float64, ok bool) {
 	lo, hi := bounds(pr)
 	var scale [numTerms]float64
 	for i := range numTerms {
@@ -302,4 +303,19 @@ func cholesky(a *[numTerms][numTerms]float64, b *[numTerms]float64) (z [numTerms
 		z[i] = s / l[i][i]
 	}
 	return z, true
+}
+
+// predict is the first token m expects for c. A wait for an adapter slot
+// is not learned ([Work.SlotWait]); it counts as the cost counts it.
+func (m FirstTokenModel) predict(c *Candidate) float64 {
+	inv, unc, r, q := 1/m.Rate, float64(c.UncachedTokens), c.Running, c.Queued
+	t := m.Base + m.RunningWait*r + m.QueueWait*q +
+		inv*(unc*(1+m.OwnSlowdown*r+m.QueueSlowdown*q)+c.AheadTokens*(m.AheadShare+m.AheadSlowdown*r))
+	switch c.LoRA {
+	case LoRAFree, LoRAUnknown:
+		t += m.LoRALoad
+	case LoRAWaiting, LoRAFull:
+		t += c.LoRAPenalty
+	}
+	return t
 }

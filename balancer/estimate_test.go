@@ -19,7 +19,7 @@ func testPrior(inv, base float64) *[numTerms]float64 {
 func near2(got, want, tol float64) bool { return math.Abs(got-want) <= tol*math.Abs(want) }
 
 func TestEstimateLearnsRateAndBase(t *testing.T) {
-	var e estimator
+	var e firstTokenLearner
 	// A backend doing 5000 tokens/s with 50ms fixed latency.
 	for i := range 60 {
 		work := float64(500 + 100*(i%20))
@@ -39,7 +39,7 @@ func TestEstimateLearnsRateAndBase(t *testing.T) {
 // An engine that prefills in order, queueing requests behind a limit: the
 // prefill ahead counts in full and each queued request waits 0.1 s.
 func TestEstimateLearnsAQueue(t *testing.T) {
-	var e estimator
+	var e firstTokenLearner
 	r := rand.New(rand.NewPCG(1, 2))
 	for range 200 {
 		f := firstByte{Own: float64(200 + r.IntN(2000)), Ahead: float64(r.IntN(3) * r.IntN(3000)), Queued: float64(r.IntN(2) * r.IntN(5))}
@@ -55,7 +55,7 @@ func TestEstimateLearnsAQueue(t *testing.T) {
 // timer, (5ms + 250µs a token) × (1 + running/63), so the prefill ahead
 // costs nothing and every running request slows the prefill by 1/63.
 func TestEstimateLearnsAnEngineWithoutAPrefillQueue(t *testing.T) {
-	var e estimator
+	var e firstTokenLearner
 	r := rand.New(rand.NewPCG(3, 4))
 	for range 300 {
 		f := firstByte{Own: float64(100 + r.IntN(3000)), Ahead: float64(r.IntN(6000)), Running: float64(r.IntN(40))}
@@ -74,7 +74,7 @@ func TestEstimateLearnsAnEngineWithoutAPrefillQueue(t *testing.T) {
 
 // An adapter that loads at once: the prior's load delay is unlearned.
 func TestEstimateLearnsTheAdapterLoad(t *testing.T) {
-	var e estimator
+	var e firstTokenLearner
 	for i := range 100 {
 		f := firstByte{Own: float64(500 + 50*(i%30)), Load: i%4 == 0}
 		e.observe(f, 0.01+f.Own/10000, testPrior(1e-4, 0.02))
@@ -87,7 +87,7 @@ func TestEstimateLearnsTheAdapterLoad(t *testing.T) {
 // Samples that are not numbers, negative or infinite are dropped, and
 // whatever is observed, the estimate stays finite and in its bounds.
 func TestEstimateStaysFinite(t *testing.T) {
-	var e estimator
+	var e firstTokenLearner
 	pr := testPrior(1e-4, 0.02)
 	e.observe(firstByte{Own: math.NaN()}, 0.1, pr)
 	e.observe(firstByte{Own: 100, Ahead: -5}, 0.1, pr)
@@ -114,7 +114,7 @@ func TestEstimateStaysFinite(t *testing.T) {
 }
 
 // predict is the first token e expects for f, as [TTFTScorer] computes it.
-func predict(e Estimate, f firstByte) float64 {
+func predict(e FirstTokenModel, f firstByte) float64 {
 	inv := 1 / e.Rate
 	return e.Base + e.RunningWait*f.Running + inv*(f.Own+e.AheadShare*f.Ahead) + inv*f.Running*(e.OwnSlowdown*f.Own+e.AheadSlowdown*f.Ahead) +
 		e.QueueWait*f.Queued

@@ -155,8 +155,10 @@ func (g *Guard) FirstByte(now time.Time) time.Duration {
 	l.pendingTokens.Add(-int64(g.work.UncachedTokens))
 	l.addAdapter(g.work.Adapter, 0, 1)
 	if g.cfg != nil && !g.work.SlotWait && !g.work.Remote {
+		l.est.observe(g.work.AheadTokens+float64(g.work.UncachedTokens), g.work.QueuedAhead, d.Seconds(),
+			1/g.cfg.PrefillRate, g.cfg.BaseLatency.Seconds())
 		pr := prior(g.cfg)
-		l.est.observe(firstByte{Own: float64(g.work.UncachedTokens), Ahead: g.work.AheadTokens, Queued: g.work.QueuedAhead,
+		l.first.observe(firstByte{Own: float64(g.work.UncachedTokens), Ahead: g.work.AheadTokens, Queued: g.work.QueuedAhead,
 			Running: g.work.Running, Load: g.work.LoadsAdapter}, d.Seconds(), &pr)
 	}
 	if g.bal != nil && g.stream && !g.work.Remote {

@@ -72,7 +72,7 @@ func (s *SLOAdmitter) Score(p *PickInfo, out []float64) {
 	}
 	for i := range p.Cands {
 		c := &p.Cands[i]
-		c.Prefill, c.QueueWait, c.LoRAPenalty = 0, 0, 0
+		c.Prefill, c.QueueWait, c.LoRAPenalty, c.First = 0, 0, 0, 0
 	}
 }
 

@@ -52,8 +52,9 @@ type Ledger struct {
 	// ([Ledger.SetPeers]) have in flight on the backend; nil: none.
 	peers atomic.Pointer[Load]
 
-	est estimator
-	tok tokenRate // the backend's bytes per token and the index's fit to its cache
+	est   estimator         // the cost's first-token model, which routes
+	first firstTokenLearner // the learned one, which deadlines are judged by
+	tok   tokenRate         // the backend's bytes per token and the index's fit to its cache
 
 	health health // passive health: ejection and the outlier averages
 
@@ -317,6 +318,94 @@ func (l *Ledger) ObserveSuccess() {
 // FailureStreak returns the number of failures since the last success, which
 // passive health checking ejects on.
 func (l *Ledger) FailureStreak() int64 { return l.streak.Load() }
+
+// Estimate is a backend's learned first-token model: TTFT = Base +
+// work/Rate + queued×QueueWait, where work is the prefill tokens ahead of
+// and in the request.
+type Estimate struct {
+	Base      float64 `json:"base_seconds"`
+	Rate      float64 `json:"prefill_tokens_per_second"`
+	QueueWait float64 `json:"queue_wait_seconds"`
+	Samples   int64   `json:"samples"`
+}
+
+// learned reports whether e has enough samples and a prefill rate to
+// stand for its backend; until then the fleet's or the config's is used.
+func (e Estimate) learned() bool { return e.Samples >= minSamples && e.Rate > 0 }
+
+// Estimate returns the backend's learned first-token model; zero fields
+// are not learned yet.
+func (l *Ledger) Estimate() Estimate { return l.est.load() }
+
+// estimator learns Base and 1/Rate by exponentially weighted least squares
+// over (work, TTFT) samples taken with no queue ahead, and QueueWait as the
+// smoothed residual per queued request of samples taken with one. Readers
+// use the atomics; writers (first bytes) hold mu.
+type estimator struct {
+	base, invRate, wait atomic.Uint64 // float64 bits; 0 = not learned
+	samples             atomic.Int64
+
+	mu                  sync.Mutex
+	n, sx, sy, sxx, sxy float64 // guarded by mu; decayed sums
+}
+
+// estDecay weighs old samples: about the last 20 dominate.
+const estDecay = 0.95
+
+func (e *estimator) load() Estimate {
+	inv := math.Float64frombits(e.invRate.Load())
+	r := 0.0
+	if inv > 0 {
+		r = 1 / inv
+	}
+	return Estimate{Base: math.Float64frombits(e.base.Load()), Rate: r, QueueWait: math.Float64frombits(e.wait.Load()), Samples: e.samples.Load()}
+}
+
+// observe folds in one first byte: work prefill tokens (ahead and own),
+// queued requests ahead, and the time it took.
+func (e *estimator) observe(work, queued, ttft, defInv, defBase float64) {
+	if ttft <= 0 || math.IsNaN(work) {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.samples.Add(1)
+	inv := math.Float64frombits(e.invRate.Load())
+	if inv == 0 {
+		inv = defInv
+	}
+	base := math.Float64frombits(e.base.Load())
+	if e.n == 0 && base == 0 {
+		base = defBase
+	}
+	if queued >= 0.5 {
+		// Time beyond the prefill model is waiting for a slot.
+		w := max(0, ttft-base-work*inv) / queued
+		old := math.Float64frombits(e.wait.Load())
+		if old != 0 {
+			w = old + 0.2*(w-old)
+		}
+		e.wait.Store(math.Float64bits(max(w, 1e-9)))
+		return
+	}
+	e.n = e.n*estDecay + 1
+	e.sx = e.sx*estDecay + work
+	e.sy = e.sy*estDecay + ttft
+	e.sxx = e.sxx*estDecay + work*work
+	e.sxy = e.sxy*estDecay + work*ttft
+	mx, my := e.sx/e.n, e.sy/e.n
+	varX := e.sxx/e.n - mx*mx
+	if e.samples.Load() >= 5 && varX > 1e-6*mx*mx+1 {
+		if slope := (e.sxy/e.n - mx*my) / varX; slope > 0 {
+			// A rate more than 10x off the configured one is noise (a
+			// burst prefilled in one batch, a stalled sample), not a GPU.
+			inv = min(max(slope, defInv/10), defInv*10)
+		}
+	}
+	base = max(0, my-inv*mx)
+	e.invRate.Store(math.Float64bits(inv))
+	e.base.Store(math.Float64bits(max(base, 1e-9)))
+}
 
 // placedDecay is what a new prompt placed anywhere leaves of the weight of
 // those placed before it ([Ledger.placedWeight]): a backend's earlier

@@ -64,7 +64,7 @@ func TestHolderPartlyThroughAPrefillKeepsItsGroup(t *testing.T) {
 	for _, id := range []string{"holder", "x", "y", "z"} {
 		for i := range 50 { // every server has learned 30,000 tokens/s
 			work := float64(1000 + 300*(i%20))
-			backend(t, b, id).Ledger.est.observe(firstByte{Own: work}, 0.02+work/30000, testPrior(1/b.cfg.TTFT.PrefillRate, 0.02))
+			backend(t, b, id).Ledger.est.observe(work, 0, 0.02+work/30000, 1/b.cfg.TTFT.PrefillRate, 0.02)
 		}
 	}
 	system := strings.Repeat("g", 4*6000)
@@ -103,7 +103,7 @@ func TestManyPendingCountWholeButOne(t *testing.T) {
 	var l Ledger
 	for i := range 50 {
 		work := float64(1000 + 300*(i%20))
-		l.est.observe(firstByte{Own: work}, 0.02+work/30000, testPrior(1e-4, 0.02))
+		l.est.observe(work, 0, 0.02+work/30000, 1e-4, 0.02)
 	}
 	for range 10 {
 		l.extendDrain(0.001, now) // a drain time far too early

@@ -167,7 +167,7 @@ func noisyReplicas(t *testing.T, kv float64) (r1, r2 *Balancer) {
 		for i, id := range []string{"a", "b", "c", "d"} {
 			for j := range 50 {
 				work := float64(1000 + 200*(j%20))
-				backend(t, r, id).Ledger.est.observe(firstByte{Own: work}, 0.02+work/rs[i], testPrior(1/r.cfg.TTFT.PrefillRate, 0.02))
+				backend(t, r, id).Ledger.est.observe(work, 0, 0.02+work/rs[i], 1/r.cfg.TTFT.PrefillRate, 0.02)
 			}
 		}
 	}

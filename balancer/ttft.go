@@ -168,7 +168,7 @@ func (pr *priors) of(p *PickInfo, i int, cfg *TTFTConfig) (inv, base float64) {
 // seconds, converted once per pick rather than once per candidate.
 type scoreConsts struct {
 	kvPen, loraLoad, loraWait, decode float64 // seconds
-	loraCopy                          float64 // a free slot's LoRA penalty besides the load: [slotsTaken]
+	loraCopy                          float64 // a free slot's LoRA penalty: [slotsTaken]
 	out, need                         int     // output tokens; KV tokens needed besides the uncached prompt
 	step                              float64 // StepTokens
 	queued, arrivals                  float64 // 1, or 0 for a miss term turned off ([Rules])
@@ -184,7 +184,7 @@ func (s *TTFTScorer) consts(p *PickInfo) scoreConsts {
 		kvPen: s.cfg.KVPenalty.Seconds(), loraLoad: s.cfg.LoRALoadDelay.Seconds(), loraWait: s.cfg.LoRASlotWait.Seconds(),
 		decode: s.cfg.DecodeCost.Seconds(), out: out, need: max(p.Req.MaxTokens, s.cfg.DefaultMaxTokens),
 	}
-	k.loraCopy = k.loraWait * slotsTaken(p)
+	k.loraCopy = k.loraLoad + k.loraWait*slotsTaken(p)
 	k.step = float64(s.cfg.StepTokens)
 	on := func(r Rules) float64 {
 		if s.cfg.Off.has(r) {
@@ -230,11 +230,9 @@ func slotsTaken(p *PickInfo) float64 {
 // inv and base its inverse prefill rate and base (est's own once learned,
 // else the priors').
 func (s *TTFTScorer) estimate(p *PickInfo, c *Candidate, est Estimate, inv, base float64, k *scoreConsts) {
-	t := s.terms(est, k)
-	ahead := c.AheadTokens * inv * (t.aheadShare + t.aheadSlowdown*c.Running)
-	c.QueueWait = c.Queued * t.queueWait
-	c.Prefill = base + t.runningWait*c.Running + float64(c.UncachedTokens)*inv*(1+t.ownSlowdown*c.Running+t.queueSlowdown*c.Queued) + ahead
-	c.Backlog = ahead + c.QueueWait
+	c.Prefill = base + (c.AheadTokens+float64(c.UncachedTokens))*inv
+	c.QueueWait = c.Queued * est.QueueWait
+	c.Backlog = c.AheadTokens*inv + c.QueueWait
 	c.KVPenalty = 0
 	rho := 0.0
 	if c.KVUsage.Known {
@@ -251,9 +249,9 @@ func (s *TTFTScorer) estimate(p *PickInfo, c *Candidate, est Estimate, inv, base
 	}
 	switch c.LoRA {
 	case LoRAFree:
-		c.LoRAPenalty = t.loraLoad + k.loraCopy
+		c.LoRAPenalty = k.loraCopy
 	case LoRAUnknown:
-		c.LoRAPenalty = t.loraLoad
+		c.LoRAPenalty = k.loraLoad
 	case LoRAWaiting:
 		c.LoRAPenalty = k.loraWait
 	case LoRAFull:
@@ -268,22 +266,10 @@ func (s *TTFTScorer) estimate(p *PickInfo, c *Candidate, est Estimate, inv, base
 	if unc < step {
 		step = unc
 	}
-	c.MissCost = s.cfg.MissWeight * inv * min(t.aheadShare, 1) * (k.queued*step*c.Queued + k.arrivals*unc*rho/(1-rho))
+	c.MissCost = s.cfg.MissWeight * inv * (k.queued*step*c.Queued + k.arrivals*unc*rho/(1-rho))
 	c.Cost = c.TTFT + c.MissCost
-}
-
-// learnedTerms are the estimate's terms besides base and rate, in
-// seconds (or shares of the prefill time): a learned backend's own, else
-// the prior's.
-type learnedTerms struct {
-	aheadShare, aheadSlowdown, ownSlowdown, runningWait, queueWait, queueSlowdown, loraLoad float64
-}
-
-// terms returns est's terms if it is learned, else the prior's.
-func (s *TTFTScorer) terms(est Estimate, k *scoreConsts) learnedTerms {
-	if !est.learned() {
-		return learnedTerms{aheadShare: 1, loraLoad: k.loraLoad}
+	c.First = 0
+	if m := c.Backend.Ledger.first.load(); m.learned() {
+		c.First = m.predict(c)
 	}
-	return learnedTerms{aheadShare: est.AheadShare, aheadSlowdown: est.AheadSlowdown, ownSlowdown: est.OwnSlowdown,
-		runningWait: est.RunningWait, queueWait: est.QueueWait, queueSlowdown: est.QueueSlowdown, loraLoad: est.LoRALoad}
 }

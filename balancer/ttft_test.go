@@ -2,6 +2,7 @@ package balancer
 
 import (
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -62,6 +63,26 @@ func TestTTFTEstimateParts(t *testing.T) {
 	}
 	if ex.Chosen[0] == "full" {
 		t.Errorf("chose the full backend")
+	}
+}
+
+func TestTTFTLearnsRate(t *testing.T) {
+	var e estimator
+	// A backend doing 5000 tokens/s with 50ms fixed latency.
+	for i := range 50 {
+		work := float64(500 + 100*(i%20))
+		e.observe(work, 0, 0.05+work/5000, 1e-4, 0.02)
+	}
+	got := e.load()
+	if math.Abs(got.Rate-5000) > 50 || math.Abs(got.Base-0.05) > 0.005 {
+		t.Errorf("learned rate %v base %v, want 5000 and 0.05", got.Rate, got.Base)
+	}
+	// Queued samples teach the wait per queued request.
+	for range 30 {
+		e.observe(1000, 4, 0.05+1000.0/5000+4*0.1, 1e-4, 0.02)
+	}
+	if got := e.load(); math.Abs(got.QueueWait-0.1) > 0.01 {
+		t.Errorf("learned queue wait %v, want 0.1", got.QueueWait)
 	}
 }
 
