@@ -85,6 +85,10 @@ type exchange struct {
 	// another goroutine touches, through its atomic fired.
 	evict *eviction
 
+	// capture is the request's capture line, nil unless sampled
+	// (capture.go).
+	capture *captured
+
 	// forward
 	forwarded bool // handed to ReverseProxy
 	// body is what each attempt sends; its buffer (body.held) is the

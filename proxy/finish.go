@@ -42,6 +42,7 @@ func (s *Server) finish(ex *exchange, r *http.Request) {
 	status := s.status(ex)
 	if ex.inference {
 		s.account(ex, status)
+		s.finishCapture(ex, status)
 	}
 	if ex.span != nil {
 		s.endSpan(ex, status)
@@ -63,6 +64,7 @@ func (s *Server) dropCanonical(ex *exchange) {
 	}
 	if ex.req != nil { // nil when the body did not parse
 		ex.promptTokens = ex.req.PromptTokens()
+		s.sampleCapture(ex)
 		if s.logPrompts && s.logger.Enabled(ex.client, slog.LevelDebug) {
 			c := ex.req.Canonical.AppendTo(nil)
 			ex.prompt = string(c[:min(len(c), maxLoggedPrompt)])

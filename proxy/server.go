@@ -13,6 +13,7 @@ import (
 	"net/http/httputil"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -20,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/llmlb/llmlb/balancer"
+	"github.com/llmlb/llmlb/capture"
 	"github.com/llmlb/llmlb/kvevents"
 	"github.com/llmlb/llmlb/prefix"
 	"github.com/llmlb/llmlb/proxy/stream"
@@ -55,6 +57,8 @@ type Server struct {
 	fleet                 Fleet  // nil: an llmlb alone
 	sessionHeader         string // balancer.session.header, read once: the balancer's config is fixed
 	evicts                bool   // balancer.admission.evict_after is set: sheddable requests may be evicted
+
+	capture atomic.Pointer[capture.Writer] // nil: no capture; see SetCapture
 }
 
 // Options are what a [Server] is built from. Only the API keys change

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb/balancer"
+	"github.com/llmlb/llmlb/capture"
 	"github.com/llmlb/llmlb/cluster"
 	"github.com/llmlb/llmlb/prefix"
 	"github.com/llmlb/llmlb/proxy"
@@ -62,6 +63,11 @@ type Config struct {
 	// Cluster is the state replicas share in Redis: limits, sessions,
 	// load; without cluster.redis.address, none.
 	Cluster cluster.Config `mapstructure:"cluster" reload:"restart"`
+	// Capture writes a sample of the requests served as a trace the
+	// bench replays; without capture.path, none. A reload applies it: a
+	// change of sample alone goes on in the same file, any other change
+	// starts a new capture.
+	Capture capture.Config `mapstructure:"capture" reload:"apply"`
 }
 
 // AdminConfig is the `admin:` section.
@@ -107,6 +113,7 @@ func DefaultConfig() Config {
 		Prefix:        prefix.DefaultConfig(),
 		Tracing:       tracing.DefaultConfig(),
 		Cluster:       cluster.DefaultConfig(),
+		Capture:       capture.DefaultConfig(),
 	}
 }
 
@@ -148,7 +155,7 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("backends: at least one backend is required"))
 	}
 	errs = append(errs, c.TLS.Validate(), c.Auth.Validate(), c.Proxy.Validate(), c.Scrape.Validate(), scrape.ValidateBackends(c.Backends, names),
-		c.Balancer.Validate(), c.Prefix.Validate(), balancer.ValidateModels(c.Models), c.Tracing.Validate(), c.Cluster.Validate())
+		c.Balancer.Validate(), c.Prefix.Validate(), balancer.ValidateModels(c.Models), c.Tracing.Validate(), c.Cluster.Validate(), c.Capture.Validate())
 	return errors.Join(errs...)
 }
 

@@ -175,6 +175,27 @@ func TestRedisPasswordOnlyFromTheEnvironment(t *testing.T) {
 	}
 }
 
+// TestCaptureConfig: the capture's salt is taken from LLMLB_CAPTURE_SALT
+// and refused in the file, without repeating it; a short salt, a sample
+// outside 0..1 and a tiny rotation size are each named.
+func TestCaptureConfig(t *testing.T) {
+	base := "backends:\n  - url: http://127.0.0.1:8001\ncapture:\n  path: /tmp/capture.jsonl\n"
+	cfg, err := config.Load(writeConfig(t, base), config.Environ{"LLMLB_CAPTURE_SALT=sixteen-bytes-salt!"})
+	if err != nil || cfg.Capture.Salt != "sixteen-bytes-salt!" || cfg.Capture.Sample != 1 {
+		t.Fatalf("from the environment: %+v, %v", cfg.Capture, err)
+	}
+	_, err = config.Load(writeConfig(t, base+"  salt: s3cret-in-the-file\n"), noEnv)
+	if err == nil || !strings.Contains(err.Error(), "capture.salt: not in the config file") || strings.Contains(err.Error(), "s3cret-in-the-file") {
+		t.Errorf("in the file: %v", err)
+	}
+	_, err = config.Load(writeConfig(t, base+"  sample: 1.5\n  max_bytes: 100\n  max_files: -1\n"), config.Environ{"LLMLB_CAPTURE_SALT=short"})
+	for _, want := range []string{"capture.sample:", "capture.max_bytes:", "capture.max_files:", "capture.salt: must be at least 16 bytes"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Load = %v, want a problem %q", err, want)
+		}
+	}
+}
+
 // TestUnknownEnvIsAnError: a misspelt LLMLB_* variable used to leave the
 // default in force without a word (issue 18, 6).
 func TestUnknownEnvIsAnError(t *testing.T) {

@@ -21,6 +21,9 @@ type Files struct {
 	BackendTLS *tls.Config
 	// Cluster is what cluster.redis's password and CA files hold.
 	Cluster cluster.Files
+	// CaptureSalt is capture.salt or capture.salt_file's content; nil
+	// for neither (a random salt per capture).
+	CaptureSalt []byte
 }
 
 // OpenFiles reads and parses every file c names. It is the whole of what
@@ -40,6 +43,8 @@ func (c Config) OpenFiles(logger *slog.Logger) (Files, error) {
 	f.BackendTLS = backendTLS
 	errs = append(errs, err)
 	f.Cluster, err = c.Cluster.OpenFiles()
+	errs = append(errs, err)
+	f.CaptureSalt, err = c.Capture.LoadSalt()
 	errs = append(errs, err)
 	if err := errors.Join(errs...); err != nil {
 		return Files{}, err

@@ -78,6 +78,7 @@ func TestCheckReadsEveryFileKey(t *testing.T) {
 		"key_file":      testcert.Write(t, dir, "key.pem", keyPEM),
 		"ca_file":       testcert.Write(t, dir, "ca.pem", ca.PEM),
 		"password_file": testcert.Write(t, dir, "password", []byte("secret\n")),
+		"salt_file":     testcert.Write(t, dir, "salt", []byte("a salt of sixteen bytes or more\n")),
 	}
 	var fileKeys []string
 	for _, k := range config.Keys() {

@@ -91,6 +91,11 @@ func load(path string, env Environ) (cfg Config, problems []error, read bool) {
 		problems = append(problems, errors.New("cluster.redis.password: not in the config file; set LLMLB_CLUSTER_REDIS_PASSWORD or cluster.redis.password_file"))
 		cfg.Cluster.Redis.Password = ""
 	}
+	if cfg.Capture.Salt != "" && fromEnv["capture.salt"] == "" {
+		// A salt in the file is as good as none to whoever reads the file.
+		problems = append(problems, errors.New("capture.salt: not in the config file; set LLMLB_CAPTURE_SALT or capture.salt_file"))
+		cfg.Capture.Salt = ""
+	}
 	cfg.Balancer.MaxCandidates = cfg.Proxy.MaxAttempts
 	if pr, err := balancer.LookupPreset(cfg.Balancer.Policy); err == nil {
 		explicit := v.InConfig("scrape.interval") || env.Get("LLMLB_SCRAPE_INTERVAL") != ""

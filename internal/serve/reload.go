@@ -45,6 +45,7 @@ type reloader struct {
 	mgr    *scrape.Manager
 	bal    *balancer.Balancer
 	px     *proxy.Server
+	capt   *capturer
 	result *prometheus.CounterVec // result
 	last   prometheus.Gauge
 
@@ -53,11 +54,11 @@ type reloader struct {
 	hash [32]byte      // guarded by mu; of the file cur came from
 }
 
-func newReloader(src Source, cfg config.Config, logger *slog.Logger, level *slog.LevelVar, mgr *scrape.Manager, bal *balancer.Balancer, px *proxy.Server, reg prometheus.Registerer) *reloader {
+func newReloader(src Source, cfg config.Config, logger *slog.Logger, level *slog.LevelVar, mgr *scrape.Manager, bal *balancer.Balancer, px *proxy.Server, capt *capturer, reg prometheus.Registerer) *reloader {
 	if src.Poll <= 0 {
 		src.Poll = time.Second
 	}
-	r := &reloader{src: src, logger: logger, level: level, mgr: mgr, bal: bal, px: px, cur: cfg,
+	r := &reloader{src: src, logger: logger, level: level, mgr: mgr, bal: bal, px: px, capt: capt, cur: cfg,
 		result: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmlb_config_reloads_total",
 			Help: "Config file reloads, by result: success, or error (the file was refused and the running config kept).",
@@ -151,6 +152,11 @@ func (r *reloader) reload(trigger string) bool {
 		r.hash = sha256.Sum256(b) // a refused file is not retried until it changes again
 	}
 	cfg, err := config.Load(r.src.Path, r.src.Env) // validated in full, every problem named
+	if err == nil {
+		// First: a capture file that cannot be made refuses the reload
+		// before anything of it is applied.
+		err = r.capt.apply(cfg.Capture)
+	}
 	if err == nil {
 		var engines scrape.EngineSet
 		if engines, err = scrape.NewEngineSet(cfg.Engines); err == nil {

@@ -89,7 +89,7 @@ func newTestReloader(t *testing.T, path string) (*reloader, *bytes.Buffer) {
 	<-mgr.Started()
 	logs := new(bytes.Buffer) // written only by reload, on the test's goroutine
 	logger := slog.New(slog.NewTextHandler(logs, nil))
-	return newReloader(Source{Path: path}, cfg, logger, new(slog.LevelVar), mgr, bal, px, reg), logs
+	return newReloader(Source{Path: path}, cfg, logger, new(slog.LevelVar), mgr, bal, px, newCapturer(px, reg, logger), reg), logs
 }
 
 // TestReloadNamesChangesAgainstTheConfigInForce: each reload logs one
@@ -139,7 +139,7 @@ func TestReloadNamesChangesAgainstTheConfigInForce(t *testing.T) {
 // manager, balancer, proxy, log level); tagging another one apply needs
 // code in reload that applies it.
 func TestReloadAppliesEverySectionTaggedApply(t *testing.T) {
-	applies := []string{"default_engine", "log.level", "auth", "models", "engines", "backends"} // as reload applies them
+	applies := []string{"default_engine", "log.level", "auth", "models", "engines", "backends", "capture"} // as reload applies them
 	var tagged []string
 	for _, s := range config.Sections() {
 		if s.Apply {

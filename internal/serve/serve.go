@@ -138,6 +138,15 @@ func Start(ctx context.Context, cfg config.Config, src *Source, stderr io.Writer
 		admin = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	}
 
+	capt := newCapturer(px, reg, logger)
+	if err := capt.apply(cfg.Capture); err != nil {
+		ln.Close()
+		if adminLn != nil {
+			adminLn.Close()
+		}
+		return nil, err
+	}
+
 	// Shutdown closes the listeners before it runs these hooks.
 	front.RegisterOnShutdown(func() { logger.Info("stopped accepting new connections") })
 
@@ -155,7 +164,7 @@ func Start(ctx context.Context, cfg config.Config, src *Source, stderr io.Writer
 	if src != nil {
 		cs = *src
 	}
-	rl := newReloader(cs, cfg, logger, level, mgr, bal, px, reg)
+	rl := newReloader(cs, cfg, logger, level, mgr, bal, px, capt, reg)
 	if src != nil {
 		hup, stopHUP := notifyHUP()
 		wg.Go(func() { defer stopHUP(); rl.run(scrapeCtx, hup) })
@@ -187,6 +196,7 @@ func Start(ctx context.Context, cfg config.Config, src *Source, stderr io.Writer
 		}
 		stopScrape()
 		wg.Wait()
+		capt.close() // the requests are over: what they queued is written
 		flushCtx, cancelFlush := context.WithTimeout(context.Background(), 5*time.Second)
 		if err := stopTracing(flushCtx); err != nil {
 			logger.Warn("spans not flushed", "err", err)
