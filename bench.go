@@ -15,7 +15,7 @@ import (
 func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("bench", "llmlb bench [--workload W,...] [--policy P,...] [--backends N] [--slow N] [--rate X] [--scale F] [--seed S] [--clients N] [--engine E] [--engine-model M] [--kv-events] [--perturb S] [--sweep [--rates F,...] [--seeds N]] [--replicas R [--shared-ledger D] [--rates F,...]] [--prefill N [--decisions D,...]] [--scenario NAME] [--json FILE] [--plot FILE.png] [--trace FILE] [--quiet] [--target URL [--model M] [--label L]]", stderr)
 	var c bench.Command
-	workloads := fs.String("workload", "", "comma-separated workloads (default: "+strings.Join(bench.WorkloadNames(), ",")+"; with --prefill: "+strings.Join(bench.PDWorkloadNames(), ",")+")")
+	workloads := fs.String("workload", "", "comma-separated workloads (default: "+strings.Join(bench.WorkloadNames(), ",")+"; with --prefill: "+strings.Join(bench.PDWorkloadNames(), ",")+"; only when named: "+strings.Join(bench.OtherWorkloadNames(), ",")+")")
 	policies := fs.String("policy", "", "comma-separated policies (default: "+strings.Join(bench.DefaultPolicies(), ",")+"; with --prefill: default); default is llmlb's default; ttft-true-cache and llm-d-precise know every cache; default-no-RULE[+RULE...] is the default with those rules off, for an ablation (RULE: "+strings.Join(balancer.RuleNames(), ", ")+")")
 	fs.IntVar(&c.Backends, "backends", 0, "emulated servers (0: 8); with --target, the backends behind it (for imbalance; 0: those that answered)")
 	fs.IntVar(&c.Slow, "slow", 0, "of those, servers on the slower a100-8b preset (0: a quarter, -1: none)")

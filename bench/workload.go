@@ -215,6 +215,9 @@ var pdWorkloadNames = []string{"long-prompt", "mixed"}
 // otherWorkloadNames are built-in workloads run only when named.
 var otherWorkloadNames = []string{"prefix-groups", "slo-mixed"}
 
+// OtherWorkloadNames lists the built-in workloads run only when named.
+func OtherWorkloadNames() []string { return slices.Clone(otherWorkloadNames) }
+
 // PDWorkloadNames lists the workloads a P/D comparison runs by default.
 func PDWorkloadNames() []string { return slices.Clone(pdWorkloadNames) }
 
