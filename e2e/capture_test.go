@@ -89,6 +89,16 @@ func runCapture(t *testing.T, urls []string, salt string) []byte {
 			t.Fatalf("request %d: status %d", i, resp.StatusCode)
 		}
 	}
+	// Refused: a body that does not parse (no line) and a model nobody
+	// serves (a line, its name not written).
+	for _, b := range []string{`{"model": "zebra-secret-model", "prompt": "x"`, `{"model":"zebra-secret-model","prompt":"hello"}`} {
+		resp, err := http.Post("http://"+inst.Addr+"/v1/completions", "application/json", strings.NewReader(b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
 	cancel()
 	if err := inst.Wait(); err != nil { // returns once the capture is closed
 		t.Fatal(err)
@@ -133,10 +143,17 @@ func TestCaptureEndToEnd(t *testing.T) {
 			t.Errorf("the capture holds the prompt word %q", w)
 		}
 	}
-	lines := parseCapture(t, a)
-	if len(lines) != len(bodies) {
-		t.Fatalf("%d capture lines for %d requests:\n%s", len(lines), len(bodies), a)
+	if strings.Contains(lower, "zebra") {
+		t.Error("the capture holds a model name nobody serves")
 	}
+	lines := parseCapture(t, a)
+	if len(lines) != len(bodies)+1 {
+		t.Fatalf("%d capture lines for %d requests and one refused:\n%s", len(lines), len(bodies), a)
+	}
+	if l := lines[len(lines)-1]; l.Status != http.StatusNotFound || l.Model != "unknown" || l.Backend != "" {
+		t.Errorf("refused request's line %+v, want status 404, model unknown, no backend", l)
+	}
+	lines = lines[:len(bodies)]
 	backends := map[string]bool{}
 	for _, u := range urls {
 		backends[u] = true
@@ -179,6 +196,7 @@ func TestCaptureEndToEnd(t *testing.T) {
 			seen[id] = true
 		}
 	}
+	b = b[:min(len(b), len(lines))]
 	if len(b) != len(lines) {
 		t.Fatalf("second capture: %d lines, want %d", len(b), len(lines))
 	}

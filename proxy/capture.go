@@ -44,9 +44,12 @@ func (s *Server) finishCapture(ex *exchange, status int) {
 	l := &c.line
 	req := ex.req
 	l.Arrived, l.Duration, l.Status = ex.start, time.Since(ex.start), status
-	l.Model, l.API, l.Stream, l.MaxTokens = req.Model, captureAPI(req.Kind), req.Stream, req.MaxTokens
-	if ex.target != req.Model {
-		l.Target = ex.target
+	// The names as metrics label them: a model no backend offers is
+	// "unknown", so a client's made-up name is not written.
+	model, target := s.labels(ex)
+	l.Model, l.API, l.Stream, l.MaxTokens = model, captureAPI(req.Kind), req.Stream, req.MaxTokens
+	if target != model {
+		l.Target = target
 	}
 	l.Priority = ex.breq.Priority
 	l.InputLength = max(1, ex.promptTokens)
