@@ -108,8 +108,10 @@ func TestEvictionEndsNewestSheddableStream(t *testing.T) {
 		t.Run(tc.newer, func(t *testing.T) {
 			t.Parallel()
 			// 2,560 tokens of KV cache: one stream of ~1,100 tokens
-			// leaves it under the 0.5 threshold, two fill it past.
-			urls := simBackends(t, 1, sim.SteadyConfig{DecodeTokensPerSecond: 50, BlockSize: 16, NumBlocks: 160})
+			// leaves it under the 0.5 threshold, two fill it past. At 20
+			// tokens a second each stream runs 5 s, long enough for a
+			// loaded machine to see both running before either ends.
+			urls := simBackends(t, 1, sim.SteadyConfig{DecodeTokensPerSecond: 20, BlockSize: 16, NumBlocks: 160})
 			cfg := testConfig(urls)
 			cfg.Balancer.Saturation.Queue, cfg.Balancer.Saturation.KV = 0, 0.5
 			cfg.Balancer.Admission.EvictAfter = 100 * time.Millisecond
