@@ -40,8 +40,11 @@ type FirstTokenModel struct {
 }
 
 // learned reports whether e has enough samples and a prefill rate to
-// stand for its backend; until then the fleet's or the config's is used.
+// stand for its backend; until then the cost's own first token is used.
 func (e FirstTokenModel) learned() bool { return e.Samples >= minSamples && e.Rate > 0 }
+
+// Learned reports whether e stands for its backend yet.
+func (e FirstTokenModel) Learned() bool { return e.learned() }
 
 // FirstTokenModel returns the backend's learned first-token model; zero
 // fields are not learned yet.

@@ -196,3 +196,29 @@ func TestDeadlineDefaultsFromConfig(t *testing.T) {
 		t.Errorf("the header's hour goes before the model's 1ms: %d, want 200", got)
 	}
 }
+
+// TestFirstTokenModelShown: once a backend has answered a few requests,
+// /debug/backends shows the first-token model learned from its answers,
+// which deadlines are judged by; before, none.
+func TestFirstTokenModelShown(t *testing.T) {
+	urls := simBackends(t, 1, sim.SteadyConfig{Speed: 100, DecodeTokensPerSecond: 2000})
+	inst := startTest(t, testConfig(urls), 1)
+	model := func() *balancer.FirstTokenModel {
+		bs, err := proxy.FetchBackends(http.DefaultClient, "http://"+inst.AdminAddr)
+		if err != nil || len(bs) != 1 {
+			t.Fatalf("backends: %v %v", bs, err)
+		}
+		return bs[0].FirstToken
+	}
+	if m := model(); m != nil {
+		t.Fatalf("a first-token model before any request: %+v", m)
+	}
+	for range 8 {
+		if status, _, _, body := deadlinePost(t, inst.Addr, "/v1/completions", nil); status != http.StatusOK {
+			t.Fatalf("request: %d %s", status, body)
+		}
+	}
+	if m := model(); m == nil || m.Samples < 5 || m.Rate <= 0 || m.Base < 0 {
+		t.Errorf("after 8 requests, first-token model %+v; want one learned from them", m)
+	}
+}

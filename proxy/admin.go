@@ -49,6 +49,9 @@ type BackendStatus struct {
 	// IndexFit is the prefix index's size correction from the backend's
 	// cached_tokens (1: none).
 	IndexFit float64 `json:"index_fit"`
+	// FirstToken is the first-token model learned from the backend's
+	// answers, which deadlines are judged by; absent until learned.
+	FirstToken *balancer.FirstTokenModel `json:"first_token_model,omitempty"`
 }
 
 // Statuses returns every backend's live state, sorted by ID.
@@ -85,9 +88,18 @@ func Statuses(snap *balancer.Snapshot) []BackendStatus {
 			TTFBSeconds:   be.Ledger.TTFB().Seconds(),
 			BytesPerToken: be.Ledger.BytesPerToken(),
 			IndexFit:      be.Ledger.IndexFit(),
+			FirstToken:    firstTokenOrNil(be.Ledger.FirstTokenModel()),
 		})
 	}
 	return out
+}
+
+// firstTokenOrNil returns m, or nil while it is not learned.
+func firstTokenOrNil(m balancer.FirstTokenModel) *balancer.FirstTokenModel {
+	if !m.Learned() {
+		return nil
+	}
+	return &m
 }
 
 // FetchBackends reads GET /debug/backends from the admin listener at
