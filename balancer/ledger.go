@@ -33,7 +33,8 @@ type Ledger struct {
 	// placed is the new prompts a balancer alone placed here
 	// ([TTFTPicker.place]): their tokens, decayed by [placedDecay] for
 	// every new prompt placed anywhere since, as of the placement numbered
-	// placedAt on the picker's count.
+	// placedAt on the picker's count. Read and written without a lock:
+	// picks that race lose a placement's weight.
 	placed   atomic.Uint64 // float64 bits
 	placedAt atomic.Uint64
 	// sentSize is the mean uncached prompt tokens of the requests sent
