@@ -81,7 +81,8 @@ func (t *TTFTPicker) Choose(p *PickInfo, total []float64) (int, Reason) {
 		most = max(most, p.Cands[i].MatchedTokens)
 	}
 	isCold := most == 0
-	// A conversation goes to its home, a cold prompt by its first block.
+	// Among replicas a conversation goes to its home; a cold prompt is
+	// placed ([TTFTPicker.place]).
 	off := t.cfg.Off
 	conv := false
 	if p.Conversation != 0 && !off.has(ruleConversations) && t.cfg.Replicated {
