@@ -23,7 +23,7 @@ type Work struct {
 	QueuedAhead float64
 	// Running is the requests the picker saw running on the backend, and
 	// LoadsAdapter that the request's adapter was to be loaded there:
-	// terms of the learned estimate ([Estimate]) as well.
+	// terms of the learned first-token model ([FirstTokenModel]) as well.
 	Running      float64
 	LoadsAdapter bool
 	// PrefillSeconds is the estimated prefill time of UncachedTokens on
