@@ -190,6 +190,7 @@ type recorder struct {
 	http.ResponseWriter
 	status int
 	wrote  bool
+	failed bool // a write failed: the client did not get it all
 }
 
 func (r *recorder) WriteHeader(code int) {
@@ -204,7 +205,11 @@ func (r *recorder) Write(p []byte) (int, error) {
 	if !r.wrote {
 		r.status, r.wrote = http.StatusOK, true
 	}
-	return r.ResponseWriter.Write(p)
+	n, err := r.ResponseWriter.Write(p)
+	if err != nil {
+		r.failed = true
+	}
+	return n, err
 }
 
 func (r *recorder) Flush() {

@@ -16,15 +16,20 @@ import (
 // for an answer that did not end (ReverseProxy aborted the stream) 429
 // when eviction ended it, 504 when the proxy cut a stalled stream, 502
 // when the backend cut it.
+//
+// A stream whose terminator the client was handed is whole even when the
+// client left before the server's body ended: clients stop reading at
+// `[DONE]`, and their answers are not failures.
 func (s *Server) status(ex *exchange) int {
+	whole := ex.ended || ex.delivered()
 	switch {
-	case ex.failure != nil && ex.failure.Status == StatusClientClosed, !ex.ended && ex.client.Err() != nil:
+	case ex.failure != nil && ex.failure.Status == StatusClientClosed, !whole && ex.client.Err() != nil:
 		return StatusClientClosed
-	case !ex.ended && ex.evicted(): // ended mid-stream with an error event
+	case !whole && ex.evicted(): // ended mid-stream with an error event
 		return s.errorFor(ex.client, balancer.ErrEvicted).Status
-	case ex.ended && ex.w.status == 0:
+	case whole && ex.w.status == 0:
 		return http.StatusOK // nothing written: net/http answers 200
-	case ex.ended:
+	case whole:
 		return ex.w.status
 	case ex.streamErr != nil:
 		return s.errorFor(ex.client, ex.streamErr).Status
@@ -257,4 +262,11 @@ func (s *Server) judgeDeadlines(ex *exchange, model string) {
 		tpot = u.LastSeen.Sub(u.FirstToken) / time.Duration(u.Completion-1)
 	}
 	judge("tpot", d.tpot, tpot, tpot > 0)
+}
+
+// delivered reports whether the exchange's stream handed the client its
+// terminator, every write to the client succeeding.
+func (ex *exchange) delivered() bool {
+	r, ok := ex.obs.(*stream.Reader)
+	return ok && r.Delivered() && !ex.w.failed
 }

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
 	"compress/gzip"
 	"context"
@@ -344,4 +345,68 @@ func wantAnswered(t *testing.T, f *testFront, n int) {
 		}
 	}
 	f.checkLedgerZero(t)
+}
+
+// TestClientLeavingAfterTerminatorIsAnswered: a client that stops reading
+// at its stream's terminator and hangs up, before the server's body has
+// ended, got a whole answer: it is counted 200, not 499; one that hangs up
+// while the server holds back the terminator is counted 499. Every API's
+// terminator.
+func TestClientLeavingAfterTerminatorIsAnswered(t *testing.T) {
+	completion := "data: {\"id\":\"c1\",\"object\":\"text_completion\",\"choices\":[{\"index\":0,\"text\":\"Hi\"}]}\n\ndata: [DONE]\n\n"
+	chat := "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}]}\n\ndata: [DONE]\n\n"
+	tests := []struct{ name, path, body, stream, last string }{
+		{"completions", "/v1/completions", `{"model":"` + testModel + `","prompt":"Hi","max_tokens":16,"stream":true}`, completion, "data: [DONE]"},
+		{"chat", "/v1/chat/completions", `{"model":"` + testModel + `","messages":[{"role":"user","content":"Hi"}],"max_tokens":16,"stream":true}`, chat, "data: [DONE]"},
+		{"messages", "/v1/messages", `{"model":"` + testModel + `","max_tokens":16,"stream":true,"messages":[{"role":"user","content":"Hi"}]}`, messagesStream, `data: {"type":"message_stop"}`},
+		{"responses", "/v1/responses", `{"model":"` + testModel + `","input":"Hi","stream":true}`, responsesStream, `"type":"response.completed"`},
+	}
+	for _, tc := range tests {
+		for _, early := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/early=%v", tc.name, early), func(t *testing.T) {
+				// The server sends the whole stream (early: all but its
+				// terminator) and then holds its body open until the
+				// proxy hangs up.
+				body := tc.stream
+				if early {
+					evs := strings.SplitAfter(body, "\n\n")
+					body = strings.Join(evs[:len(evs)-2], "")
+				}
+				srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					_, _ = io.Copy(io.Discard, r.Body)
+					w.Header().Set("Content-Type", "text/event-stream")
+					io.WriteString(w, body)
+					w.(http.Flusher).Flush()
+					<-r.Context().Done()
+				}))
+				defer srv.Close()
+				f := newFront(t, DefaultConfig(), srv.URL)
+				resp, err := http.Post(f.URL+tc.path, "application/json", strings.NewReader(tc.body))
+				if err != nil {
+					t.Fatal(err)
+				}
+				sc := bufio.NewScanner(resp.Body)
+				var lines []string
+				for sc.Scan() {
+					lines = append(lines, sc.Text())
+					if early && strings.HasPrefix(sc.Text(), "data:") || !early && strings.Contains(sc.Text(), tc.last) {
+						break
+					}
+				}
+				resp.Body.Close() // leaves before the body ends: the connection closes
+				f.waitHandler(t, 1)
+				want, other := "200", "499"
+				if early {
+					want, other = other, want
+				}
+				if n := testutil.ToFloat64(f.metric(t).requests.WithLabelValues(testModel, testModel, srv.URL, want)); n != 1 {
+					t.Errorf("requests with status %s = %v, want 1 (the client read %q)", want, n, lines)
+				}
+				if n := testutil.ToFloat64(f.metric(t).requests.WithLabelValues(testModel, testModel, srv.URL, other)); n != 0 {
+					t.Errorf("requests with status %s = %v, want 0", other, n)
+				}
+				f.checkLedgerZero(t)
+			})
+		}
+	}
 }

@@ -172,6 +172,12 @@ func (r *Reader) Usage() Usage { return r.u }
 // terminator.
 func (r *Reader) Whole() bool { return r.whole && r.eof }
 
+// Delivered reports whether the API's terminator, and every event before
+// it, has been handed to the client: the answer is whole even if the
+// client leaves before the server's body ends, as clients that stop
+// reading at the terminator do.
+func (r *Reader) Delivered() bool { return r.whole && len(r.out) == 0 }
+
 // Read hands the client the stream's next whole events.
 func (r *Reader) Read(p []byte) (int, error) {
 	if len(p) == 0 {
