@@ -13,7 +13,7 @@ import (
 // virtual time and prints one table per workload; with --target it replays
 // them in real time over HTTP against a running balancer instead.
 func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("bench", "llmlb bench [--workload W,...] [--policy P,...] [--backends N] [--slow N] [--rate X] [--scale F] [--seed S] [--clients N] [--engine E] [--engine-model M] [--kv-events] [--perturb S] [--sweep [--rates F,...] [--seeds N]] [--replicas R [--shared-ledger D] [--rates F,...]] [--prefill N [--decisions D,...]] [--scenario NAME] [--json FILE] [--plot FILE.png] [--trace FILE] [--quiet] [--target URL [--model M] [--label L]]", stderr)
+	fs := newFlagSet("bench", "llmlb bench [--workload W,...] [--policy P,...] [--backends N] [--slow N] [--rate X] [--scale F] [--seed S] [--clients N] [--engine E] [--engine-model M] [--kv-events] [--perturb S] [--sweep [--rates F,...] [--seeds N]] [--replicas R [--shared-ledger D] [--rates F,...]] [--prefill N [--decisions D,...]] [--scenario NAME] [--trace FILE,...] [--json FILE] [--plot FILE.png] [--record FILE] [--quiet] [--target URL [--model M] [--label L]]", stderr)
 	var c bench.Command
 	workloads := fs.String("workload", "", "comma-separated workloads (default: "+strings.Join(bench.WorkloadNames(), ",")+"; with --prefill: "+strings.Join(bench.PDWorkloadNames(), ",")+"; only when named: "+strings.Join(bench.OtherWorkloadNames(), ",")+")")
 	policies := fs.String("policy", "", "comma-separated policies (default: "+strings.Join(bench.DefaultPolicies(), ",")+"; with --prefill: default); default is llmlb's default; ttft-true-cache and llm-d-precise know every cache; default-no-RULE[+RULE...] is the default with those rules off, for an ablation (RULE: "+strings.Join(balancer.RuleNames(), ", ")+")")
@@ -40,14 +40,15 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.DurationVar(&c.SharedLedger, "shared-ledger", 0, "with --replicas: the replicas share their ledgers as through Redis, each one's picks counting the others' in-flight work as published every this interval of virtual time (100ms is the product's default publish interval; 0: off); the replica table adds a column of R replicas sharing, and --sweep runs its replicas sharing")
 	fs.BoolVar(&c.KVEvents, "kv-events", false, "the emulated servers publish their KV-cache events, as vLLM does with --kv-events-config, and llmlb's default reads them (each request tokenized first, at a cost); the peers run as without")
 	fs.StringVar(&c.Perturb, "perturb", "", "scale the emulated engines' costs without telling the balancer: prefill=F (prefill per token and attention), request=F (per-request intake; with llm-d-sim, the prefill overhead), tokens=F (the prompt tokens the balancer is told, as another tokenizer counts them), tokenizer=B (the engines count and cache B bytes of prompt a token, 1-16, where the balancer assumes 4 until it learns B from usage), comma-separated")
-	fs.StringVar(&c.TraceFile, "trace", "", "also write one JSON line per served request of each emulated run to this file: its server and reason, what every server's cache held of its prompt and the prefill work truly queued at the pick, and its time to first token (not with --sweep, --scenario or --target)")
+	fs.StringVar(&c.RecordFile, "record", "", "also write one JSON line per served request of each emulated run to this file: its server and reason, what every server's cache held of its prompt and the prefill work truly queued at the pick, and its time to first token (not with --sweep, --scenario or --target)")
+	traceFiles := fs.String("trace", "", "also replay this trace, read as one from comma-separated files: a capture (capture: in llmlb's config) and its rotated files, or any trace in the Mooncake format; at its own rate (--rate 1) its table adds the row the capture recorded live")
 	fs.IntVar(&c.Prefill, "prefill", 0, "compare disaggregated prefill/decode with the same servers aggregated: the first N servers of role prefill, the rest decode, one row per P/D decision, under the first --policy")
 	decisions := fs.String("decisions", "", "with --prefill: comma-separated P/D decisions (always, llm-d, vllm-router, dynamo; default: all)")
 	fs.StringVar(&c.Scenario, "scenario", "", "replay a published experiment and print its published figures beside ours: llm-d-kv-cache-wins, sglang-v04-shared-prefix or vllm-chunked-vs-disagg")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	c.Workloads, c.Policies, c.Decisions = split(*workloads), split(*policies), split(*decisions)
+	c.Workloads, c.Policies, c.Decisions, c.TraceFiles = split(*workloads), split(*policies), split(*decisions), split(*traceFiles)
 	if !*quiet {
 		c.Progress = stderr
 	}

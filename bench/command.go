@@ -75,11 +75,16 @@ type Command struct {
 	// cluster; Model is the base model to ask it for ("": the first of
 	// its /v1/models) and Label the result's row ([HTTPReplay]).
 	Target, Model, Label string
-	// JSONFile, PlotFile and TraceFile, if set, also get the results as
+	// TraceFiles, if set, are a trace to replay as one more workload
+	// ([TraceWorkload]): a capture, its rotated files, or a trace in the
+	// Mooncake format. A run at the trace's own rate adds the row the
+	// capture recorded live ([Captured]).
+	TraceFiles []string
+	// JSONFile, PlotFile and RecordFile, if set, also get the results as
 	// JSON, the TTFT distributions as PNG (one a workload with Sweep,
 	// named after PlotFile) and a [TraceWriter]'s lines, which record
 	// single emulated runs only: not with Sweep, Scenario or Target.
-	JSONFile, PlotFile, TraceFile string
+	JSONFile, PlotFile, RecordFile string
 	// Progress, if set, gets progress lines.
 	Progress io.Writer
 }
@@ -92,8 +97,14 @@ func (c Command) Run(ctx context.Context, stdout io.Writer) (err error) {
 	if c.Params.Traces == nil {
 		c.Params.Traces = new(Traces)
 	}
-	if c.TraceFile != "" && (c.Sweep || c.Scenario != "" || c.Target != "") {
-		return errors.New("bench: --trace records single runs: not with --sweep, --scenario or --target")
+	if c.RecordFile != "" && (c.Sweep || c.Scenario != "" || c.Target != "") {
+		return errors.New("bench: --record records single runs: not with --sweep, --scenario or --target")
+	}
+	if len(c.TraceFiles) > 0 {
+		if c.Scenario != "" {
+			return errors.New("bench: --trace: a --scenario replays its own workload")
+		}
+		c.Workloads = append(c.Workloads, TraceWorkload(c.TraceFiles...))
 	}
 	if err := checkEngineModel(c.EngineModel); err != nil {
 		return err
@@ -130,8 +141,8 @@ func (c Command) Run(ctx context.Context, stdout io.Writer) (err error) {
 	opts := Options{Workloads: c.Workloads, Policies: c.Policies, Backends: c.Backends, Slow: c.Slow, Params: c.Params,
 		Engine: c.Engine, EngineModel: c.EngineModel, Clients: c.Clients, Perturb: pert, KVEvents: c.KVEvents, Progress: c.Progress, Prefill: c.Prefill, Decisions: c.Decisions,
 		SharedLedger: c.SharedLedger, SLO: c.SLO}
-	if c.TraceFile != "" {
-		tr, terr := NewTraceWriter(c.TraceFile, c.Params.Seed)
+	if c.RecordFile != "" {
+		tr, terr := NewTraceWriter(c.RecordFile, c.Params.Seed)
 		if terr != nil {
 			return terr
 		}
@@ -164,6 +175,9 @@ func (c Command) Run(ctx context.Context, stdout io.Writer) (err error) {
 	}
 	rep, err := Bench(ctx, opts)
 	if err != nil {
+		return err
+	}
+	if err := c.addCaptured(&rep); err != nil {
 		return err
 	}
 	return c.writeReport(rep, stdout)
@@ -335,4 +349,24 @@ func compact(names []string) []string {
 		i = j
 	}
 	return out
+}
+
+// addCaptured adds to each table of a trace replayed at its own rate the
+// row its capture recorded live ([Captured]).
+func (c Command) addCaptured(rep *Report) error {
+	for i := range rep.Workloads {
+		t := &rep.Workloads[i]
+		if t.Rate != 1 {
+			continue
+		}
+		row, ok, err := Captured(t.Name, c.Params)
+		if err != nil {
+			return err
+		}
+		if ok {
+			t.Results = append(t.Results, row)
+			t.ttfts = append(t.ttfts, nil)
+		}
+	}
+	return nil
 }

@@ -103,8 +103,8 @@ func TestTraceWriterEmptiesTheFileAtTheFirstRun(t *testing.T) {
 // refused when the writer is made, before any run.
 func TestTraceWriterRefusesAtOnce(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "no-such-dir", "t.jsonl")
-	if _, err := NewTraceWriter(file, 1); !errors.Is(err, fs.ErrNotExist) || !strings.Contains(err.Error(), "--trace") {
-		t.Errorf("NewTraceWriter(%s) = %v, want a --trace error for a missing directory", file, err)
+	if _, err := NewTraceWriter(file, 1); !errors.Is(err, fs.ErrNotExist) || !strings.Contains(err.Error(), "--record") {
+		t.Errorf("NewTraceWriter(%s) = %v, want a --record error for a missing directory", file, err)
 	}
 }
 
@@ -126,9 +126,9 @@ func TestBenchCommandRefusesBeforeRunning(t *testing.T) {
 		change  func(*Command)
 		wantErr string
 	}{
-		{"trace with sweep", func(c *Command) { c.Sweep = true }, "--trace records single runs"},
-		{"trace with scenario", func(c *Command) { c.Scenario = "sglang-v04-shared-prefix" }, "--trace records single runs"},
-		{"trace with target", func(c *Command) { c.Target = "http://127.0.0.1:1" }, "--trace records single runs"},
+		{"trace with sweep", func(c *Command) { c.Sweep = true }, "--record records single runs"},
+		{"trace with scenario", func(c *Command) { c.Scenario = "sglang-v04-shared-prefix" }, "--record records single runs"},
+		{"trace with target", func(c *Command) { c.Target = "http://127.0.0.1:1" }, "--record records single runs"},
 		{"seeds without sweep", func(c *Command) { c.Seeds = 3 }, "--seeds 3: give a count of at least 1, with --sweep"},
 		{"no seeds", func(c *Command) { c.Seeds = 0 }, "--seeds 0: give a count of at least 1, with --sweep"},
 		{"negative backends", func(c *Command) { c.Backends = -1 }, "--backends must be at least 1"},
@@ -145,7 +145,7 @@ func TestBenchCommandRefusesBeforeRunning(t *testing.T) {
 					}
 				}
 				c := smallCommand()
-				c.TraceFile = file
+				c.RecordFile = file
 				tc.change(&c)
 				var out strings.Builder
 				if err := c.Run(context.Background(), &out); err == nil || !strings.Contains(err.Error(), tc.wantErr) {
@@ -157,7 +157,7 @@ func TestBenchCommandRefusesBeforeRunning(t *testing.T) {
 					t.Errorf("the trace already there is now %q (%v)", b, err)
 				case !existing && len(b) > 0:
 					t.Errorf("a refused command wrote a trace: %q", b)
-				case !existing && strings.Contains(tc.wantErr, "--trace") && !errors.Is(err, fs.ErrNotExist):
+				case !existing && strings.Contains(tc.wantErr, "--record") && !errors.Is(err, fs.ErrNotExist):
 					t.Errorf("a trace refused for its flags was created (%v)", err)
 				}
 			}
@@ -264,11 +264,11 @@ func TestBenchCommandTrace(t *testing.T) {
 	c.Replicas, c.Params.Seed = 2, 4
 	var want []byte
 	for i := range 2 {
-		c.TraceFile = filepath.Join(dir, fmt.Sprintf("t%d.jsonl", i))
+		c.RecordFile = filepath.Join(dir, fmt.Sprintf("t%d.jsonl", i))
 		if err := c.Run(context.Background(), new(strings.Builder)); err != nil {
 			t.Fatal(err)
 		}
-		b, err := os.ReadFile(c.TraceFile)
+		b, err := os.ReadFile(c.RecordFile)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -278,7 +278,7 @@ func TestBenchCommandTrace(t *testing.T) {
 		want = b
 	}
 	runs := map[string]int{}
-	for _, l := range readTrace(t, c.TraceFile) {
+	for _, l := range readTrace(t, c.RecordFile) {
 		if l.Workload != "burst" || l.Seed != 4 || l.Server == "" {
 			t.Fatalf("line %+v", l)
 		}

@@ -46,6 +46,7 @@ func (r *run) arrive(i int) {
 	f.breq = balancer.Request{Model: model, Seed: prefix.Seed(model, ""), PromptTokens: r.c.Perturb.tokens(req.Tokens()), MaxTokens: req.MaxTokens,
 		UserText: req.AppendUserText(nil, r.reps[rep].bal.Config().ConsistentHash.PrefixBytes)}
 	f.breq.FirstUser, f.breq.FirstTurn = req.FirstTurn()
+	f.breq.Session = req.Affinity
 	if !r.c.HideTargets {
 		// As the proxy reads X-Llmlb-Priority and x-slo-ttft-ms.
 		f.breq.Priority = req.Priority

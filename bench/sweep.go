@@ -20,10 +20,11 @@ import (
 // DefaultLadder multiplies each workload's default arrival rate: from a
 // quarter of it (light load) to four times (well past the point where
 // round-robin saturates the default cluster). The Mooncake traces stop at
-// twice theirs: round-robin is already past saturation at their default
-// rate, and a run at four times takes most of the sweep's time.
+// twice theirs, as do trace files: round-robin is already past saturation
+// at the Mooncake traces' default rate, and a run at four times takes most
+// of the sweep's time.
 func DefaultLadder(workload string) []float64 {
-	if strings.HasPrefix(workload, "mooncake-") {
+	if _, file := traceFiles(workload); file || strings.HasPrefix(workload, "mooncake-") {
 		return []float64{0.25, 0.5, 1, 2}
 	}
 	return []float64{0.25, 0.5, 1, 2, 4}

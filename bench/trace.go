@@ -8,7 +8,7 @@ import (
 )
 
 // TraceRecord is one served request of an emulated run, for `llmlb bench
-// --trace`: where it went and why, what the servers' prefix caches held
+// --record`: where it went and why, what the servers' prefix caches held
 // of its prompt when it was picked, how much prefill work was queued
 // where it went and where its prompt was, and how long its first token
 // took. The held and left figures are read from the emulated engines at

@@ -7,7 +7,7 @@ import (
 	"os"
 )
 
-// TraceWriter writes `llmlb bench --trace`'s file: one JSON line a served
+// TraceWriter writes `llmlb bench --record`'s file: one JSON line a served
 // request, its run's workload, policy, replicas and seed, then its
 // [TraceRecord]. The file is opened at once, so that a path it cannot
 // write is refused before any run, but emptied only when the first run's
@@ -37,7 +37,7 @@ type traceRunLine struct {
 func NewTraceWriter(file string, seed uint64) (*TraceWriter, error) {
 	f, err := os.OpenFile(file, os.O_WRONLY|os.O_CREATE, 0o644)
 	if err != nil {
-		return nil, fmt.Errorf("bench: --trace: %w", err)
+		return nil, fmt.Errorf("bench: --record: %w", err)
 	}
 	w := bufio.NewWriter(f)
 	return &TraceWriter{f: f, w: w, enc: json.NewEncoder(w), seed: seed}, nil
@@ -70,7 +70,7 @@ func (t *TraceWriter) Close() error {
 		err = cerr
 	}
 	if err != nil {
-		return fmt.Errorf("bench: --trace: %w", err)
+		return fmt.Errorf("bench: --record: %w", err)
 	}
 	return nil
 }

@@ -33,6 +33,11 @@ type Request struct {
 	// System is how many leading parts are the system prompt; the first
 	// user message starts after them.
 	System int
+	// FirstParts, when positive, is how many leading parts are the
+	// conversation's first turn, system prompt and first user message
+	// alike: a trace's, which knows where the turn ends but not where the
+	// user's message starts.
+	FirstParts int
 	// Session, when not 0, names the agent session the request is a turn
 	// of, and Turn is its place in it, from 0. A later turn is sent Think
 	// after the session's previous turn is answered, and never if that
@@ -55,6 +60,9 @@ type Request struct {
 	// met if it is served; elsewhere every request is judged by the run's
 	// targets ([Cluster.SLO]), which the balancer is not told.
 	SLO SLO
+	// Affinity is the session-affinity header's value the request is sent
+	// with, "" for none.
+	Affinity string
 	// Stored, when positive, makes the request a Responses API follow-up
 	// naming its session's previous turn (previous_response_id): its
 	// first Stored parts are the conversation the server that answered
@@ -121,9 +129,15 @@ func (r *Request) AppendUserText(dst []byte, n int) []byte {
 }
 
 // FirstTurn is where the first user message begins and ends in the
-// prompt's text, as [prefix.Parts] has them for a chat; zeros for the
-// traces, whose prompts have no messages (System is 0).
+// prompt's text, as [prefix.Parts] has them for a chat; for a trace's
+// request, 0 and the end of its FirstParts, or zeros when it has none.
 func (r *Request) FirstTurn() (user, end int) {
+	if r.FirstParts > 0 {
+		for _, p := range r.Parts[:min(r.FirstParts, len(r.Parts))] {
+			end += 4 * p.Tokens
+		}
+		return 0, end
+	}
 	if r.System == 0 || r.System >= len(r.Parts) {
 		return 0, 0
 	}
@@ -267,6 +281,10 @@ func Build(name string, p Params) (*Workload, error) {
 	case "slo-mixed":
 		w = sloMixed(p, rng)
 	default:
+		if files, ok := traceFiles(name); ok {
+			w, err = fromFiles(name, files, p)
+			break
+		}
 		return nil, fmt.Errorf("unknown workload %q (have %v)", name, slices.Concat(workloadNames, pdWorkloadNames, otherWorkloadNames))
 	}
 	if err != nil {
@@ -298,15 +316,56 @@ func rate(name string, p Params) float64 {
 	if p.Rate > 0 {
 		return p.Rate
 	}
-	return defaultRate[name]
+	if r, ok := defaultRate[name]; ok {
+		return r
+	}
+	return 1 // a trace file's own
 }
 
-// traceLine is one request of a Mooncake trace.
+// traceLine is one request of a Mooncake trace, with the fields a capture
+// adds (capture.Line), each zero when the line has none.
 type traceLine struct {
 	Timestamp    int64    `json:"timestamp"` // ms
 	InputLength  int      `json:"input_length"`
 	OutputLength int      `json:"output_length"`
 	HashIDs      []uint64 `json:"hash_ids"`
+	// BlockTokens is the tokens an id stands for when a capture says
+	// (capture.block_tokens); 0: the format's 512.
+	BlockTokens int `json:"block_tokens"`
+
+	API          string  `json:"api"`
+	Priority     int     `json:"priority"`
+	MaxTokens    int     `json:"max_tokens"`
+	Session      uint64  `json:"session"`
+	Conversation uint64  `json:"conversation"`
+	PromptTokens *int    `json:"prompt_tokens"`
+	CachedTokens *int    `json:"cached_tokens"`
+	Backend      string  `json:"backend"`
+	Status       int     `json:"status"`
+	TTFTms       float64 `json:"ttft_ms"`
+	DurationMs   float64 `json:"duration_ms"`
+}
+
+// parseTraceLine reads one line of a trace: a request needs a positive
+// input length and an arrival not before the trace's start.
+func parseTraceLine(b []byte) (traceLine, error) {
+	var t traceLine
+	if err := json.Unmarshal(b, &t); err != nil {
+		return t, err
+	}
+	switch {
+	case t.InputLength < 1:
+		return t, fmt.Errorf("input_length %d: a request has a prompt of 1 token or more", t.InputLength)
+	case t.Timestamp < 0 || t.Timestamp > 1<<40:
+		return t, fmt.Errorf("timestamp %d: arrivals count from the trace's start, in ms", t.Timestamp)
+	case t.OutputLength < 0 || t.MaxTokens < 0:
+		return t, fmt.Errorf("output_length %d, max_tokens %d: not negative", t.OutputLength, t.MaxTokens)
+	case t.BlockTokens < 0 || t.BlockTokens > 1<<20:
+		return t, fmt.Errorf("block_tokens %d: not a block", t.BlockTokens)
+	case len(t.HashIDs) > 1<<16:
+		return t, fmt.Errorf("%d hash_ids: at most 65,536", len(t.HashIDs))
+	}
+	return t, nil
 }
 
 // Traces holds the embedded traces a run has parsed, so that the
@@ -348,11 +407,11 @@ func parseTrace(file string) ([]traceLine, error) {
 	sc := bufio.NewScanner(zr)
 	sc.Buffer(make([]byte, 1<<20), 1<<24)
 	for line := 1; sc.Scan(); line++ {
-		var t traceLine
-		if err := json.Unmarshal(sc.Bytes(), &t); err != nil {
+		t, err := parseTraceLine(sc.Bytes())
+		if err != nil {
 			return nil, fmt.Errorf("%s:%d: %w", file, line, err)
 		}
-		if t.InputLength < 1 || len(t.HashIDs) == 0 {
+		if len(t.HashIDs) == 0 {
 			return nil, fmt.Errorf("%s:%d: empty request", file, line)
 		}
 		out = append(out, t)

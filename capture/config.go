@@ -25,6 +25,13 @@ type Config struct {
 	// SaltFile holds the salt (a trailing newline is dropped), as a Docker
 	// or Kubernetes secret mounts it. (default empty)
 	SaltFile string `mapstructure:"salt_file"`
+	// BlockTokens is the prompt tokens each hash id stands for, 16 to 512
+	// in steps of 16. A replay knows a shared prefix to its last whole
+	// block, so the bench's replay of a 512-token capture (the Mooncake
+	// traces' block, which other tools read) misses what the live run
+	// hit; 128 keeps it within a few per cent, for lines about twice as
+	// long (docs/replay.md). (default 128)
+	BlockTokens int `mapstructure:"block_tokens"`
 	// MaxBytes is the size, in bytes, at which the file is rotated, at
 	// least 64 KiB. (default 268435456: 256 MiB)
 	MaxBytes int64 `mapstructure:"max_bytes"`
@@ -43,7 +50,7 @@ const minMaxBytes = 64 << 10
 
 // DefaultConfig returns the capture defaults: off.
 func DefaultConfig() Config {
-	return Config{Sample: 1, MaxBytes: 256 << 20, MaxFiles: 3}
+	return Config{Sample: 1, BlockTokens: DefaultBlockTokens, MaxBytes: 256 << 20, MaxFiles: 3}
 }
 
 // Enabled reports whether c captures.
@@ -63,6 +70,9 @@ func (c Config) Validate() error {
 	}
 	if c.Salt != "" && len(c.Salt) < MinSalt {
 		bad("salt", "must be at least %d bytes, got %d", MinSalt, len(c.Salt))
+	}
+	if c.BlockTokens < 16 || c.BlockTokens > BlockTokens || c.BlockTokens%16 != 0 {
+		bad("block_tokens", "must be 16 to %d in steps of 16, got %d", BlockTokens, c.BlockTokens)
 	}
 	if c.MaxBytes < minMaxBytes {
 		bad("max_bytes", "must be at least %d (64 KiB), got %d", minMaxBytes, c.MaxBytes)

@@ -1,6 +1,6 @@
 // Package capture writes a sample of the requests llmlb serves as a trace
 // in the Mooncake format (one JSON line a request: arrival in ms, input and
-// output tokens, one id per 512-token block of the prompt), with what
+// output tokens, one id per block of the prompt's tokens, 128 unless set), with what
 // routing needs beside it (model, API, priority, session and conversation
 // keys, the tokens the server reported, the backend, TTFT), so that the
 // bench can replay an operator's own traffic.

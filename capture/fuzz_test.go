@@ -14,7 +14,7 @@ import (
 func FuzzHash(f *testing.F) {
 	f.Add([]byte("hello"), []byte(" world"), uint64(1), 0)
 	f.Add(make([]byte, 5000), []byte("tail"), uint64(7), 4100)
-	w, err := Open(Config{Path: f.TempDir() + "/c", Sample: 1, MaxBytes: minMaxBytes}, []byte(testSalt), Options{})
+	w, err := Open(Config{Path: f.TempDir() + "/c", Sample: 1, BlockTokens: BlockTokens, MaxBytes: minMaxBytes}, []byte(testSalt), Options{})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -28,7 +28,7 @@ func FuzzHash(f *testing.F) {
 		if !slices.Equal(a.HashIDs, b.HashIDs) || a.Conversation != b.Conversation {
 			t.Fatal("not deterministic")
 		}
-		if want := min(MaxIDs, (len(whole)+blockBytes-1)/blockBytes); len(a.HashIDs) != want {
+		if want := min(MaxIDs, (len(whole)+maxBlockBytes-1)/maxBlockBytes); len(a.HashIDs) != want {
 			t.Fatalf("%d ids for %d bytes, want %d", len(a.HashIDs), len(whole), want)
 		}
 		for _, id := range a.HashIDs {
@@ -37,7 +37,7 @@ func FuzzHash(f *testing.F) {
 			}
 		}
 		w.Hash(&c, &prefix.Parts{Glue: head}, seed)
-		full := min(len(head)/blockBytes, len(c.HashIDs))
+		full := min(len(head)/maxBlockBytes, len(c.HashIDs))
 		if !slices.Equal(c.HashIDs[:full], a.HashIDs[:full]) {
 			t.Fatalf("the whole blocks of a prefix are not the leading ids")
 		}

@@ -8,7 +8,8 @@ import (
 
 // appendLine appends l as one JSON line: the Mooncake trace's fields
 // first (timestamp in ms from the capture's start, input_length,
-// output_length, hash_ids), then routing's. A field that is not known is
+// output_length, hash_ids), then block_tokens unless it is the format's
+// 512, then routing's. A field that is not known is
 // left out rather than written as 0.
 func (w *Writer) appendLine(dst []byte, l *Line) []byte {
 	ts := max(0, l.Arrived.Sub(w.start).Milliseconds())
@@ -25,7 +26,12 @@ func (w *Writer) appendLine(dst []byte, l *Line) []byte {
 		}
 		dst = strconv.AppendUint(dst, id, 10)
 	}
-	dst = append(dst, `],"model":`...)
+	dst = append(dst, ']')
+	if w.block != BlockTokens {
+		dst = append(dst, `,"block_tokens":`...)
+		dst = strconv.AppendInt(dst, int64(w.block), 10)
+	}
+	dst = append(dst, `,"model":`...)
 	dst = appendString(dst, l.Model)
 	if l.Target != "" {
 		dst = append(dst, `,"target":`...)

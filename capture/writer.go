@@ -2,6 +2,7 @@ package capture
 
 import (
 	"bufio"
+	"cmp"
 	"crypto/aes"
 	"crypto/cipher"
 	"crypto/rand"
@@ -25,13 +26,17 @@ import (
 	"github.com/llmlb/llmlb/prefix"
 )
 
-// BlockTokens is the prompt tokens each hash id stands for, as in the
-// Mooncake traces; a block is BlockTokens × [prefix.BytesPerToken] bytes
-// of canonical prompt, the last one partial.
+// BlockTokens is the most prompt tokens a hash id stands for
+// ([Config.BlockTokens]), the Mooncake traces' block, and the one a line
+// that does not say its block_tokens has; a block is that many tokens ×
+// [prefix.BytesPerToken] bytes of canonical prompt, the last one partial.
 const BlockTokens = 512
 
-// blockBytes is one block in canonical prompt bytes.
-const blockBytes = BlockTokens * prefix.BytesPerToken
+// DefaultBlockTokens is [Config.BlockTokens]'s default.
+const DefaultBlockTokens = 128
+
+// maxBlockBytes is the largest block in canonical prompt bytes.
+const maxBlockBytes = BlockTokens * prefix.BytesPerToken
 
 // MaxIDs bounds the hash ids of one line: 2M tokens of prompt, more than
 // proxy.max_body_bytes lets through by default.
@@ -128,6 +133,7 @@ type Writer struct {
 	maxBytes int64
 	maxFiles int
 	prf      cipher.Block // the salt's key: ids are AES-128 of the hashes
+	block    int          // tokens an id stands for ([Config.BlockTokens])
 	start    time.Time
 	rand     func() float64
 	limit    int
@@ -181,7 +187,7 @@ func Open(cfg Config, salt []byte, o Options) (*Writer, error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	w := &Writer{path: cfg.Path, maxBytes: cfg.MaxBytes, maxFiles: cfg.MaxFiles, prf: prf, start: o.Start, rand: o.Rand,
+	w := &Writer{path: cfg.Path, maxBytes: cfg.MaxBytes, maxFiles: cfg.MaxFiles, prf: prf, block: cmp.Or(cfg.BlockTokens, DefaultBlockTokens), start: o.Start, rand: o.Rand,
 		limit: o.Buffer, m: o.Metrics, logger: o.Logger, wake: make(chan struct{}, 1), done: make(chan struct{})}
 	w.SetSample(cfg.Sample)
 	if st, err := os.Stat(w.path); err == nil && st.Size() > 0 {
@@ -234,11 +240,12 @@ func (w *Writer) Key(s string) uint64 {
 // Hash sets l's HashIDs and Conversation from the canonical prompt p,
 // whose chain is seeded with seed ([prefix.Seed]: the target model and
 // cache_salt, so that requests which never share a server's cache never
-// share an id). One id per [BlockTokens] block, the last one partial, as
-// the Mooncake traces have them, at most [MaxIDs]. The conversation key
+// share an id). One id per block of the capture's tokens, the last one
+// partial, as the Mooncake traces have them, at most [MaxIDs]. The conversation key
 // is the hash of the prompt through its first user message, 0 for a
 // prompt without one.
 func (w *Writer) Hash(l *Line, p *prefix.Parts, seed uint64) {
+	blockBytes := w.block * prefix.BytesPerToken
 	n := min(MaxIDs, (p.Len()+blockBytes-1)/blockBytes)
 	hs := p.AppendHashes(slices.Grow(l.HashIDs[:0], n), seed, blockBytes, MaxIDs, true)
 	if t := p.FirstTurn; t > 0 && t <= p.Len() {
@@ -248,7 +255,7 @@ func (w *Writer) Hash(l *Line, p *prefix.Parts, seed uint64) {
 			if j > 0 {
 				chain = hs[j-1]
 			}
-			var tail [blockBytes]byte
+			var tail [maxBlockBytes]byte
 			rest := p.AppendRange(tail[:0], j*blockBytes, t)
 			d := xxhash.NewWithSeed(chain)
 			_, _ = d.Write(rest)

@@ -16,10 +16,12 @@ import (
 	"github.com/llmlb/llmlb/prefix"
 )
 
+// testConfig is a capture of the Mooncake format's 512-token blocks.
 func testConfig(t *testing.T) Config {
 	t.Helper()
 	cfg := DefaultConfig()
 	cfg.Path = filepath.Join(t.TempDir(), "capture.jsonl")
+	cfg.BlockTokens = BlockTokens // the Mooncake format's, which the tests count in
 	return cfg
 }
 
@@ -117,6 +119,37 @@ func TestTraceReaderReadsALine(t *testing.T) {
 	}
 	if tl.InputLength != 1250 || len(tl.HashIDs) != 3 || !slices.Equal(tl.HashIDs, l.HashIDs) {
 		t.Errorf("read %+v, want 3 ids %v", tl, l.HashIDs)
+	}
+}
+
+// TestBlockTokens: a capture of 64-token blocks has an id per 256 bytes,
+// a prefix shared to the same whole blocks, and says its block on each
+// line; one of the format's 512 does not.
+func TestBlockTokens(t *testing.T) {
+	for _, bt := range []int{64, 512} {
+		cfg := testConfig(t)
+		cfg.BlockTokens = bt
+		w := open(t, cfg, testSalt, Options{})
+		system := strings.Repeat("y", 1000)
+		var a, b Line
+		w.Hash(&a, &prefix.Parts{Glue: []byte(system + "first question")}, 1)
+		w.Hash(&b, &prefix.Parts{Glue: []byte(system + "another one")}, 1)
+		bb := 4 * bt
+		if want := (1014 + bb - 1) / bb; len(a.HashIDs) != want {
+			t.Errorf("%d tokens a block: %d ids for 1,014 bytes, want %d", bt, len(a.HashIDs), want)
+		}
+		if n := 1000 / bb; !slices.Equal(a.HashIDs[:n], b.HashIDs[:n]) || a.HashIDs[n] == b.HashIDs[n] {
+			t.Errorf("%d tokens a block: %v and %v, want the first %d alike, not the next", bt, a.HashIDs, b.HashIDs, n)
+		}
+		a.Arrived, a.InputLength = time.Now(), 254
+		w.Add(a)
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+		line, _ := os.ReadFile(cfg.Path)
+		if has := strings.Contains(string(line), `],"block_tokens":64,"model":`); has != (bt == 64) {
+			t.Errorf("%d tokens a block: line %s", bt, line)
+		}
 	}
 }
 
@@ -280,6 +313,10 @@ func TestValidate(t *testing.T) {
 		{"max bytes", func(c *Config) { c.MaxBytes = 1000 }, "capture.max_bytes: must be at least 65536"},
 		{"max files", func(c *Config) { c.MaxFiles = 101 }, "capture.max_files: must be 0 to 100, got 101"},
 		{"directory", func(c *Config) { c.Path = "/var/lib/" }, "capture.path: names a directory"},
+		{"block tokens 0", func(c *Config) { c.BlockTokens = 0 }, "capture.block_tokens: must be 16 to 512 in steps of 16, got 0"},
+		{"block tokens 520", func(c *Config) { c.BlockTokens = 520 }, "capture.block_tokens: must be 16 to 512 in steps of 16, got 520"},
+		{"block tokens 100", func(c *Config) { c.BlockTokens = 100 }, "got 100"},
+		{"block tokens 64", func(c *Config) { c.BlockTokens = 64 }, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

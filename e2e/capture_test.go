@@ -168,8 +168,8 @@ func TestCaptureEndToEnd(t *testing.T) {
 			l.CachedTokens == nil || !backends[l.Backend] || l.Status != http.StatusOK || (stream && l.TTFTms <= 0) {
 			t.Errorf("line %d = %+v, want the request's fields (%s, stream %v)", i, l, api, stream)
 		}
-		if want := (l.InputLength + 511) / 512; len(l.HashIDs) < want-1 || len(l.HashIDs) > want+1 {
-			t.Errorf("line %d: %d ids for %d tokens, want about one per 512", i, len(l.HashIDs), l.InputLength)
+		if want := (l.InputLength + 127) / 128; len(l.HashIDs) < want-1 || len(l.HashIDs) > want+1 {
+			t.Errorf("line %d: %d ids for %d tokens, want about one per 128", i, len(l.HashIDs), l.InputLength)
 		}
 	}
 	// The chats share the system prompt's first block, and only it; each
