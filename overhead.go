@@ -15,7 +15,7 @@ import (
 func cmdOverhead(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("overhead", "llmlb overhead [--proxy direct,llmlb,go,haproxy,nginx] [--duration D] [--scale F] [--scenario S,...] [--json FILE] [--cpuprofile DIR] [--require] [--quiet] [--llmlb PATH]", stderr)
 	var c overhead.Command
-	proxies := fs.String("proxy", "direct,llmlb,go,haproxy,nginx", "comma-separated rows: direct, llmlb (this executable), llmlb-keyed (with an API key whose limits no load reaches and a session header per client), llmlb-redis (llmlb-keyed with cluster.redis on a redis-server it starts from PATH), go (Go's httputil.ReverseProxy alone, run by this executable), haproxy, nginx (from PATH or /usr/sbin)")
+	proxies := fs.String("proxy", "direct,llmlb,go,haproxy,nginx", "comma-separated rows: direct, llmlb (this executable), llmlb-keyed (with an API key whose limits no load reaches and a session header per client), llmlb-redis (llmlb-keyed with cluster.redis on a redis-server it starts from PATH), llmlb-capture (llmlb with capture: of every request to a file of the run, which must get lines), go (Go's httputil.ReverseProxy alone, run by this executable), haproxy, nginx (from PATH or /usr/sbin)")
 	fs.DurationVar(&c.Duration, "duration", 5*time.Second, "how long each scenario runs against each proxy")
 	fs.Float64Var(&c.Scale, "scale", 1, "share of the clients of the concurrent scenarios (64 requests, 8 long prompts, 150 long chats, 256 streams)")
 	fs.BoolVar(&c.Require, "require", false, "fail when a proxy is not installed instead of skipping its row")

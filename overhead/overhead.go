@@ -22,7 +22,8 @@ type Options struct {
 	// LLMLB is the llmlb executable to run as a proxy (`serve`); "" skips
 	// it.
 	LLMLB string
-	// Proxies are the rows: "direct", "llmlb", "go", "haproxy", "nginx".
+	// Proxies are the rows: "direct", "llmlb", "llmlb-keyed",
+	// "llmlb-redis", "llmlb-capture", "go", "haproxy", "nginx".
 	Proxies []string
 	// Duration is how long each scenario runs against each proxy.
 	Duration time.Duration
@@ -143,12 +144,40 @@ func Run(ctx context.Context, o Options) (Report, error) {
 			}
 		}
 		stop()
+		if name == "llmlb-capture" && ctx.Err() == nil {
+			if err := checkCapture(&row, dir, o.Progress); err != nil {
+				return rep, err
+			}
+		}
 		rep.Rows = append(rep.Rows, row)
 		if ctx.Err() != nil {
 			return rep, ctx.Err()
 		}
 	}
 	return rep, nil
+}
+
+// checkCapture counts the lines the llmlb-capture row's stopped process
+// wrote into row and reports them beside the requests answered. A
+// capture with no lines is an error: the row then measured llmlb without
+// capturing.
+func checkCapture(row *Row, dir string, progress io.Writer) error {
+	lines, err := captureLines(capturePath(dir))
+	if err != nil {
+		return fmt.Errorf("overhead: %s: %w", row.Proxy, err)
+	}
+	row.CaptureLines = lines
+	requests := 0
+	for _, c := range row.Cells {
+		requests += c.Requests
+	}
+	if progress != nil {
+		fmt.Fprintf(progress, "overhead: %s: %d capture lines for %d requests answered\n", row.Proxy, lines, requests)
+	}
+	if lines == 0 && requests > 0 {
+		return fmt.Errorf("overhead: %s: the capture got no lines for %d requests: the row measured llmlb without capturing", row.Proxy, requests)
+	}
+	return nil
 }
 
 // fastBackend serves the OpenAI API on a loopback port from an emulated

@@ -2,6 +2,7 @@ package overhead
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -31,35 +32,20 @@ func startProxy(ctx context.Context, name, llmlb, backend, dir, admin string) (u
 	switch name {
 	case "direct":
 		return backend, "-", 0, func() {}, nil
-	case "llmlb", "llmlb-keyed", "llmlb-redis":
+	case "llmlb", "llmlb-keyed", "llmlb-redis", "llmlb-capture":
 		if llmlb == "" {
 			return "", "", 0, nil, errMissing{name}
 		}
-		// The saturation queue threshold is HAProxy's server maxconn
-		// below: each proxy queues requests only past 4,096 at the
-		// backend. With the default 16, llmlb's ledger counts every
-		// request it sent and has no first byte for yet as queued, so 64
-		// clients kept it queueing in its admission queue: routing
-		// policy, not what proxying costs.
-		cfg := fmt.Sprintf("listen: 127.0.0.1:0\nadmin:\n  listen: %q\nlog:\n  level: warn\n  access: false\nbackends:\n  - url: %s\n", admin, backend)
-		bal := "balancer:\n  saturation:\n    queue: 4096\n"
-		stopRedis := func() {}
-		if name != "llmlb" {
-			// A key with limits no load reaches and a session per client:
-			// what a fleet's replicas would ask Redis for on every request.
-			cfg += fmt.Sprintf("auth:\n  keys:\n    - name: overhead\n      key: %s\n      requests_per_minute: 1000000000\n      tokens_per_minute: 1000000000\n", proxy.HashKey(overheadKey))
-			bal += "  session:\n    header: " + overheadSession + "\n"
-		}
+		redis, stopRedis := "", func() {}
 		if name == "llmlb-redis" {
 			addr, stop, err := startRedis(ctx, dir)
 			if err != nil {
 				return "", "", 0, nil, err
 			}
-			stopRedis = stop
-			cfg += "cluster:\n  redis:\n    address: " + addr + "\n"
+			redis, stopRedis = addr, stop
 		}
-		path := filepath.Join(dir, "llmlb.yaml")
-		if err := os.WriteFile(path, []byte(cfg+bal), 0o644); err != nil {
+		path, err := writeLLMLBConfig(name, backend, admin, redis, dir)
+		if err != nil {
 			stopRedis()
 			return "", "", 0, nil, err
 		}
@@ -157,7 +143,86 @@ http {
 		}
 		return startProcess(ctx, bin, []string{"-p", ndir, "-c", path, "-e", filepath.Join(ndir, "error.log"), "-g", "daemon off;"}, fmt.Sprintf("127.0.0.1:%d", port), "nginx")
 	}
-	return "", "", 0, nil, fmt.Errorf("unknown proxy %q (have direct, llmlb, llmlb-keyed, llmlb-redis, go, haproxy, nginx)", name)
+	return "", "", 0, nil, fmt.Errorf("unknown proxy %q (have direct, llmlb, llmlb-keyed, llmlb-redis, llmlb-capture, go, haproxy, nginx)", name)
+}
+
+// writeLLMLBConfig writes the config file of an llmlb row to dir and
+// returns its path: llmlb in front of backend, its admin listener on admin
+// ("" for none), and for llmlb-redis cluster.redis at redis. The
+// llmlb-capture row is the llmlb row with a capture of every request
+// ([capturePath]), keyed by a salt file beside it.
+func writeLLMLBConfig(name, backend, admin, redis, dir string) (string, error) {
+	// The saturation queue threshold is HAProxy's server maxconn in
+	// startProxy: each proxy queues requests only past 4,096 at the
+	// backend. With the default 16, llmlb's ledger counts every request it
+	// sent and has no first byte for yet as queued, so 64 clients kept it
+	// queueing in its admission queue: routing policy, not what proxying
+	// costs.
+	cfg := fmt.Sprintf("listen: 127.0.0.1:0\nadmin:\n  listen: %q\nlog:\n  level: warn\n  access: false\nbackends:\n  - url: %s\n", admin, backend)
+	bal := "balancer:\n  saturation:\n    queue: 4096\n"
+	if name == "llmlb-keyed" || name == "llmlb-redis" {
+		// A key with limits no load reaches and a session per client:
+		// what a fleet's replicas would ask Redis for on every request.
+		cfg += fmt.Sprintf("auth:\n  keys:\n    - name: overhead\n      key: %s\n      requests_per_minute: 1000000000\n      tokens_per_minute: 1000000000\n", proxy.HashKey(overheadKey))
+		bal += "  session:\n    header: " + overheadSession + "\n"
+	}
+	if name == "llmlb-redis" {
+		cfg += "cluster:\n  redis:\n    address: " + redis + "\n"
+	}
+	if name == "llmlb-capture" {
+		// Every request captured (issue 57: capture on costs at most 5%
+		// of the requests per second at 64 clients). The salt is a file's,
+		// as the config file may not hold one; a fixed salt, since the ids
+		// of a benchmark's prompts are no secret.
+		salt := filepath.Join(dir, "capture-salt")
+		if err := os.WriteFile(salt, []byte("llmlb-overhead-capture-salt\n"), 0o600); err != nil {
+			return "", err
+		}
+		cfg += fmt.Sprintf("capture:\n  path: %q\n  sample: 1\n  salt_file: %q\n", capturePath(dir), salt)
+	}
+	path := filepath.Join(dir, "llmlb.yaml")
+	if err := os.WriteFile(path, []byte(cfg+bal), 0o644); err != nil {
+		return "", err
+	}
+	return path, nil
+}
+
+// capturePath is the file the llmlb-capture row captures to in dir.
+func capturePath(dir string) string { return filepath.Join(dir, "capture.jsonl") }
+
+// captureLines counts the lines of the capture at path and of its rotated
+// files (path.1, path.2, ...), and removes them, so that the next
+// llmlb-capture row of the run counts its own. Run calls it once the
+// row's process has stopped, which writes what it had queued.
+func captureLines(path string) (int, error) {
+	rotated, err := filepath.Glob(path + ".*")
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	buf := make([]byte, 64<<10)
+	for _, p := range append([]string{path}, rotated...) {
+		f, err := os.Open(p)
+		if err != nil {
+			return 0, err
+		}
+		for {
+			k, err := f.Read(buf)
+			n += bytes.Count(buf[:k], []byte{'\n'})
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				f.Close()
+				return 0, err
+			}
+		}
+		f.Close()
+		if err := os.Remove(p); err != nil {
+			return 0, err
+		}
+	}
+	return n, nil
 }
 
 // The key and session header of the llmlb-keyed and llmlb-redis rows.

@@ -38,6 +38,10 @@ type Row struct {
 	Version string `json:"version"`
 	Skipped string `json:"skipped,omitempty"` // why there are no cells
 	Cells   []Cell `json:"cells"`
+	// CaptureLines is how many lines the llmlb-capture row's capture got
+	// over all its cells (and the probe that waited for it to start); 0
+	// for the other rows.
+	CaptureLines int `json:"capture_lines,omitempty"`
 }
 
 // Report is the whole run.
