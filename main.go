@@ -60,6 +60,9 @@ func commands() []command {
 		{"bench", "replay workloads through every routing policy in virtual time",
 			"Bench replays workloads through each routing policy on the same emulated cluster in virtual time and prints one table per workload.",
 			"llmlb bench --workload shared-prefix --policy default,round-robin"},
+		{"plan", "the fewest servers that meet a TTFT target for your traffic",
+			"Plan replays a trace (a capture of your traffic, or a Mooncake-format trace) on emulated servers of one class in virtual time and prints, per policy, the fewest servers whose TTFT p90 meets the target at the trace's load and above.",
+			"llmlb plan --trace capture.jsonl --ttft-p90 500ms"},
 		{"overhead", "what llmlb adds per request, against HAProxy and nginx",
 			"Overhead measures what llmlb adds per request, against a direct connection, HAProxy and nginx in front of one fast emulated backend.",
 			"llmlb overhead --proxy direct,llmlb --duration 5s"},
@@ -119,6 +122,8 @@ func run(ctx context.Context, args []string, env config.Environ, stdout, stderr 
 		return cmdDemo(ctx, args, stdout, stderr)
 	case "bench":
 		return cmdBench(ctx, args, stdout, stderr)
+	case "plan":
+		return cmdPlan(ctx, args, stdout, stderr)
 	case "overhead":
 		return cmdOverhead(ctx, args, env.Get, stdout, stderr)
 	case "hash-key":

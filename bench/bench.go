@@ -226,16 +226,8 @@ func Bench(ctx context.Context, o Options) (Report, error) {
 		return Report{}, err
 	}
 	for _, p := range o.Policies {
-		if _, ok, err := ablated(p); ok {
-			if err != nil {
-				return Report{}, err
-			}
-			continue
-		}
-		if p != DefaultPolicy && !slices.Contains(DefaultPolicies(), p) {
-			if _, err := balancer.LookupPreset(p); err != nil {
-				return Report{}, fmt.Errorf("bench: unknown policy %q (have %v)", p, DefaultPolicies())
-			}
+		if err := checkPolicy(p); err != nil {
+			return Report{}, err
 		}
 	}
 	specs, err := o.rowSpecs()

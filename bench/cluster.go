@@ -20,6 +20,11 @@ const Model = "llama-3.1-8b"
 
 // Cluster describes the emulated servers and the balancer in front of them.
 type Cluster struct {
+	// GiveUp, when its TTFT is set, ends the run early ([Result.GaveUp])
+	// once Late requests have taken longer than TTFT to their first token
+	// or were not served: `llmlb plan`'s runs of too few servers need not
+	// play out.
+	GiveUp GiveUp
 	// Presets names each server's engine preset (sim.Preset), one entry a
 	// server; with EngineModel llm-d-sim, each is "llm-d-sim".
 	Presets []string
@@ -154,6 +159,15 @@ type Result struct {
 	// estimate over the time the first token took from the pick, in
 	// first-token order.
 	EstimateRatios []float64
+	// GaveUp: the run stopped early ([Cluster.GiveUp]); its figures are
+	// of the requests answered until then.
+	GaveUp bool
+}
+
+// GiveUp is when a run may stop: Late requests over TTFT.
+type GiveUp struct {
+	TTFT time.Duration
+	Late int
 }
 
 // SLO is a request's latency targets: to its first token from its
@@ -185,6 +199,8 @@ type replica struct {
 
 // run is the state of one replay.
 type run struct {
+	late     int // of the requests scanned, those late by c.GiveUp.TTFT
+	scanned  int // requests whose first token's deadline has passed
 	c        Cluster
 	w        *Workload
 	reps     []*replica

@@ -321,6 +321,10 @@ func (c Command) writeReport(rep Report, stdout io.Writer) error {
 	return nil
 }
 
+// WriteJSONFile writes v, indented, to file, as `--json` does; "" writes
+// nothing.
+func WriteJSONFile(file string, v any) error { return writeJSON(file, v) }
+
 // writeJSON writes v, indented, to file, as [WriteJSON] writes a report;
 // "" writes nothing.
 func writeJSON(file string, v any) error {

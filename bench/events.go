@@ -96,9 +96,26 @@ func (r *run) loop() {
 	r.finish()
 }
 
+// gaveUp counts the requests that had no first token by their arrival
+// plus the give-up TTFT (served late, or not at all) and reports whether
+// they are enough to give up ([Cluster.GiveUp]).
+func (r *run) gaveUp() bool {
+	g := r.c.GiveUp
+	for ; r.scanned < len(r.w.Requests) && r.w.Requests[r.scanned].At+g.TTFT < r.now; r.scanned++ {
+		if d := r.ttft[r.scanned]; d < 0 || d > g.TTFT {
+			r.late++
+		}
+	}
+	r.res.GaveUp = r.late >= g.Late
+	return r.res.GaveUp
+}
+
 // advance runs the events due at or before until, in order.
 func (r *run) advance(until time.Duration) {
 	for r.q.Len() > 0 && r.q[0].at <= until {
+		if r.c.GiveUp.TTFT > 0 && r.gaveUp() {
+			return
+		}
 		e := heap.Pop(&r.q).(event)
 		r.now = e.at
 		switch e.kind {
