@@ -28,7 +28,7 @@ func shownCommands(md, prog string) map[string][]string {
 		lines = append(lines, strings.Split(block, "\n")...)
 	}
 	word := regexp.MustCompile(`^` + prog + ` ([a-z][a-z-]*)\b(.*)`)
-	flag := regexp.MustCompile(`(?:^|[\s\[])--([a-z][a-z-]*)`)
+	flag := regexp.MustCompile(`(?:^|[\s\[])--([a-z][a-z0-9-]*)`)
 	out := map[string][]string{}
 	for _, l := range lines {
 		l, _, _ = strings.Cut(strings.TrimSpace(l), "#")
