@@ -118,6 +118,9 @@ func RunPlan(ctx context.Context, o PlanOptions) (Plan, error) {
 		if err != nil {
 			return Plan{}, err
 		}
+		if w.hasSessions() { // a later turn's arrival waits on the answers
+			return Plan{}, fmt.Errorf("plan: %s: its turns wait for earlier turns' answers, which the plan's deadlines do not follow", o.Workload)
+		}
 		if o.Requests > 0 && o.Requests < len(w.Requests) {
 			w.Requests = w.Requests[:o.Requests]
 		}

@@ -71,6 +71,9 @@ func TestPlanAnswersAreTheFewest(t *testing.T) {
 	if !strings.Contains(out.String(), "its first 200 of 3000 requests") || !strings.Contains(out.String(), "round-robin") {
 		t.Errorf("plan table:\n%s", out.String())
 	}
+	if _, err := RunPlan(context.Background(), PlanOptions{Workload: "agentic", TTFTP90: time.Second}); err == nil || !strings.Contains(err.Error(), "turns wait") {
+		t.Errorf("agentic: %v, want it refused", err)
+	}
 	if _, err := RunPlan(context.Background(), PlanOptions{Workload: "shared-prefix"}); err == nil {
 		t.Error("a plan without a target ran")
 	}

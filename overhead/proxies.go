@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -289,6 +290,13 @@ func findBinary(name string) (string, error) {
 	return "", errMissing{name}
 }
 
+// rowEnv is env without llmlb's own variables (LLMLB_*), which would
+// override the config a row writes: LLMLB_CAPTURE_SALT beside the
+// llmlb-capture row's salt file fails its config.
+func rowEnv(env []string) []string {
+	return slices.DeleteFunc(slices.Clone(env), func(kv string) bool { return strings.HasPrefix(kv, "LLMLB_") })
+}
+
 // startProcess runs bin with args until stop, and waits until it answers a
 // completion. With addr "" the address is read from the process's
 // "serving on http://ADDR" line (llmlb picks its own port). It returns the
@@ -296,6 +304,7 @@ func findBinary(name string) (string, error) {
 func startProcess(ctx context.Context, bin string, args []string, addr, name string) (string, string, int, func(), error) {
 	version := versionOf(bin, name)
 	cmd := exec.Command(bin, args...)
+	cmd.Env = rowEnv(os.Environ())
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		return "", "", 0, nil, err

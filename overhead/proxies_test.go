@@ -3,6 +3,7 @@ package overhead
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/llmlb/llmlb/capture"
@@ -62,5 +63,14 @@ func TestCaptureLinesCountsAndRemoves(t *testing.T) {
 	}
 	if n, err := captureLines(path); err == nil {
 		t.Errorf("captureLines of no capture = %d, nil; want an error", n)
+	}
+}
+
+// TestRowEnvDropsLLMLBVariables: a row's process does not inherit llmlb's
+// own variables, which would override the config the row writes.
+func TestRowEnvDropsLLMLBVariables(t *testing.T) {
+	got := rowEnv([]string{"PATH=/bin", "LLMLB_CAPTURE_SALT=a salt of sixteen bytes", "HOME=/root", "LLMLB_LISTEN=:1"})
+	if !slices.Equal(got, []string{"PATH=/bin", "HOME=/root"}) {
+		t.Errorf("rowEnv = %v", got)
 	}
 }
