@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"strings"
 
@@ -24,6 +25,7 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	count := fs.Int("count", 1, "number of servers to start")
 	dpSize := fs.Int("data-parallel-size", 1, "data-parallel ranks each server runs behind its port (vllm and sglang), its metrics labelled engine=\"<rank>\" (vllm) or dp_rank=\"<rank>\" (sglang) and X-data-parallel-rank honoured, as vllm serve --data-parallel-size or sglang --dp-size")
 	dpStart := fs.Int("data-parallel-start-rank", 0, "global rank of each server's first rank, as vllm serve --data-parallel-start-rank")
+	prefillRate := fs.Float64("prefill-rate", 1, "prefill this many times as fast as the preset (0.7: a server slower than the preset, as the one llmlb bench --calibrate should find)")
 	maxLoRA := fs.Int("max-lora", 0, "adapters a batch may use at once (0: the preset's)")
 	bpt := fs.Int("bytes-per-token", 4, "bytes of prompt text the emulated tokenizer reads a token, 1-16 (token ids count one each; KV-cache events need 4)")
 	kinds := strings.ReplaceAll(strings.Trim(fmt.Sprint(sim.FaultKinds()), "[]"), " ", ", ") // a list of one-word names
@@ -47,6 +49,10 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if *maxLoRA > 0 {
 		ecfg.MaxLoRA = *maxLoRA
 	}
+	if !(*prefillRate > 0) || math.IsInf(*prefillRate, 0) {
+		return fmt.Errorf("sim: --prefill-rate must be a positive factor, got %v", *prefillRate)
+	}
+	ecfg.Cost = ecfg.Cost.PrefillRate(*prefillRate)
 	if *count < 1 || *dpSize < 1 {
 		return errors.New("sim: --count and --data-parallel-size must be at least 1")
 	}

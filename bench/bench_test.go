@@ -377,29 +377,32 @@ func TestSharedLedgerShowsPeersWork(t *testing.T) {
 }
 
 func TestPerturbChangesTheEnginesNotTheBalancer(t *testing.T) {
-	for _, bad := range []string{"prefill", "prefill=0", "prefill=-1", "prefill=x", "decode=2", "prefill=+Inf"} {
+	for _, bad := range []string{"prefill", "prefill=0", "prefill=-1", "prefill=x", "speed=2", "prefill=+Inf"} {
 		if _, err := ParsePerturb(bad); err == nil {
 			t.Errorf("ParsePerturb(%q) accepted", bad)
 		}
 	}
-	p, err := ParsePerturb("prefill=2, request=0.5,tokens=0.6")
-	if err != nil || p != (Perturb{Prefill: 2, Request: 0.5, Tokens: 0.6}) || p.String() != "prefill=2,request=0.5,tokens=0.6" {
+	p, err := ParsePerturb("prefill=2, request=0.5,tokens=0.6,decode=1.5")
+	if err != nil || p != (Perturb{Prefill: 2, Request: 0.5, Tokens: 0.6, Decode: 1.5}) || p.String() != "prefill=2,request=0.5,decode=1.5,tokens=0.6" {
 		t.Fatalf("ParsePerturb = %+v, %v (%q)", p, err, p.String())
 	}
 	w, err := Build("shared-prefix", Params{Scale: 0.05, Seed: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
-	p50 := func(p Perturb) float64 {
+	run := func(p Perturb) Row {
 		res, err := Run(Cluster{Presets: Presets(4, 0), Policy: "default", Seed: 3, Perturb: p}, w)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return Summarize(res).TTFTP50
+		return Summarize(res)
 	}
-	base, dear := p50(Perturb{}), p50(Perturb{Prefill: 3, Request: 3})
-	if dear <= base {
-		t.Errorf("engines 3x dearer: TTFT p50 %v, not above the unperturbed %v", dear, base)
+	base, dear, slow := run(Perturb{}), run(Perturb{Prefill: 3, Request: 3}), run(Perturb{Decode: 2})
+	if dear.TTFTP50 <= base.TTFTP50 {
+		t.Errorf("engines 3x dearer: TTFT p50 %v, not above the unperturbed %v", dear.TTFTP50, base.TTFTP50)
+	}
+	if slow.TPOTP50 < 1.5*base.TPOTP50 {
+		t.Errorf("steps 2x dearer: TPOT p50 %v, the unperturbed %v", slow.TPOTP50, base.TPOTP50)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/url"
+	"slices"
 	"time"
 
 	"github.com/llmlb/llmlb/balancer"
@@ -20,6 +21,13 @@ const Model = "llama-3.1-8b"
 
 // Cluster describes the emulated servers and the balancer in front of them.
 type Cluster struct {
+	// Pinned sends each request whose trace names its backend
+	// ([Request.Backend]) to the server standing for it: the backends, in
+	// the order of their names, are servers 0, 1, ... (wrapping around
+	// the servers); the rest are picked. It also keeps each request's
+	// own figures ([Result.ByRequest]). For calibrating the engine model
+	// against a capture: the same request on the same server.
+	Pinned bool
 	// GiveUp, when its TTFT is set, ends the run early ([Result.GaveUp])
 	// once Late requests have taken longer than TTFT to their first token
 	// or were not served: `llmlb plan`'s runs of too few servers need not
@@ -159,10 +167,19 @@ type Result struct {
 	// estimate over the time the first token took from the pick, in
 	// first-token order.
 	EstimateRatios []float64
+	// ByRequest holds each request's time to first token and per output
+	// token, by its index in the workload, in a pinned run
+	// ([Cluster.Pinned]); -1 for a request not served (a TPOT of 0 for
+	// one of a token).
+	ByRequest []RequestTimes
 	// GaveUp: the run stopped early ([Cluster.GiveUp]); its figures are
 	// of the requests answered until then.
 	GaveUp bool
 }
+
+// RequestTimes is one request's time to its first token and per output
+// token after it.
+type RequestTimes struct{ TTFT, TPOT time.Duration }
 
 // GiveUp is when a run may stop: Late requests over TTFT.
 type GiveUp struct {
@@ -199,8 +216,9 @@ type replica struct {
 
 // run is the state of one replay.
 type run struct {
-	late     int // of the requests scanned, those late by c.GiveUp.TTFT
-	scanned  int // requests whose first token's deadline has passed
+	pinned   map[string]string // a trace's backend -> the ID of the server standing for it
+	late     int               // of the requests scanned, those late by c.GiveUp.TTFT
+	scanned  int               // requests whose first token's deadline has passed
 	c        Cluster
 	w        *Workload
 	reps     []*replica
@@ -431,6 +449,19 @@ func (r *run) build() error {
 		r.ttft[i], r.e2e[i] = -1, -1
 	}
 	r.res.PerBackend = make([]int, len(r.servers))
+	if r.c.Pinned {
+		var names []string
+		for i := range r.w.Requests {
+			if b := r.w.Requests[i].Backend; b != "" && !slices.Contains(names, b) {
+				names = append(names, b)
+			}
+		}
+		slices.Sort(names)
+		r.pinned = make(map[string]string, len(names))
+		for i, b := range names {
+			r.pinned[b] = r.servers[i%len(r.servers)].id
+		}
+	}
 	return nil
 }
 

@@ -75,6 +75,9 @@ type Command struct {
 	// cluster; Model is the base model to ask it for ("": the first of
 	// its /v1/models) and Label the result's row ([HTTPReplay]).
 	Target, Model, Label string
+	// Calibrate, with TraceFiles, fits the engine model's costs to the
+	// capture instead ([Calibrate]).
+	Calibrate bool
 	// TraceFiles, if set, are a trace to replay as one more workload
 	// ([TraceWorkload]): a capture, its rotated files, or a trace in the
 	// Mooncake format. A run at the trace's own rate adds the row the
@@ -105,6 +108,9 @@ func (c Command) Run(ctx context.Context, stdout io.Writer) (err error) {
 			return errors.New("bench: --trace: a --scenario replays its own workload")
 		}
 		c.Workloads = append(c.Workloads, TraceWorkload(c.TraceFiles...))
+	}
+	if c.Calibrate {
+		return c.runCalibrate(ctx, stdout)
 	}
 	if err := checkEngineModel(c.EngineModel); err != nil {
 		return err
@@ -244,6 +250,27 @@ func (c Command) runSweep(ctx context.Context, o Options, stdout io.Writer) erro
 		fmt.Fprintf(stdout, "plots: %s\n", strings.Join(files, " "))
 	}
 	return writeJSON(c.JSONFile, curves)
+}
+
+// runCalibrate fits the engine model to the capture c.TraceFiles.
+func (c Command) runCalibrate(ctx context.Context, stdout io.Writer) error {
+	if len(c.TraceFiles) == 0 || len(c.Workloads) > 1 || c.Sweep || c.Target != "" || c.Replicas > 1 {
+		return errors.New("bench: --calibrate fits the engine model to one capture: give --trace FILE, without --workload, --sweep, --target or --replicas")
+	}
+	if c.Backends < 0 {
+		return errors.New("bench: --backends must be at least 1")
+	}
+	slow := c.Slow
+	if slow == 0 { // one class unless told
+		slow = -1
+	}
+	cal, err := Calibrate(ctx, CalibrateOptions{Workload: c.Workloads[0], Backends: c.Backends, Slow: slow, EngineModel: c.EngineModel,
+		Seed: c.Params.Seed, Traces: c.Params.Traces, Progress: c.Progress})
+	if err != nil {
+		return err
+	}
+	WriteCalibration(stdout, cal)
+	return writeJSON(c.JSONFile, cal)
 }
 
 // runExperiment replays the published experiment c.Scenario.

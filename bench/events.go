@@ -189,6 +189,12 @@ func (r *run) finish() {
 			r.res.Duration -= r.w.Requests[0].At
 		}
 	}
+	if r.c.Pinned {
+		r.res.ByRequest = make([]RequestTimes, len(r.ttft))
+		for i, d := range r.ttft {
+			r.res.ByRequest[i] = RequestTimes{TTFT: d, TPOT: r.tpot[i]}
+		}
+	}
 	for i, s := range r.servers {
 		r.res.PerBackend[i] = s.served
 		r.res.Preemptions += s.eng.Stats().Preemptions

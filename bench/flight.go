@@ -47,6 +47,9 @@ func (r *run) arrive(i int) {
 		UserText: req.AppendUserText(nil, r.reps[rep].bal.Config().ConsistentHash.PrefixBytes)}
 	f.breq.FirstUser, f.breq.FirstTurn = req.FirstTurn()
 	f.breq.Session = req.Affinity
+	if id, ok := r.pinned[req.Backend]; ok {
+		f.breq.Holder = id // the balancer's admission and ledger, on that server alone
+	}
 	if !r.c.HideTargets {
 		// As the proxy reads X-Llmlb-Priority and x-slo-ttft-ms.
 		f.breq.Priority = req.Priority

@@ -19,6 +19,9 @@ type Perturb struct {
 	// Request scales the per-request intake (parsing, tokenising,
 	// scheduling) a cache hit does not remove.
 	Request float64
+	// Decode scales the costs every step pays, a decoded token's: the
+	// step's own, each sequence's and each context token's.
+	Decode float64
 	// Tokens scales the prompt tokens the balancer is told, as a tokenizer
 	// other than the engine's would count them.
 	Tokens float64
@@ -58,15 +61,20 @@ func (p Perturb) apply(c sim.Cost) sim.Cost {
 	c.Attention = scale(c.Attention, p.Prefill)
 	c.Request = scale(c.Request, p.Request)
 	c.RequestToken = scale(c.RequestToken, p.Request)
+	c.Step = scale(c.Step, p.Decode)
+	c.Sequence = scale(c.Sequence, p.Decode)
+	c.ContextToken = scale(c.ContextToken, p.Decode)
 	return c
 }
 
 // applyLLMD perturbs an llm-d-sim engine's costs: Prefill scales its
 // prefill time a token, Request its prefill overhead, the part of a
-// request's work a cache hit does not remove.
+// request's work a cache hit does not remove, Decode its time between
+// tokens.
 func (p Perturb) applyLLMD(c sim.LLMDSimConfig) sim.LLMDSimConfig {
 	c.PrefillTimePerToken = scale(c.PrefillTimePerToken, p.Prefill)
 	c.PrefillOverhead = scale(c.PrefillOverhead, p.Request)
+	c.InterTokenLatency = scale(c.InterTokenLatency, p.Decode)
 	return c
 }
 
@@ -78,7 +86,7 @@ func (p Perturb) String() string {
 	for _, f := range []struct {
 		name string
 		v    float64
-	}{{"prefill", p.Prefill}, {"request", p.Request}, {"tokens", p.Tokens}, {"tokenizer", p.Tokenizer}} {
+	}{{"prefill", p.Prefill}, {"request", p.Request}, {"decode", p.Decode}, {"tokens", p.Tokens}, {"tokenizer", p.Tokenizer}} {
 		if f.name == "tokenizer" && f.v > 0 && f.v != sim.BytesPerToken || f.name != "tokenizer" && factor(f.v) != 1 {
 			parts = append(parts, fmt.Sprintf("%s=%g", f.name, f.v))
 		}
@@ -103,6 +111,8 @@ func ParsePerturb(s string) (Perturb, error) {
 			p.Prefill = f
 		case "request":
 			p.Request = f
+		case "decode":
+			p.Decode = f
 		case "tokens":
 			p.Tokens = f
 		case "tokenizer":
@@ -111,7 +121,7 @@ func ParsePerturb(s string) (Perturb, error) {
 			}
 			p.Tokenizer = f
 		default:
-			return p, fmt.Errorf("bench: --perturb: unknown cost %q (have prefill, request, tokens, tokenizer)", k)
+			return p, fmt.Errorf("bench: --perturb: unknown cost %q (have prefill, request, decode, tokens, tokenizer)", k)
 		}
 	}
 	return p, nil

@@ -192,6 +192,7 @@ func fromFiles(name string, files []string, p Params) (*Workload, error) {
 		if t.Session != 0 {
 			req.Affinity = strconv.FormatUint(t.Session, 36)
 		}
+		req.Backend = t.Backend
 		left := t.InputLength
 		for _, id := range t.HashIDs {
 			n := min(ft.block, left)

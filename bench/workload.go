@@ -63,6 +63,10 @@ type Request struct {
 	// Affinity is the session-affinity header's value the request is sent
 	// with, "" for none.
 	Affinity string
+	// Backend is the backend a trace says answered the request, "" when
+	// it does not say; a pinned run ([Cluster.Pinned]) sends it to the
+	// server standing for that backend.
+	Backend string
 	// Stored, when positive, makes the request a Responses API follow-up
 	// naming its session's previous turn (previous_response_id): its
 	// first Stored parts are the conversation the server that answered

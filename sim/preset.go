@@ -34,6 +34,14 @@ type Cost struct {
 	RequestToken time.Duration
 }
 
+// PrefillRate returns c with prefill f times as fast: its per-token
+// prefill and attention costs divided by f.
+func (c Cost) PrefillRate(f float64) Cost {
+	c.PrefillToken = time.Duration(float64(c.PrefillToken) / f)
+	c.Attention = time.Duration(float64(c.Attention) / f)
+	return c
+}
+
 // Intake is how long a request of promptTokens takes to reach the
 // scheduler.
 func (c Cost) Intake(promptTokens int) time.Duration {
