@@ -137,7 +137,7 @@ func TestStatusPageInChromium(t *testing.T) {
 			t.Errorf("no ready vllm row for %s (%s)", names[i], id)
 		}
 	}
-	for _, want := range []string{"Picks by reason", "Recent requests", "llama-3.1-8b"} {
+	for _, want := range []string{"Picks by reason", "Recent requests", "llama-3.1-8b", "est/obs", "est/rep"} {
 		if !strings.Contains(dom, want) {
 			t.Errorf("page lacks %q", want)
 		}

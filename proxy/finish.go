@@ -196,6 +196,7 @@ func (s *Server) observed(ex *exchange, backend, name, model string, status int,
 		if ex.dec.TTFT > 0 && ex.attempts == 1 && ex.continuations == 0 && ex.pd == nil {
 			s.metrics.ttftPredicted.WithLabelValues(backend).Add(ex.dec.TTFT)
 			s.metrics.ttftObserved.WithLabelValues(backend).Add(ex.ttft.Seconds())
+			s.picks.estimated(backend, 0, ex.dec.TTFT, ex.ttft.Seconds())
 		}
 	}
 	s.picks.add(pickEntry{At: time.Now(), ID: ex.id, Model: model, Backend: backend, BackendName: name, Reason: ex.reason(), Status: status, TTFT: ex.ttft, Duration: took}, u)
@@ -216,6 +217,7 @@ func (s *Server) observed(ex *exchange, backend, name, model string, status int,
 		share := float64(max(0, est-w.UncachedTokens)) / float64(est)
 		s.metrics.predicted.WithLabelValues(backend).Add(share * float64(u.Prompt))
 		s.metrics.reported.WithLabelValues(backend).Add(float64(u.Cached))
+		s.picks.estimated(backend, 2, share*float64(u.Prompt), float64(u.Cached))
 	}
 }
 

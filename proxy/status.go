@@ -26,6 +26,11 @@ type pickLog struct {
 	n       int                    // guarded by mu
 	reasons map[string]int64       // guarded by mu; picks by reason since start
 	tokens  map[string][2]int64    // guarded by mu; backend -> prompt, cached
+	// guarded by mu; backend -> predicted and observed TTFT seconds, and
+	// predicted and reported cached tokens, summed as the metrics
+	// llmlb_ttft_{predicted,observed}_seconds_total and
+	// llmlb_prefix_{predicted,reported}_tokens_total sum them
+	calib map[string][4]float64
 }
 
 type pickEntry struct {
@@ -45,7 +50,7 @@ type pickEntry struct {
 }
 
 func newPickLog() *pickLog {
-	return &pickLog{reasons: map[string]int64{}, tokens: map[string][2]int64{}}
+	return &pickLog{reasons: map[string]int64{}, tokens: map[string][2]int64{}, calib: map[string][4]float64{}}
 }
 
 // add records a finished request: answered by a backend, or by llmlb
@@ -66,6 +71,32 @@ func (p *pickLog) add(e pickEntry, u stream.Usage) {
 		t[1] += int64(u.Cached)
 		p.tokens[e.Backend] = t
 	}
+}
+
+// estimated adds to backend's sums the pick's estimate of a quantity
+// (k 0: TTFT in seconds; 2: cached tokens) and what was observed.
+func (p *pickLog) estimated(backend string, k int, predicted, observed float64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c := p.calib[backend]
+	c[k] += predicted
+	c[k+1] += observed
+	p.calib[backend] = c
+}
+
+// estimates returns backend's predicted over observed TTFT and cached
+// tokens, "-" for none.
+func (p *pickLog) estimates(backend string) (ttft, cached string) {
+	p.mu.Lock()
+	c := p.calib[backend]
+	p.mu.Unlock()
+	ratio := func(a, b float64) string {
+		if b <= 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.2f", a/b)
+	}
+	return ratio(c[0], c[1]), ratio(c[2], c[3])
 }
 
 // view returns the picks newest first, the counts by reason and each
@@ -102,6 +133,7 @@ type statusRow struct {
 	InFlight, Requests, Failures                     int64
 	Ejections                                        int
 	TTFT, HitRate                                    string
+	TTFTEst, CachedEst                               string   // the picks' estimates over what came ([pickLog.estimates])
 	Addr                                             string   // ID without "http://": the URL, short enough not to wrap
 	Models                                           []string // and adapters
 	LoRA                                             string
@@ -130,12 +162,12 @@ dl{display:grid;grid-template-columns:max-content auto;gap:.1em 1em;color:#555;m
 <div class="sub">policy <b>{{.Policy}}</b> · {{len .Rows}} backends, {{.Ready}} ready · admission queue {{.Queue}}{{if .Fleet}} · {{.Fleet}}{{end}} · up {{.Uptime}} · {{.Now}}</div>
 <h2>Backends</h2>
 <table id="backends">
-<tr><th class="l">backend</th><th class="l">engine</th><th class="l">health</th><th>queued</th><th>running</th><th>KV use</th><th>in flight</th><th>requests</th><th>failures</th><th>ejections</th><th>TTFT</th><th>prefix hits</th><th class="l">models</th><th class="l">LoRA</th></tr>
+<tr><th class="l">backend</th><th class="l">engine</th><th class="l">health</th><th>queued</th><th>running</th><th>KV use</th><th>in flight</th><th>requests</th><th>failures</th><th>ejections</th><th>TTFT<br><span class="sub">est/obs</span></th><th>prefix hits<br><span class="sub">est/rep</span></th><th class="l">models</th><th class="l">LoRA</th></tr>
 {{range .Rows}}<tr class="backend{{if or .Reason .Warning}} detail{{end}}">
 <td class="l wrap addr">{{.Name}}<br><span class="sub">{{.Addr}}</span></td><td class="l">{{.Engine}}{{if .Role}} <span class="sub">{{.Role}}</span>{{end}}{{if .Labels}} <span class="sub">{{.Labels}}</span>{{end}}{{if .Warning}} <span class="warn" title="{{.Warning}}">&#9888;</span>{{end}}</td>
 <td class="l"><span class="{{.State}}">{{.State}}</span></td>
 <td>{{.Queued}}</td><td>{{.Running}}</td><td>{{.KV}}{{if .Stale}} <span class="stale" title="metrics stale">stale</span>{{end}}</td>
-<td>{{.InFlight}}</td><td>{{.Requests}}</td><td>{{.Failures}}</td><td>{{.Ejections}}</td><td>{{.TTFT}}</td><td>{{.HitRate}}</td>
+<td>{{.InFlight}}</td><td>{{.Requests}}</td><td>{{.Failures}}</td><td>{{.Ejections}}</td><td>{{.TTFT}}<br><span class="sub">{{.TTFTEst}}</span></td><td>{{.HitRate}}<br><span class="sub">{{.CachedEst}}</span></td>
 <td class="l wrap models">{{range $i, $m := .Models}}{{if $i}}, {{end}}{{$m}}{{else}}-{{end}}</td><td class="l wrap">{{.LoRA}}</td></tr>
 {{if or .Reason .Warning}}<tr class="why"><td colspan="14">{{if .Reason}}<span class="{{.State}}">{{.State}}:</span> {{.Reason}}{{end}}{{if and .Reason .Warning}}<br>{{end}}{{if .Warning}}<span class="warn">&#9888; {{.Warning}}</span>{{end}}</td></tr>{{end}}
 {{else}}<tr><td class="l" colspan="14">no backends</td></tr>{{end}}
@@ -146,6 +178,7 @@ dl{display:grid;grid-template-columns:max-content auto;gap:.1em 1em;color:#555;m
 <dt>in flight, requests, failures</dt><dd>counted by llmlb: sent and not finished, sent since start, answered with a connect failure or a 5xx</dd>
 <dt>ejections</dt><dd>times passive health took the backend out of rotation: one refused connection, failed requests in a row (other connect failures, 5xx, 429, streams timed out, stalled, cut or ended before their terminator) or a time to first token far beyond the fleet's</dd>
 <dt>TTFT, prefix hits</dt><dd>smoothed time to first byte; share of prompt tokens the backend reported served from its cache</dd>
+<dt>est/obs, est/rep</dt><dd>the picks' estimates against what came, summed since start: time to first token of the streams the first chosen backend answered (from sending), and cached prompt tokens against those the backend reported; 1.00 is right, below it the estimate is short</dd>
 <dt>LoRA</dt><dd>adapters running / waiting / max</dd>
 </dl>
 <h2>Picks by reason</h2>
@@ -199,6 +232,7 @@ func (s *Server) serveStatus(w http.ResponseWriter, r *http.Request) {
 		row := statusRow{Name: be.Name, ID: be.ID, Addr: strings.TrimPrefix(be.ID, "http://"), Engine: be.Engine, Labels: labelText(be.Labels), State: be.State.String(), Reason: be.Reason, Warning: be.Warning,
 			Stale: be.Stale, InFlight: be.Ledger.InFlight(), Requests: be.Ledger.Total(), Failures: be.Ledger.Failures(), Ejections: ej.Total,
 			Queued: "-", Running: "-", KV: "-", TTFT: "-", HitRate: "-", LoRA: "-"}
+		row.TTFTEst, row.CachedEst = s.picks.estimates(be.ID)
 		if be.Role != balancer.RoleBoth {
 			row.Role = be.Role.String()
 		}
