@@ -110,6 +110,7 @@ type firstTokenLearner struct {
 	xy     [numTerms]float64           // guarded by mu; decayed Σ x y
 	coef   [numTerms]float64           // guarded by mu; the fit published
 	learnt bool                        // guarded by mu; a fit was published
+	ref    float64                     // guarded by mu; the first first byte's time, the weights' scale
 }
 
 // modelDecay weighs old samples: about the last 100 dominate.
@@ -145,6 +146,11 @@ func (e *firstTokenLearner) observe(f firstByte, ttft float64, pr *[numTerms]flo
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	// Each first byte weighs in inverse proportion to its time (scaled by
+	// the first one's, so that weights stay near 1): the fit leans toward
+	// relative error, as the estimate is judged (a deadline is a ratio to
+	// it), without the shortest times alone setting it, as weighing by
+	// the inverse square did (docs/design/ttft.md#learned-terms).
 	w := 1.0
 	if e.learnt {
 		// A first byte far from the fit (a wait for a free slot, a
@@ -157,6 +163,12 @@ func (e *firstTokenLearner) observe(f firstByte, ttft float64, pr *[numTerms]flo
 		if r := math.Abs(ttft-pred) / pred; pred > 0 && r > outlier {
 			w = outlier / r
 		}
+		if e.ref > 0 {
+			w *= e.ref / ttft
+		}
+	}
+	if e.ref == 0 {
+		e.ref = ttft
 	}
 	e.samples.Add(1)
 	e.n = e.n*modelDecay + w

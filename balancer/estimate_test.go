@@ -3,6 +3,7 @@ package balancer
 import (
 	"math"
 	"math/rand/v2"
+	"sort"
 	"testing"
 	"time"
 )
@@ -118,4 +119,34 @@ func predict(e FirstTokenModel, f firstByte) float64 {
 	inv := 1 / e.Rate
 	return e.Base + e.RunningWait*f.Running + inv*(f.Own+e.AheadShare*f.Ahead) + inv*f.Running*(e.OwnSlowdown*f.Own+e.AheadSlowdown*f.Ahead) +
 		e.QueueWait*f.Queued
+}
+
+// The fit is judged by relative error, as deadlines judge it: a few first
+// bytes that waited seconds behind others' prefill (not in the terms) do
+// not pull the estimate of the many short ones off by more than they
+// themselves are off. Unweighted, the long ones' squares set the fit, and
+// a 20 ms first token was estimated at twice that.
+func TestEstimateFitsRelativeError(t *testing.T) {
+	var e firstTokenLearner
+	r := rand.New(rand.NewPCG(7, 8))
+	pr := testPrior(1e-4, 0.02)
+	for i := range 400 {
+		f := firstByte{Own: float64(100 + r.IntN(400))}
+		ttft := 0.01 + f.Own/20000
+		if i%10 == 0 {
+			f.Own = float64(2000 + r.IntN(2000))
+			ttft = 2 + f.Own/20000 // waited behind work the terms do not see
+		}
+		e.observe(f, ttft, pr)
+	}
+	m := e.load()
+	var errs []float64
+	for own := 100.0; own < 500; own += 50 {
+		want := 0.01 + own/20000
+		errs = append(errs, math.Abs(predict(m, firstByte{Own: own})/want-1))
+	}
+	sort.Float64s(errs)
+	if med := errs[len(errs)/2]; med > 0.5 {
+		t.Errorf("short first tokens estimated %.0f%% off (median), want within 50%%: %+v", 100*med, m)
+	}
 }
