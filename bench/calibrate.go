@@ -21,9 +21,9 @@ type CalibrateOptions struct {
 	// schedule.
 	Backends, Slow int
 	EngineModel    string
-	// Requests replays only the capture's first Requests requests (0:
-	// all).
-	Requests int
+	// Scale fits to the capture's first share (0: all of it), as --scale
+	// cuts a trace.
+	Scale    float64
 	Seed     uint64
 	Traces   *Traces
 	Progress io.Writer
@@ -83,7 +83,7 @@ func Calibrate(ctx context.Context, o CalibrateOptions) (Calibration, error) {
 	if o.Traces == nil {
 		o.Traces = new(Traces)
 	}
-	w, err := Build(o.Workload, Params{Traces: o.Traces, Seed: o.Seed})
+	w, err := Build(o.Workload, Params{Traces: o.Traces, Seed: o.Seed, Scale: o.Scale})
 	if err != nil {
 		return Calibration{}, err
 	}
@@ -91,10 +91,7 @@ func Calibrate(ctx context.Context, o CalibrateOptions) (Calibration, error) {
 	if err != nil {
 		return Calibration{}, err
 	}
-	lines := ft.lines
-	if o.Requests > 0 && o.Requests < len(w.Requests) {
-		w.Requests, lines = w.Requests[:o.Requests], lines[:o.Requests]
-	}
+	lines := ft.lines[:len(w.Requests)] // Build cut them alike
 	var obs []observed
 	backends := map[string]bool{}
 	for i, t := range lines {

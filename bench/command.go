@@ -265,7 +265,7 @@ func (c Command) runCalibrate(ctx context.Context, stdout io.Writer) error {
 		slow = -1
 	}
 	cal, err := Calibrate(ctx, CalibrateOptions{Workload: c.Workloads[0], Backends: c.Backends, Slow: slow, EngineModel: c.EngineModel,
-		Seed: c.Params.Seed, Traces: c.Params.Traces, Progress: c.Progress})
+		Seed: c.Params.Seed, Scale: c.Params.Scale, Traces: c.Params.Traces, Progress: c.Progress})
 	if err != nil {
 		return err
 	}
