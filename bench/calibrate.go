@@ -74,7 +74,8 @@ type observed struct {
 // cost, one at a time by golden-section search on a log scale (a fifth to
 // five times the preset's), twice over.
 func Calibrate(ctx context.Context, o CalibrateOptions) (Calibration, error) {
-	if _, ok := traceFiles(o.Workload); !ok {
+	files, ok := traceFiles(o.Workload)
+	if !ok {
 		return Calibration{}, fmt.Errorf("bench: --calibrate fits a capture: give --trace FILE")
 	}
 	if err := checkEngineModel(o.EngineModel); err != nil {
@@ -87,7 +88,7 @@ func Calibrate(ctx context.Context, o CalibrateOptions) (Calibration, error) {
 	if err != nil {
 		return Calibration{}, err
 	}
-	ft, err := o.Traces.loadFiles(func() []string { f, _ := traceFiles(o.Workload); return f }())
+	ft, err := o.Traces.loadFiles(files)
 	if err != nil {
 		return Calibration{}, err
 	}
@@ -208,9 +209,10 @@ func Calibrate(ctx context.Context, o CalibrateOptions) (Calibration, error) {
 
 // factorOf is the factor of log u, kept to a fifth to five times and
 // rounded to 0.1%, so that equal factors reuse a run.
-func factorOf(u float64) float64 {
-	return math.Round(math.Exp(max(math.Log(0.2), min(math.Log(5), u)))*1000) / 1000
-}
+func factorOf(u float64) float64 { return rounded(math.Exp(max(math.Log(0.2), min(math.Log(5), u)))) }
+
+// rounded is x to 0.1%, so that factors a search finds equal reuse a run.
+func rounded(x float64) float64 { return math.Round(x*1000) / 1000 }
 
 // nelderMead returns a point near the minimum of f from x0, by the
 // Nelder-Mead simplex with a first step of step in each coordinate, until
@@ -311,8 +313,7 @@ func nelderMead(f func([]float64) (float64, error), x0 []float64, step, tol floa
 func goldenLog(f func(float64) (float64, error), lo, hi float64) (float64, error) {
 	const g = 0.6180339887498949
 	a, b := math.Log(lo), math.Log(hi)
-	// Factors rounded to 0.1%, so that equal factors reuse a run.
-	at := func(u float64) float64 { return math.Round(math.Exp(u)*1000) / 1000 }
+	at := func(u float64) float64 { return rounded(math.Exp(u)) }
 	c, d := b-g*(b-a), a+g*(b-a)
 	fc, err := f(at(c))
 	if err != nil {

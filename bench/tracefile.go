@@ -1,11 +1,12 @@
 package bench
 
 import (
-	"bufio"
 	"cmp"
 	"compress/gzip"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"math"
 	"os"
 	"slices"
@@ -49,6 +50,15 @@ func split(s string) []string {
 type fileTrace struct {
 	lines []traceLine
 	block int
+}
+
+// first returns the trace's first share of lines, as --scale cuts it (0:
+// all of them).
+func (ft *fileTrace) first(scale float64) []traceLine {
+	if scale > 0 && scale < 1 {
+		return ft.lines[:max(1, int(float64(len(ft.lines))*scale))]
+	}
+	return ft.lines
 }
 
 // loadFiles returns the lines of the trace files, parsed once per ts.
@@ -97,12 +107,11 @@ func readTraceFiles(files []string) (*fileTrace, error) {
 	return &fileTrace{lines: lines, block: blockTokens(lines, cmp.Or(nominal, 512))}, nil
 }
 
-// maxTraceLine bounds one line of a trace file: a capture's line holds at
-// most 4,096 ids of 16 digits.
-const maxTraceLine = 1 << 20
-
 func readTraceFile(file string, lines []traceLine) ([]traceLine, error) {
 	f, err := os.Open(file)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("bench: --trace reads a trace, and %w (--record FILE writes one line a served request)", err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("bench: --trace: %w", err)
 	}
@@ -115,20 +124,9 @@ func readTraceFile(file string, lines []traceLine) ([]traceLine, error) {
 		}
 		r = zr
 	}
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), maxTraceLine)
-	for n := 1; sc.Scan(); n++ {
-		if len(strings.TrimSpace(sc.Text())) == 0 {
-			continue
-		}
-		t, err := parseTraceLine(sc.Bytes())
-		if err != nil {
-			return nil, fmt.Errorf("bench: --trace: %s:%d: %w", file, n, err)
-		}
-		lines = append(lines, t)
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("bench: --trace: %s: %w", file, err)
+	lines, err = scanTrace(r, file, lines)
+	if err != nil {
+		return nil, fmt.Errorf("bench: --trace: %w", err)
 	}
 	return lines, nil
 }
@@ -175,10 +173,7 @@ func fromFiles(name string, files []string, p Params) (*Workload, error) {
 	if err != nil {
 		return nil, err
 	}
-	lines := ft.lines
-	if p.Scale < 1 {
-		lines = lines[:max(1, int(float64(len(lines))*p.Scale))]
-	}
+	lines := ft.first(p.Scale)
 	turns := firstTurns(lines)
 	r := rate(name, p)
 	w := &Workload{Rate: r}
@@ -271,10 +266,7 @@ func Captured(name string, p Params) (Row, bool, error) {
 	if err != nil {
 		return Row{}, false, err
 	}
-	lines := ft.lines
-	if p.Scale > 0 && p.Scale < 1 {
-		lines = lines[:max(1, int(float64(len(lines))*p.Scale))]
-	}
+	lines := ft.first(p.Scale)
 	res := Result{Policy: "captured"}
 	perBE := map[string]int{}
 	var first, last time.Duration

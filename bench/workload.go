@@ -2,10 +2,12 @@ package bench
 
 import (
 	"bufio"
+	"bytes"
 	"compress/gzip"
 	"embed"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -407,23 +409,42 @@ func parseTrace(file string) ([]traceLine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", file, err)
 	}
-	var out []traceLine
-	sc := bufio.NewScanner(zr)
-	sc.Buffer(make([]byte, 1<<20), 1<<24)
-	for line := 1; sc.Scan(); line++ {
-		t, err := parseTraceLine(sc.Bytes())
-		if err != nil {
-			return nil, fmt.Errorf("%s:%d: %w", file, line, err)
-		}
-		if len(t.HashIDs) == 0 {
-			return nil, fmt.Errorf("%s:%d: empty request", file, line)
-		}
-		out = append(out, t)
+	out, err := scanTrace(zr, file, nil)
+	if err != nil {
+		return nil, err
 	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("%s: %w", file, err)
+	for i, t := range out {
+		if len(t.HashIDs) == 0 {
+			return nil, fmt.Errorf("%s: request %d: empty request", file, i+1)
+		}
 	}
 	return out, nil
+}
+
+// maxTraceLine bounds one line of a trace: a capture's line holds at most
+// 4,096 ids of 16 digits.
+const maxTraceLine = 1 << 20
+
+// scanTrace appends the requests of the trace r holds, one JSON line each
+// ([parseTraceLine]; blank lines skipped), to lines; an error names the
+// trace by name and line.
+func scanTrace(r io.Reader, name string, lines []traceLine) ([]traceLine, error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), maxTraceLine)
+	for n := 1; sc.Scan(); n++ {
+		if len(bytes.TrimSpace(sc.Bytes())) == 0 {
+			continue
+		}
+		t, err := parseTraceLine(sc.Bytes())
+		if err != nil {
+			return nil, fmt.Errorf("%s:%d: %w", name, n, err)
+		}
+		lines = append(lines, t)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return lines, nil
 }
 
 // mooncake replays a Mooncake trace: each hash id is a 512-token block of

@@ -103,7 +103,7 @@ func (s *Server) account(ex *exchange, status int) {
 		if ex.forwarded {
 			reason = "no backend answered"
 		}
-		s.picks.add(pickEntry{At: time.Now(), ID: ex.id, Model: ex.model(), Backend: "-", Reason: reason, Status: status, Duration: took}, stream.Usage{})
+		s.picks.add(pickEntry{At: time.Now(), ID: ex.id, Model: ex.model(), Backend: "-", Reason: reason, Status: status, Duration: took}, stream.Usage{}, estimates{})
 	}
 	s.metrics.requests.WithLabelValues(model, target, backendLabel, statusLabel(status)).Inc()
 	if backendLabel != "none" {
@@ -189,17 +189,30 @@ func (s *Server) observed(ex *exchange, backend, name, model string, status int,
 		u = ex.obs.Usage()
 	}
 	ex.usage = u
+	// The picks' estimates against what came: TTFT seconds, then cached
+	// tokens, predicted and observed, for the metrics and the status page.
+	var est estimates
 	if !u.FirstToken.IsZero() && ex.req.Stream {
 		ex.ttft = u.FirstToken.Sub(ex.sentAt)
 		s.metrics.ttft.WithLabelValues(backend, model).Observe(ex.ttft.Seconds())
 		// The pick's estimate was of its first candidate, answering alone.
 		if ex.dec.TTFT > 0 && ex.attempts == 1 && ex.continuations == 0 && ex.pd == nil {
-			s.metrics.ttftPredicted.WithLabelValues(backend).Add(ex.dec.TTFT)
-			s.metrics.ttftObserved.WithLabelValues(backend).Add(ex.ttft.Seconds())
-			s.picks.estimated(backend, 0, ex.dec.TTFT, ex.ttft.Seconds())
+			est.ttft, est.sums[0], est.sums[1] = true, ex.dec.TTFT, ex.ttft.Seconds()
 		}
 	}
-	s.picks.add(pickEntry{At: time.Now(), ID: ex.id, Model: model, Backend: backend, BackendName: name, Reason: ex.reason(), Status: status, TTFT: ex.ttft, Duration: took}, u)
+	// The balancer counts in its own estimate of tokens ([prefix.Tokens]); scale its
+	// predicted share of the prompt to the backend's real prompt tokens. A
+	// continued stream's usage mixes two servers': it predicts nothing.
+	if n := ex.promptTokens; u.Known && u.CachedKnown && n > 0 && ex.continuations == 0 && ex.attempts <= len(ex.dec.Work) {
+		w := ex.dec.Work[ex.attempts-1]
+		share := float64(max(0, n-w.UncachedTokens)) / float64(n)
+		est.cached, est.sums[2], est.sums[3] = true, share*float64(u.Prompt), float64(u.Cached)
+	}
+	s.picks.add(pickEntry{At: time.Now(), ID: ex.id, Model: model, Backend: backend, BackendName: name, Reason: ex.reason(), Status: status, TTFT: ex.ttft, Duration: took}, u, est)
+	if est.ttft {
+		s.metrics.ttftPredicted.WithLabelValues(backend).Add(est.sums[0])
+		s.metrics.ttftObserved.WithLabelValues(backend).Add(est.sums[1])
+	}
 	if !u.Known {
 		return
 	}
@@ -209,15 +222,9 @@ func (s *Server) observed(ex *exchange, backend, name, model string, status int,
 		return
 	}
 	s.metrics.cachedTokens.WithLabelValues(backend, model).Add(float64(u.Cached))
-	// The balancer counts in its own estimate of tokens ([prefix.Tokens]); scale its
-	// predicted share of the prompt to the backend's real prompt tokens. A
-	// continued stream's usage mixes two servers': it predicts nothing.
-	if est := ex.promptTokens; est > 0 && ex.continuations == 0 && ex.attempts <= len(ex.dec.Work) {
-		w := ex.dec.Work[ex.attempts-1]
-		share := float64(max(0, est-w.UncachedTokens)) / float64(est)
-		s.metrics.predicted.WithLabelValues(backend).Add(share * float64(u.Prompt))
-		s.metrics.reported.WithLabelValues(backend).Add(float64(u.Cached))
-		s.picks.estimated(backend, 2, share*float64(u.Prompt), float64(u.Cached))
+	if est.cached {
+		s.metrics.predicted.WithLabelValues(backend).Add(est.sums[2])
+		s.metrics.reported.WithLabelValues(backend).Add(est.sums[3])
 	}
 }
 

@@ -53,12 +53,27 @@ func newPickLog() *pickLog {
 	return &pickLog{reasons: map[string]int64{}, tokens: map[string][2]int64{}, calib: map[string][4]float64{}}
 }
 
+// estimates are what a request's pick predicted against what came: sums
+// holds its TTFT in seconds, predicted and observed, when ttft is set,
+// then its cached tokens, predicted and reported, when cached is.
+type estimates struct {
+	ttft, cached bool
+	sums         [4]float64
+}
+
 // add records a finished request: answered by a backend, or by llmlb
 // itself (a rejection, or no backend could answer). Only answers from a
 // backend count towards the picks by reason.
-func (p *pickLog) add(e pickEntry, u stream.Usage) {
+func (p *pickLog) add(e pickEntry, u stream.Usage, est estimates) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if est.ttft || est.cached {
+		c := p.calib[e.Backend]
+		for i, v := range est.sums {
+			c[i] += v
+		}
+		p.calib[e.Backend] = c
+	}
 	p.ring[p.next] = e
 	p.next = (p.next + 1) % recentPicks
 	p.n = min(p.n+1, recentPicks)
@@ -71,17 +86,6 @@ func (p *pickLog) add(e pickEntry, u stream.Usage) {
 		t[1] += int64(u.Cached)
 		p.tokens[e.Backend] = t
 	}
-}
-
-// estimated adds to backend's sums the pick's estimate of a quantity
-// (k 0: TTFT in seconds; 2: cached tokens) and what was observed.
-func (p *pickLog) estimated(backend string, k int, predicted, observed float64) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	c := p.calib[backend]
-	c[k] += predicted
-	c[k+1] += observed
-	p.calib[backend] = c
 }
 
 // estimates returns backend's predicted over observed TTFT and cached

@@ -1,6 +1,10 @@
 package proxy
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/llmlb/llmlb/proxy/stream"
+)
 
 // TestPickLogEstimates: the status page's est/obs and est/rep are the sums
 // of the picks' estimates over the sums of what came, per backend; "-"
@@ -10,10 +14,11 @@ func TestPickLogEstimates(t *testing.T) {
 	if ttft, cached := p.estimates("a"); ttft != "-" || cached != "-" {
 		t.Errorf("nothing yet: %q, %q", ttft, cached)
 	}
-	p.estimated("a", 0, 0.1, 0.2)
-	p.estimated("a", 0, 0.2, 0.2)
-	p.estimated("a", 2, 900, 1000)
-	p.estimated("b", 2, 10, 0)
+	add := func(backend string, est estimates) { p.add(pickEntry{Backend: backend}, stream.Usage{}, est) }
+	add("a", estimates{ttft: true, sums: [4]float64{0.1, 0.2}})
+	add("a", estimates{ttft: true, sums: [4]float64{0.2, 0.2}})
+	add("a", estimates{cached: true, sums: [4]float64{2: 900, 3: 1000}})
+	add("b", estimates{cached: true, sums: [4]float64{2: 10, 3: 0}})
 	if ttft, cached := p.estimates("a"); ttft != "0.75" || cached != "0.90" {
 		t.Errorf("a: %q, %q; want 0.75 and 0.90", ttft, cached)
 	}
