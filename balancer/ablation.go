@@ -28,12 +28,13 @@ const (
 	ruleKeepHolders                     // saturated holders stay candidates (KeepHolders)
 	ruleHolderQueue                     // the bound on a saturated holder's queue (HolderQueue)
 	ruleSaturation                      // saturation.queue and saturation.kv
+	ruleSlots                           // slot-full candidates dropped (Balancer.slotsFull)
 )
 
 var ruleNames = [...]string{
 	"copy-margin", "backlog-copy", "cold-place", "conversations", "evicted", "cold-room", "class-time",
 	"warm-tie", "miss", "miss-queued", "miss-arrivals", "kv-penalty", "decode",
-	"keep-holders", "holder-queue", "saturation",
+	"keep-holders", "holder-queue", "saturation", "slots",
 }
 
 // RuleNames returns the names [ParseRules] reads, one a rule.

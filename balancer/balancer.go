@@ -305,15 +305,44 @@ func (b *Balancer) Update(specs ...Spec) {
 		}
 		if old == nil || !s.Metrics.At.Equal(old.Metrics.At) {
 			nb.mark = l.mark()
+			if !s.Metrics.At.IsZero() {
+				l.slots.reading(s.Metrics.Running, s.Metrics.Queued, s.Metrics.KVUsage)
+			}
 		}
 		if b.pol.sizeIndex && (old == nil || old.Metrics.BlockSize != s.Metrics.BlockSize || old.Metrics.NumBlocks != s.Metrics.NumBlocks) {
 			b.pol.index.Resize(nb.slot, int(s.Metrics.BlockSize.V), int(s.Metrics.NumBlocks.V), l.tok.scale())
 		}
 		b.current[s.ID] = nb
+		if n := l.slots.own(); old == nil || n != l.slots.lending.Load() {
+			l.slots.lending.Store(n)
+			b.lendSlotsLocked(nb)
+		}
 		b.recordOfferedLocked(s)
 	}
 	b.publishLocked(now)
 	b.adm.notify() // new readings may show capacity
+}
+
+// lendSlotsLocked lends the most slots any backend of be's class confirmed
+// (0: none) to every backend of the class (one engine and KV size, as the ttft
+// policy's priors tell them apart): a server that a burst has not yet
+// filled runs as many at once as one it has, and learning it only once it
+// is full would be one burst late.
+func (b *Balancer) lendSlotsLocked(be *Backend) {
+	class := func(o *Backend) bool {
+		return o.Engine == be.Engine && o.Metrics.NumBlocks == be.Metrics.NumBlocks
+	}
+	n := int64(0)
+	for _, o := range b.current {
+		if class(o) {
+			n = max(n, o.Ledger.slots.own())
+		}
+	}
+	for _, o := range b.current {
+		if class(o) {
+			o.Ledger.slots.lent.Store(n)
+		}
+	}
 }
 
 // Ledger returns the ledger of the backend named id, making it if the

@@ -73,6 +73,10 @@ type Candidate struct {
 	UncachedTokens int       `json:"uncached_tokens"`
 	LoRA           LoRAState `json:"lora"`
 	Saturated      bool      `json:"saturated"`
+	// SlotsFull: the requests running and queued there are as many as
+	// the backend runs at once ([Ledger.Slots]), so this one would wait
+	// for one of them to finish.
+	SlotsFull bool `json:"slots_full"`
 	// The ttft policy's estimate in seconds and its parts, written by
 	// [TTFTScorer] and read by [TTFTPicker]; zero under other policies.
 	TTFT        float64 `json:"ttft_seconds"`
@@ -252,7 +256,35 @@ func (b *Balancer) saturation(p *PickInfo, tier string, ex *Explanation) (Reason
 		}
 		p.Cands = slices.DeleteFunc(cands, func(c Candidate) bool { return c.Saturated })
 	}
+	b.slotsFull(p, ex)
 	return "", nil
+}
+
+// slotsFull drops the candidates whose slots are all taken
+// ([Candidate.SlotsFull]) when another has one free, holders of the prompt
+// too: a request there waits for a whole request to finish, and the
+// requests on its prompt that follow it wait longer still, where a copy's
+// prefill on a server with a free slot is paid once and its prompt's next
+// requests start at once. See docs/design/ttft.md#slots.
+func (b *Balancer) slotsFull(p *PickInfo, ex *Explanation) {
+	if b.cfg.TTFT.Off.has(ruleSlots) {
+		return
+	}
+	full := 0
+	for i := range p.Cands {
+		if p.Cands[i].SlotsFull {
+			full++
+		}
+	}
+	if full == 0 || full == len(p.Cands) {
+		return
+	}
+	for i := range p.Cands {
+		if p.Cands[i].SlotsFull {
+			ex.add(&p.Cands[i], 0, "slots full")
+		}
+	}
+	p.Cands = slices.DeleteFunc(p.Cands, func(c Candidate) bool { return c.SlotsFull })
 }
 
 // appendCandidate appends be's Candidate to cands, filled in place: a
@@ -300,6 +332,9 @@ func (b *Balancer) fill(c *Candidate, be *Backend, req *Request, now time.Time) 
 	sat := b.cfg.Saturation
 	c.Saturated = (sat.Queue > 0 && scraped && m.Queued.Known && c.Queued >= float64(sat.Queue)) ||
 		(sat.KV > 0 && c.KVUsage.Known && c.KVUsage.V >= sat.KV)
+	if n := l.Slots(); n > 0 && c.Running+c.Queued >= float64(n) {
+		c.SlotsFull = true
+	}
 	c.UncachedTokens = req.PromptTokens
 	ahead := l.aheadTokens(pending, pendingTok, now)
 	if b.pol.events != nil {

@@ -105,3 +105,175 @@ func TestSaturatedHolderIsBoundedByTheOthersQueues(t *testing.T) {
 		t.Errorf("holder_queue 0, holder 300 waiting: candidates %v, want holder", got)
 	}
 }
+
+// The readings propose a backend's slots: the most requests a reading
+// showed running, once two readings in a row showed that many with
+// requests waiting and KV to spare; a reading with requests waiting below
+// the most ever run, or with the cache nearly full, says the plateau was
+// not the slots (a KV or token budget), and a higher count starts again.
+func TestSlotsProposedByAPlateau(t *testing.T) {
+	var l slotLearner
+	steps := []struct {
+		running, waiting, kv float64
+		want                 int64
+	}{
+		{10, 0, 0.5, 0}, {64, 3, 0.5, 0}, {64, 5, 0.5, 64}, {64, 0, 0.5, 64}, {30, 0, 0.5, 64},
+		{40, 2, 0.5, 0}, // waiting below the top: not the slots
+		{64, 1, 0.5, 0}, {64, 1, 0.5, 64},
+		{70, 0, 0.5, 0}, // more run: the top was not the limit
+		{70, 4, 0.5, 0}, {70, 4, 0.5, 70},
+		{70, 4, 0.95, 0}, {70, 4, 0.95, 0}, {70, 4, 0.95, 0}, // waiting for KV
+	}
+	for i, s := range steps {
+		l.reading(Known(s.running), Known(s.waiting), Known(s.kv))
+		if got := l.proposed(); got != s.want {
+			t.Fatalf("step %d (%v running, %v waiting, KV %v): proposed %d, want %d", i, s.running, s.waiting, s.kv, got, s.want)
+		}
+	}
+	var small slotLearner
+	for range 3 {
+		small.reading(Known(2), Known(1), Value{})
+	}
+	if got := small.proposed(); got != 0 {
+		t.Errorf("plateau at 2 running: proposed %d, want 0 (below %d)", got, minSlots)
+	}
+	var unknown slotLearner
+	for range 3 {
+		unknown.reading(Known(8), Value{}, Value{})
+	}
+	if got := unknown.proposed(); got != 0 {
+		t.Errorf("no waiting count: proposed %d, want 0", got)
+	}
+}
+
+// The first bytes judge the proposal: the slots are confirmed only when
+// requests picked with that many running and queued waited far longer
+// than estimated, against those picked with fewer; a plateau on an engine
+// whose waits do not grow past it (a token budget) is never confirmed; a
+// reading with more running, or first bytes that stop waiting, unconfirm.
+func TestSlotsConfirmedByFirstBytes(t *testing.T) {
+	plateau := func(l *slotLearner, n float64) {
+		for range 2 {
+			l.reading(Known(n), Known(5), Known(0.3))
+		}
+	}
+	var l slotLearner
+	plateau(&l, 64)
+	for range slotSamples {
+		l.firstByte(30, 0.05, 0.05) // below: as estimated
+		if l.own() != 0 {
+			t.Fatal("confirmed before any request picked at the count")
+		}
+		l.firstByte(70, 0.06, 0.48) // at it: waited for a slot
+	}
+	if got := l.own(); got != 64 {
+		t.Fatalf("stalls at 64: slots %d, want 64", got)
+	}
+	// Requests at the count no longer wait: not the slots after all.
+	for range 40 {
+		l.firstByte(70, 0.06, 0.06)
+	}
+	if got := l.own(); got != 0 {
+		t.Errorf("no stalls at 64 any more: slots %d, want 0", got)
+	}
+
+	// A budget-bound plateau: waits at the count no longer than below it.
+	var budget slotLearner
+	plateau(&budget, 12)
+	for range 20 {
+		budget.firstByte(5, 0.2, 0.25)
+		budget.firstByte(15, 0.4, 0.55)
+	}
+	if got := budget.own(); got != 0 {
+		t.Errorf("waits as estimated past the plateau: slots %d, want 0", got)
+	}
+
+	// More running than the slots: unconfirmed at once.
+	var more slotLearner
+	plateau(&more, 16)
+	for range slotSamples {
+		more.firstByte(4, 0.05, 0.05)
+		more.firstByte(20, 0.05, 0.5)
+	}
+	if more.own() != 16 {
+		t.Fatalf("slots %d, want 16", more.own())
+	}
+	more.reading(Known(17), Known(0), Known(0.3))
+	if got := more.own(); got != 0 {
+		t.Errorf("17 running: slots %d, want 0", got)
+	}
+	// Nothing judged without an estimate (a policy that makes none).
+	var none slotLearner
+	plateau(&none, 16)
+	for range 10 {
+		none.firstByte(4, 0, 0.05)
+		none.firstByte(20, 0, 0.5)
+	}
+	if got := none.own(); got != 0 {
+		t.Errorf("no estimates: slots %d, want 0", got)
+	}
+}
+
+// A holder whose slots are all taken is passed over for a backend with one
+// free, which copies the prompt, though it has work queued;
+// with every slot in the fleet taken the holder keeps it. Slots learned on
+// one backend are lent to its class, not to another.
+func TestSlotsFullHolderIsPassedOver(t *testing.T) {
+	system := strings.Repeat("g", 4*2000)
+	p := fmt.Appendf([]byte(system), " user question %s", strings.Repeat("u", 400))
+	req := &Request{Model: "m", Prompt: p, PromptTokens: len(p) / 4, MaxTokens: 100}
+	// fleet returns a balancer whose h, holding the prompt, was seen
+	// full twice (8 running, 1 waiting), beside x and y of its class with
+	// othersRunning running and one waiting, and a backend of another
+	// class with one waiting: none may take a copy but for the rule.
+	fleet := func(othersRunning float64, opts ...func(*Config, *Deps)) *Balancer {
+		b := newBal(t, "ttft", opts...)
+		other := smallKV("other")
+		other.Metrics.Queued = Known(1)
+		b.Update(busy("h", 1, 8, 0.2), busy("x", 1, othersRunning, 0.2), busy("y", 1, othersRunning, 0.2), other)
+		b.Update(busy("h", 1, 8, 0.2))
+		for range slotSamples {
+			sl := &backend(t, b, "h").Ledger.slots
+			sl.firstByte(3, 0.05, 0.05)
+			sl.firstByte(9, 0.05, 0.4)
+		}
+		b.Update(busy("h", 1, 8, 0.2)) // lends the slots to the class
+		b.pol.index.Insert(backend(t, b, "h").slot, b.pol.index.AppendHashes(nil, 0, []byte(system)))
+		return b
+	}
+	b := fleet(2)
+	if got := backend(t, b, "h").Ledger.Slots(); got != 8 {
+		t.Fatalf("h's slots %d, want 8", got)
+	}
+	for _, id := range []string{"x", "y"} {
+		if got := backend(t, b, id).Ledger.Slots(); got != 8 {
+			t.Errorf("%s's slots %d, want 8 lent by h", id, got)
+		}
+	}
+	if got := backend(t, b, "other").Ledger.Slots(); got != 0 {
+		t.Errorf("other class's slots %d, want 0", got)
+	}
+	if d := mustPick(t, b, req, nil); slices.Contains(ids(d.Candidates), "h") {
+		t.Errorf("holder full: picked %v, want h left out", ids(d.Candidates))
+	}
+	// Every slot of the class taken, and other's too: h keeps it.
+	all := fleet(8)
+	for range 2 {
+		other := smallKV("other")
+		other.Metrics.Queued, other.Metrics.Running = Known(9), Known(64)
+		all.Update(other)
+	}
+	for range slotSamples {
+		sl := &backend(t, all, "other").Ledger.slots
+		sl.firstByte(3, 0.05, 0.05)
+		sl.firstByte(70, 0.05, 0.4)
+	}
+	if d := mustPick(t, all, req, nil); d.Candidates[0].ID != "h" {
+		t.Errorf("every slot taken: picked %v, want h first", ids(d.Candidates))
+	}
+	// Off in an ablation: the holder keeps it while full.
+	off := fleet(2, func(c *Config, _ *Deps) { *c = c.Without(ruleSlots) })
+	if d := mustPick(t, off, req, nil); d.Candidates[0].ID != "h" {
+		t.Errorf("slots rule off: picked %v, want h first", ids(d.Candidates))
+	}
+}

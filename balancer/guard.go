@@ -29,6 +29,10 @@ type Work struct {
 	// PrefillSeconds is the estimated prefill time of UncachedTokens on
 	// the backend; it extends the backend's drain time ([Ledger]).
 	PrefillSeconds float64
+	// Estimate is the pick's estimate of the request's first token there
+	// ([Candidate.FirstToken]); 0 from a policy that makes none. The first
+	// byte's time against it judges the backend's slots ([slotLearner]).
+	Estimate float64
 	// SlotWait is set when the request's adapter was not known to run on
 	// the backend at the pick (every slot held by other adapters, requests
 	// already waiting for one, or only our own requests that have not
@@ -160,6 +164,7 @@ func (g *Guard) FirstByte(now time.Time) time.Duration {
 		pr := prior(g.cfg)
 		l.first.observe(firstByte{Own: float64(g.work.UncachedTokens), Ahead: g.work.AheadTokens, Queued: g.work.QueuedAhead,
 			Running: g.work.Running, Load: g.work.LoadsAdapter}, d.Seconds(), &pr)
+		l.slots.firstByte(g.work.Running+g.work.QueuedAhead, g.work.Estimate, d.Seconds())
 	}
 	if g.bal != nil && g.stream && !g.work.Remote {
 		g.bal.firstByte(g.backend, g.work.UncachedTokens, d)

@@ -49,6 +49,8 @@ type Ledger struct {
 	eventsAt        atomic.Int64
 	eventsPrefilled atomic.Int64
 
+	slots slotLearner // how many requests the backend runs at once
+
 	// peers is what the replicas this balancer shares a ledger with
 	// ([Ledger.SetPeers]) have in flight on the backend; nil: none.
 	peers atomic.Pointer[Load]

@@ -415,7 +415,7 @@ func (b *Balancer) work(p *PickInfo, c *Candidate) Work {
 	}
 	w := Work{UncachedTokens: c.UncachedTokens, DecodeTokens: decode, Adapter: c.adapter, AheadTokens: c.AheadTokens, QueuedAhead: c.Queued, SlotWait: c.slotWait,
 		Running: c.Running, LoadsAdapter: c.LoRA == LoRAFree || c.LoRA == LoRAUnknown,
-		PrefillSeconds: float64(c.UncachedTokens) * inv}
+		PrefillSeconds: float64(c.UncachedTokens) * inv, Estimate: c.FirstToken()}
 	// A stored response's follow-up (Holder) teaches no rate: its server
 	// counts the whole stored conversation, not the bytes seen here.
 	if req.Holder == "" {
