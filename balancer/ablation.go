@@ -28,13 +28,14 @@ const (
 	ruleKeepHolders                     // saturated holders stay candidates (KeepHolders)
 	ruleHolderQueue                     // the bound on a saturated holder's queue (HolderQueue)
 	ruleSaturation                      // saturation.queue and saturation.kv
-	ruleSlots                           // slot-full candidates dropped (Balancer.slotsFull)
+	ruleSlots                           // slot-full candidates dropped (Balancer.full)
+	ruleLoadBound                       // the bound on one backend's requests in flight (LoadFactor)
 )
 
 var ruleNames = [...]string{
 	"copy-margin", "backlog-copy", "cold-place", "conversations", "evicted", "cold-room", "class-time",
 	"warm-tie", "miss", "miss-queued", "miss-arrivals", "kv-penalty", "decode",
-	"keep-holders", "holder-queue", "saturation", "slots",
+	"keep-holders", "holder-queue", "saturation", "slots", "load-bound",
 }
 
 // RuleNames returns the names [ParseRules] reads, one a rule.
@@ -91,6 +92,9 @@ func (c Config) Without(off Rules) Config {
 	}
 	if off.has(ruleSaturation) {
 		s.Queue, s.KV = 0, 0
+	}
+	if off.has(ruleLoadBound) {
+		s.LoadFactor = 0
 	}
 	return c
 }

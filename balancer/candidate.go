@@ -256,35 +256,56 @@ func (b *Balancer) saturation(p *PickInfo, tier string, ex *Explanation) (Reason
 		}
 		p.Cands = slices.DeleteFunc(cands, func(c Candidate) bool { return c.Saturated })
 	}
-	b.slotsFull(p, ex)
+	b.full(p, ex)
 	return "", nil
 }
 
-// slotsFull drops the candidates whose slots are all taken
-// ([Candidate.SlotsFull]) when another has one free, holders of the prompt
-// too: a request there waits for a whole request to finish, and the
-// requests on its prompt that follow it wait longer still, where a copy's
-// prefill on a server with a free slot is paid once and its prompt's next
-// requests start at once. See docs/design/ttft.md#slots.
-func (b *Balancer) slotsFull(p *PickInfo, ex *Explanation) {
-	if b.cfg.TTFT.Off.has(ruleSlots) {
-		return
+// full drops the candidates that are full while another is not, holders
+// of the prompt too:
+//
+//   - Its slots are all taken ([Candidate.SlotsFull]): a request there
+//     waits for a whole request to finish, and the requests on its prompt
+//     that follow it wait longer still, where a copy's prefill on a server
+//     with a free slot is paid once and its prompt's next requests start at
+//     once. See docs/design/ttft.md#slots.
+//   - It has more requests in flight, running and queued, than LoadFactor
+//     times the candidates' mean plus LoadSlack: consistent hashing with
+//     bounded loads (Mirrokni, Thorup and Zadimoghaddam, 2018) for the
+//     prefix index's placements, so that a prompt's holder does not take a
+//     burst of it alone while its slots are not known. See
+//     docs/design/ttft.md#load-bound.
+func (b *Balancer) full(p *PickInfo, ex *Explanation) {
+	sat := &b.cfg.Saturation
+	slots := !b.cfg.TTFT.Off.has(ruleSlots)
+	bound := math.Inf(1)
+	if sat.LoadFactor > 0 && len(p.Cands) > 1 {
+		mean := 0.0
+		for i := range p.Cands {
+			mean += p.Cands[i].Running + p.Cands[i].Queued
+		}
+		bound = sat.LoadFactor*mean/float64(len(p.Cands)) + sat.LoadSlack
 	}
-	full := 0
+	n := 0
 	for i := range p.Cands {
-		if p.Cands[i].SlotsFull {
-			full++
+		c := &p.Cands[i]
+		if c.SlotsFull && slots || c.Running+c.Queued > bound {
+			n++
 		}
 	}
-	if full == 0 || full == len(p.Cands) {
+	if n == 0 || n == len(p.Cands) {
 		return
 	}
 	for i := range p.Cands {
-		if p.Cands[i].SlotsFull {
-			ex.add(&p.Cands[i], 0, "slots full")
+		switch c := &p.Cands[i]; {
+		case c.SlotsFull && slots:
+			ex.add(c, 0, "slots full")
+		case c.Running+c.Queued > bound:
+			ex.add(c, 0, "load bound")
 		}
 	}
-	p.Cands = slices.DeleteFunc(p.Cands, func(c Candidate) bool { return c.SlotsFull })
+	p.Cands = slices.DeleteFunc(p.Cands, func(c Candidate) bool {
+		return c.SlotsFull && slots || c.Running+c.Queued > bound
+	})
 }
 
 // appendCandidate appends be's Candidate to cands, filled in place: a

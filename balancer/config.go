@@ -166,6 +166,13 @@ type SaturationConfig struct {
 	// more) is saturated like any other; 0 keeps holders whatever their
 	// queue, as does Queue 0. (default 4)
 	HolderQueue float64 `mapstructure:"-"`
+	// LoadFactor and LoadSlack bound the requests in flight on one backend
+	// (running and queued) to LoadFactor times the candidates' mean plus
+	// LoadSlack: a backend past the bound is passed over while another is
+	// within it, holders of the prompt too. LoadFactor 0 turns the bound
+	// off. (default 1.5 and 8)
+	LoadFactor float64 `mapstructure:"-"`
+	LoadSlack  float64 `mapstructure:"-"`
 }
 
 // AdmissionConfig is the bounded queue inside the balancer.
@@ -304,7 +311,7 @@ func DefaultConfig() Config {
 			DefaultMaxTokens: 256,
 			DecodeCost:       50 * time.Microsecond,
 		},
-		Saturation:     SaturationConfig{Queue: 16, KV: 0.95, KeepHolders: true, HolderQueue: 4},
+		Saturation:     SaturationConfig{Queue: 16, KV: 0.95, KeepHolders: true, HolderQueue: 4, LoadFactor: 1.5, LoadSlack: 8},
 		Admission:      AdmissionConfig{MaxQueue: 1024, Timeout: 30 * time.Second, PriorityHeader: "X-Llmlb-Priority", Fairness: FairRoundRobin, ShedAt: 0.5},
 		Session:        SessionConfig{MaxSessions: 65536},
 		ConsistentHash: ConsistentHashConfig{PrefixBytes: 100, LoadFactor: 1.25, VirtualNodes: 256},

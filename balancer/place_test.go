@@ -181,7 +181,8 @@ func noisyReplicas(t *testing.T, kv float64) (r1, r2 *Balancer) {
 // of the prefixes copied, KV full where they landed, 47-105 preemptions).
 func TestHolderSlightlySlowerKeepsItsPrompt(t *testing.T) {
 	b := newBal(t, "ttft")
-	b.Update(busy("holder", 0, 70, 0.3), busy("x", 0, 10, 0.3))
+	// y, as busy as the holder, keeps it within the load bound.
+	b.Update(busy("holder", 0, 70, 0.3), busy("x", 0, 10, 0.3), busy("y", 0, 70, 0.3))
 	system := strings.Repeat("g", 4*3000)
 	b.pol.index.Insert(backend(t, b, "holder").slot, b.pol.index.AppendHashes(nil, 0, []byte(system)))
 	p := fmt.Appendf([]byte(system), " user question %s", strings.Repeat("u", 2000))
