@@ -170,7 +170,7 @@ type SaturationConfig struct {
 	// (running and queued) to LoadFactor times the candidates' mean plus
 	// LoadSlack: a backend past the bound is passed over while another is
 	// within it, holders of the prompt too. LoadFactor 0 turns the bound
-	// off. (default 1.5 and 8)
+	// off. (default 2 and 8)
 	LoadFactor float64 `mapstructure:"-"`
 	LoadSlack  float64 `mapstructure:"-"`
 }
@@ -311,7 +311,7 @@ func DefaultConfig() Config {
 			DefaultMaxTokens: 256,
 			DecodeCost:       50 * time.Microsecond,
 		},
-		Saturation:     SaturationConfig{Queue: 16, KV: 0.95, KeepHolders: true, HolderQueue: 4, LoadFactor: 1.5, LoadSlack: 8},
+		Saturation:     SaturationConfig{Queue: 16, KV: 0.95, KeepHolders: true, HolderQueue: 4, LoadFactor: 2, LoadSlack: 8},
 		Admission:      AdmissionConfig{MaxQueue: 1024, Timeout: 30 * time.Second, PriorityHeader: "X-Llmlb-Priority", Fairness: FairRoundRobin, ShedAt: 0.5},
 		Session:        SessionConfig{MaxSessions: 65536},
 		ConsistentHash: ConsistentHashConfig{PrefixBytes: 100, LoadFactor: 1.25, VirtualNodes: 256},
