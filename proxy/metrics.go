@@ -160,6 +160,9 @@ var (
 	stateDesc = prometheus.NewDesc("llmlb_backend_state",
 		"1 for the state each backend is in (unknown, ready, down, draining), 0 for the others.",
 		[]string{"backend", "state"}, nil)
+	slotsDesc = prometheus.NewDesc("llmlb_backend_slots",
+		"Requests each backend runs at once as llmlb learned them (balancer.Ledger.Slots): confirmed on the backend, or by another of its engine and KV size; absent while not known.",
+		[]string{"backend"}, nil)
 	signalDescs = [3]*prometheus.Desc{
 		prometheus.NewDesc("llmlb_backend_queued_requests", "Requests waiting in each backend's queue, from its last metrics reading; absent while unknown.", []string{"backend"}, nil),
 		prometheus.NewDesc("llmlb_backend_running_requests", "Requests running on each backend, from its last metrics reading; absent while unknown.", []string{"backend"}, nil),
@@ -189,6 +192,7 @@ func (c *inFlightCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range signalDescs {
 		ch <- d
 	}
+	ch <- slotsDesc
 	ch <- queueLenDesc
 	ch <- saturationDesc
 	ch <- refusedDesc
@@ -213,6 +217,9 @@ func (c *inFlightCollector) Collect(ch chan<- prometheus.Metric) {
 				v = 1
 			}
 			ch <- prometheus.MustNewConstMetric(stateDesc, prometheus.GaugeValue, v, be.ID, st.String())
+		}
+		if n := be.Ledger.Slots(); n > 0 {
+			ch <- prometheus.MustNewConstMetric(slotsDesc, prometheus.GaugeValue, float64(n), be.ID)
 		}
 		for i, val := range []balancer.Value{be.Metrics.Queued, be.Metrics.Running, be.Metrics.KVUsage} {
 			if val.Known && !be.Metrics.At.IsZero() {
