@@ -285,10 +285,19 @@ func (b *Balancer) full(p *PickInfo, ex *Explanation) {
 		}
 		bound = sat.LoadFactor*mean/float64(len(p.Cands)) + sat.LoadSlack
 	}
+	// why is the reason c is full, or "".
+	why := func(c *Candidate) string {
+		switch {
+		case c.SlotsFull && slots:
+			return "slots full"
+		case c.Running+c.Queued > bound:
+			return "load bound"
+		}
+		return ""
+	}
 	n := 0
 	for i := range p.Cands {
-		c := &p.Cands[i]
-		if c.SlotsFull && slots || c.Running+c.Queued > bound {
+		if why(&p.Cands[i]) != "" {
 			n++
 		}
 	}
@@ -296,16 +305,11 @@ func (b *Balancer) full(p *PickInfo, ex *Explanation) {
 		return
 	}
 	for i := range p.Cands {
-		switch c := &p.Cands[i]; {
-		case c.SlotsFull && slots:
-			ex.add(c, 0, "slots full")
-		case c.Running+c.Queued > bound:
-			ex.add(c, 0, "load bound")
+		if r := why(&p.Cands[i]); r != "" {
+			ex.add(&p.Cands[i], 0, r)
 		}
 	}
-	p.Cands = slices.DeleteFunc(p.Cands, func(c Candidate) bool {
-		return c.SlotsFull && slots || c.Running+c.Queued > bound
-	})
+	p.Cands = slices.DeleteFunc(p.Cands, func(c Candidate) bool { return why(&c) != "" })
 }
 
 // appendCandidate appends be's Candidate to cands, filled in place: a

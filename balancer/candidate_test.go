@@ -157,6 +157,14 @@ func TestSlotsConfirmedByFirstBytes(t *testing.T) {
 			l.reading(Known(n), Known(5), Known(0.3))
 		}
 	}
+	// pairs folds in rounds pairs of first bytes, one picked below the
+	// count and one at it, each {running and queued, estimate, took}.
+	pairs := func(l *slotLearner, rounds int, below, at [3]float64) {
+		for range rounds {
+			l.firstByte(below[0], below[1], below[2])
+			l.firstByte(at[0], at[1], at[2])
+		}
+	}
 	var l slotLearner
 	plateau(&l, 64)
 	for range slotSamples {
@@ -180,10 +188,7 @@ func TestSlotsConfirmedByFirstBytes(t *testing.T) {
 	// A budget-bound plateau: waits at the count no longer than below it.
 	var budget slotLearner
 	plateau(&budget, 12)
-	for range 20 {
-		budget.firstByte(5, 0.2, 0.25)
-		budget.firstByte(15, 0.4, 0.55)
-	}
+	pairs(&budget, 20, [3]float64{5, 0.2, 0.25}, [3]float64{15, 0.4, 0.55})
 	if got := budget.own(); got != 0 {
 		t.Errorf("waits as estimated past the plateau: slots %d, want 0", got)
 	}
@@ -191,10 +196,7 @@ func TestSlotsConfirmedByFirstBytes(t *testing.T) {
 	// More running than the slots: unconfirmed at once.
 	var more slotLearner
 	plateau(&more, 16)
-	for range slotSamples {
-		more.firstByte(4, 0.05, 0.05)
-		more.firstByte(20, 0.05, 0.5)
-	}
+	pairs(&more, slotSamples, [3]float64{4, 0.05, 0.05}, [3]float64{20, 0.05, 0.5})
 	if more.own() != 16 {
 		t.Fatalf("slots %d, want 16", more.own())
 	}
@@ -205,10 +207,7 @@ func TestSlotsConfirmedByFirstBytes(t *testing.T) {
 	// Nothing judged without an estimate (a policy that makes none).
 	var none slotLearner
 	plateau(&none, 16)
-	for range 10 {
-		none.firstByte(4, 0, 0.05)
-		none.firstByte(20, 0, 0.5)
-	}
+	pairs(&none, 10, [3]float64{4, 0, 0.05}, [3]float64{20, 0, 0.5})
 	if got := none.own(); got != 0 {
 		t.Errorf("no estimates: slots %d, want 0", got)
 	}
@@ -280,9 +279,8 @@ func TestSlotsFullHolderIsPassedOver(t *testing.T) {
 
 // A holder with more requests in flight than twice the candidates' mean
 // plus 8 is passed over for one within the bound, so that a burst on one
-// prompt does not pile onto its holder while its slots are not known
-// (llm-d-sim, 8 servers, burst x1, 8 seeds: TTFT p90 444 -> 415 ms); within
-// the bound, or with the bound off, the holder keeps its prompt.
+// prompt does not pile onto its holder while its slots are not known;
+// within the bound, or with the bound off, the holder keeps its prompt.
 func TestLoadBoundPassesOverAPiledHolder(t *testing.T) {
 	system := strings.Repeat("g", 4*2000)
 	p := fmt.Appendf([]byte(system), " user question %s", strings.Repeat("u", 400))
