@@ -30,12 +30,13 @@ const (
 	ruleSaturation                      // saturation.queue and saturation.kv
 	ruleSlots                           // slot-full candidates dropped (Balancer.full)
 	ruleLoadBound                       // the bound on one backend's requests in flight (LoadFactor)
+	ruleCopyBatch                       // a copy must beat the holder without the decode slowdown
 )
 
 var ruleNames = [...]string{
 	"copy-margin", "backlog-copy", "cold-place", "conversations", "evicted", "cold-room", "class-time",
 	"warm-tie", "miss", "miss-queued", "miss-arrivals", "kv-penalty", "decode",
-	"keep-holders", "holder-queue", "saturation", "slots", "load-bound",
+	"keep-holders", "holder-queue", "saturation", "slots", "load-bound", "copy-batch",
 }
 
 // RuleNames returns the names [ParseRules] reads, one a rule.

@@ -111,16 +111,26 @@ func (t *TTFTPicker) Choose(p *PickInfo, total []float64) (int, Reason) {
 	}
 	// A copy of what another candidate holds must beat it by the
 	// CopyMargin: its score counts for 1/(1+CopyMargin)
-	// of what it is; and it is made only on a backend with no work queued.
+	// of what it is; it is made only on a backend with no work queued;
+	// and, but for an adapter's, it must beat the holder by the margin
+	// without the decode slowdown too (see [copyCost]).
 	copyDiscount := 1 / (1 + t.cfg.CopyMargin)
 	if off.has(ruleCopyMargin) {
 		copyDiscount = 1
+	}
+	holder := math.Inf(1) // the best holder's cost without the slowdown
+	for i := range p.Cands {
+		if c := &p.Cands[i]; c.MatchedTokens == most {
+			holder = min(holder, copyCost(c))
+		}
 	}
 	adj := func(i int) float64 {
 		switch c := &p.Cands[i]; {
 		case c.MatchedTokens == most:
 			return total[i]
 		case c.Backlog > 0 && !off.has(ruleBacklogCopy):
+			return 0
+		case c.LoRA == LoRANone && !off.has(ruleCopyBatch) && copyCost(c) >= holder*copyDiscount:
 			return 0
 		}
 		return total[i] * copyDiscount
@@ -158,6 +168,15 @@ func (t *TTFTPicker) Choose(p *PickInfo, total []float64) (int, Reason) {
 	}
 	return pick, reasonFor(p, pick)
 }
+
+// copyCost is what a copy is judged by against the holder: the cost
+// without the decode slowdown. The batch a request would join drains within
+// seconds, while a copy stays in both caches as long as its requests come,
+// and where a cache holds little beside its own prompts the copy evicts
+// another's. An adapter's requests are still spread by it: their copy
+// loads the adapter as well, and only their own servers run it. See
+// docs/design/ttft.md#copy-batch.
+func copyCost(c *Candidate) float64 { return c.Cost - c.DecodeSlowdown }
 
 // conversations tells, per prompt start (a chat's [PickInfo.Key], the first
 // block of its system prompt), whether its requests are mostly later

@@ -200,6 +200,40 @@ func TestHolderSlightlySlowerKeepsItsPrompt(t *testing.T) {
 	}
 }
 
+// A holder whose batch would slow the request's decode keeps its prompt
+// when, but for that slowdown, it would give the first token sooner than
+// a copy: the batch drains within seconds, the copy stays in both caches.
+// An adapter's request still leaves it for another server running the
+// adapter.
+func TestHolderWithABigBatchKeepsItsPrompt(t *testing.T) {
+	system := strings.Repeat("g", 4*3000)
+	p := fmt.Appendf([]byte(system), " user question %s", strings.Repeat("u", 2400))
+	for _, tc := range []struct {
+		model, want string
+	}{{"m", "holder"}, {"sql", "x"}} {
+		b := newBal(t, "ttft")
+		holder, x := busy("holder", 0, 50, 0.3), busy("x", 0, 0, 0.3)
+		for _, s := range []*Spec{&holder, &x} {
+			s.Adapters = []Adapter{{Name: "sql", Parent: "m"}}
+			s.Metrics.LoRA = &LoRAInfo{Max: 2, Running: []string{"sql"}}
+		}
+		b.Update(holder, x)
+		b.pol.index.Insert(backend(t, b, "holder").slot, b.pol.index.AppendHashes(nil, 0, []byte(system)))
+		req := &Request{Model: tc.model, Prompt: p, PromptTokens: len(p) / 4, MaxTokens: 1000}
+		ex := b.Explain(req)
+		slow := map[string]float64{}
+		for _, be := range ex.Backends {
+			slow[be.ID] = be.Cost - be.DecodeSlowdown
+		}
+		if slow["holder"] >= slow["x"] {
+			t.Fatalf("%s: without the decode slowdown the holder costs %.3f s, x %.3f s; the test wants the holder cheaper: %+v", tc.model, slow["holder"], slow["x"], ex.Backends)
+		}
+		if ex.Chosen[0] != tc.want {
+			t.Errorf("%s: went to %s (%s), want %s: %+v", tc.model, ex.Chosen[0], ex.Reason, tc.want, ex.Backends)
+		}
+	}
+}
+
 // New prompts go where the cache has room: a backend with a third of the
 // others' KV cache takes none of 100 distinct new prompts while the
 // others' costs tie with it (four servers with an A100 beside three
