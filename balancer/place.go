@@ -173,9 +173,9 @@ func (t *TTFTPicker) Choose(p *PickInfo, total []float64) (int, Reason) {
 // without the decode slowdown. The batch a request would join drains within
 // seconds, while a copy stays in both caches as long as its requests come,
 // and where a cache holds little beside its own prompts the copy evicts
-// another's. An adapter's requests are still spread by it: their copy
-// loads the adapter as well, and only their own servers run it. See
-// docs/design/ttft.md#copy-batch.
+// another's. An adapter's requests still count the slowdown: they can go
+// only where the adapter runs, so its holders' batches grow with all of
+// them. See docs/design/ttft.md#copy-batch.
 func copyCost(c *Candidate) float64 { return c.Cost - c.DecodeSlowdown }
 
 // conversations tells, per prompt start (a chat's [PickInfo.Key], the first
