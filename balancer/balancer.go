@@ -329,17 +329,15 @@ func (b *Balancer) Update(specs ...Spec) {
 // filled runs as many at once as one it has, and learning it only once it
 // is full would be one burst late.
 func (b *Balancer) lendSlotsLocked(be *Backend) {
-	class := func(o *Backend) bool {
-		return o.Engine == be.Engine && o.Metrics.NumBlocks == be.Metrics.NumBlocks
-	}
+	class := classOf(be)
 	n := int64(0)
 	for _, o := range b.current {
-		if class(o) {
+		if classOf(o) == class {
 			n = max(n, o.Ledger.slots.own())
 		}
 	}
 	for _, o := range b.current {
-		if class(o) {
+		if classOf(o) == class {
 			o.Ledger.slots.lent.Store(n)
 		}
 	}

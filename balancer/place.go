@@ -390,10 +390,7 @@ func (t *TTFTPicker) place(p *PickInfo, conv, evicted bool) int {
 // hwClasses tells apart up to maxClasses hardware classes, the backends
 // of one engine and one reported KV size, and sums a value per class.
 type hwClasses struct {
-	key [maxClasses]struct {
-		engine string
-		blocks float64 // -1 when not reported
-	}
+	key    [maxClasses]hwKey
 	sum, n [maxClasses]float64
 	k      int      // classes seen
 	first  [64]int8 // the first candidates' classes, set by classify
@@ -420,21 +417,33 @@ func (h *hwClasses) at(cands []Candidate, i int) int {
 
 // of returns c's class, entering it if new, or -1 past maxClasses.
 func (h *hwClasses) of(c *Candidate) int {
-	e, b := c.Backend.Engine, -1.0
-	if m := &c.Backend.Metrics; m.NumBlocks.Known {
-		b = m.NumBlocks.V
-	}
+	key := classOf(c.Backend)
 	for k := range h.k {
-		if h.key[k].engine == e && h.key[k].blocks == b {
+		if h.key[k] == key {
 			return k
 		}
 	}
 	if h.k == maxClasses {
 		return -1
 	}
-	h.key[h.k].engine, h.key[h.k].blocks = e, b
+	h.key[h.k] = key
 	h.k++
 	return h.k - 1
+}
+
+// hwKey names a hardware class: one engine and one reported KV size.
+type hwKey struct {
+	engine string
+	blocks float64 // -1 when not reported
+}
+
+// classOf is be's hardware class.
+func classOf(be *Backend) hwKey {
+	k := hwKey{be.Engine, -1}
+	if be.Metrics.NumBlocks.Known {
+		k.blocks = be.Metrics.NumBlocks.V
+	}
+	return k
 }
 
 // freeKV is c's KV tokens free at the last scrape, or -1 when unknown.
