@@ -42,7 +42,9 @@ func readDeadlines(h http.Header) (deadlines, error) {
 			continue
 		}
 		ms, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-		if err != nil || ms <= 0 || time.Duration(ms)*time.Millisecond > maxDeadline {
+		// Compared in milliseconds: a larger count in nanoseconds would
+		// wrap past int64 to a negative deadline.
+		if err != nil || ms <= 0 || ms > maxDeadline.Milliseconds() {
 			return deadlines{}, badRequest("", "The %s header must be a whole number of milliseconds from 1 to %d, got %s.", strings.ToLower(name), maxDeadline.Milliseconds(), quote(v))
 		}
 		switch name {

@@ -18,6 +18,7 @@ func TestReadDeadlines(t *testing.T) {
 		{h: map[string]string{"x-slo-ttft-ms": "100", "x-sgl-ttft-slo-ms": "900"}, ttft: 100 * time.Millisecond}, // llm-d's first
 		{h: map[string]string{"x-slo-ttft-ms": "86400000"}, ttft: 24 * time.Hour},
 		{h: map[string]string{"x-slo-ttft-ms": "86400001"}, bad: true},
+		{h: map[string]string{"x-slo-ttft-ms": "10000000000000"}, bad: true}, // past int64 nanoseconds: wrapped negative
 		{h: map[string]string{"x-slo-ttft-ms": "0"}, bad: true},
 		{h: map[string]string{"x-slo-ttft-ms": "1e3"}, bad: true},
 		{h: map[string]string{"x-sgl-tps-slo": "-1"}, bad: true},
